@@ -1,0 +1,21 @@
+"""torchlens: see every tensor operation inside a PyTorch model.
+
+Example:
+    >>> import torch, torchlens as tl
+    >>> history = tl.log_forward_pass(torch.nn.Linear(3, 2), torch.rand(1, 3))
+    >>> history.layer_labels
+    ['input_1_0', 'linear_1_1', 'output_1_2']
+"""
+from .api import get_model_metadata, log_forward_pass
+from .history.func_call import FuncCallLocation
+from .history.model_history import ModelHistory
+from .history.tensor_log import TensorLogEntry
+
+__all__ = [
+    "log_forward_pass",
+    "get_model_metadata",
+    "ModelHistory",
+    "TensorLogEntry",
+    "FuncCallLocation",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,120 @@
+"""The public entry points: ``log_forward_pass`` and ``get_model_metadata``."""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Dict, List, Optional, Union
+
+import torch
+from torch import nn
+
+from .capture.run import run_pass
+from .capture.save_plan import SavePlan
+from .history.model_history import ModelHistory
+from .layer_request import LayerKey, parse_request, resolve_request
+from .postprocess import build_history, drop_unsaved
+
+
+def log_forward_pass(
+    model: nn.Module,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    layers_to_save: Union[str, None, List[LayerKey]] = "all",
+    keep_unsaved_layers: Optional[bool] = None,
+    output_device: Union[str, torch.device] = "same",
+    activation_postfunc: Optional[Callable[[torch.Tensor], Any]] = None,
+    detach_saved_tensors: bool = False,
+    save_function_args: bool = False,
+    random_seed: Optional[int] = None,
+    vis_mode: str = "none",
+) -> ModelHistory:
+    """Run one forward pass of ``model`` and return the log of every tensor operation in it.
+
+    Args:
+        model: any ``torch.nn.Module``.
+        input_args: a tensor, or a list/tuple of positional arguments (nested containers of
+            tensors and other values are fine).
+        input_kwargs: keyword arguments for ``forward``.
+        layers_to_save: ``'all'``; ``None``/``'none'``/``[]`` for metadata only; or a list of
+            layer labels (``'conv2d_3_7'``, ``'linear_1_1:2'``), module addresses
+            (``'features'``), ordinals (``-5``) and label substrings (``'conv'``).
+        keep_unsaved_layers: keep entries whose activation was not saved. Default: ``True``
+            unless a subset of layers was requested.
+        output_device: ``'same'`` (where the tensor was), ``'cpu'``, or any device.
+        activation_postfunc: applied to each saved activation (e.g. ``lambda t: t.mean(0)``).
+        detach_saved_tensors: save detached copies (no autograd history).
+        save_function_args: keep each operation's arguments, so it can be re-run.
+        random_seed: seeds python, numpy and torch for the pass (chosen at random if None;
+            recorded as ``history.random_seed``). The caller's RNG state is restored afterwards.
+        vis_mode: ``'none'`` (drawing is not part of this release).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> history = tl.log_forward_pass(model, torch.rand(2, 4))
+        >>> history['relu_1_2'].activation.shape
+        torch.Size([2, 3])
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
+            "Wrap a plain function in an nn.Module whose forward calls it."
+        )
+    if vis_mode not in ("none", None):
+        raise NotImplementedError(
+            f"vis_mode={vis_mode!r}: drawing the graph is not available yet; use vis_mode='none'."
+        )
+    if output_device not in ("same", None):
+        torch.device(output_device)  # a bad device name fails here, before the pass
+    args = _as_args(input_args)
+    kwargs = dict(input_kwargs or {})
+    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
+    module_addresses = {address for address, _ in model.named_modules()}
+    request = parse_request(layers_to_save, module_addresses)
+    if keep_unsaved_layers is None:
+        keep_unsaved_layers = request.save_all or request.saves_nothing
+
+    def plan(**which) -> SavePlan:
+        return SavePlan(output_device=output_device, activation_postfunc=activation_postfunc,
+                        detach=detach_saved_tensors, **which)
+
+    if request.needs_labels:
+        first = build_history(run_pass(model, args, kwargs, plan(), seed))
+        chosen = frozenset(resolve_request(request, first))
+        result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args)
+        history = build_history(result)
+        if history.layer_labels != first.layer_labels:
+            raise RuntimeError(
+                "layers_to_save: the model ran differently in the second pass needed to resolve "
+                "labels and positions (its operations depend on something other than the inputs "
+                "and the random seed). Use layers_to_save='all' or module addresses/substrings."
+            )
+    else:
+        result = run_pass(
+            model, args, kwargs,
+            plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules),
+            seed, save_function_args,
+        )
+        history = build_history(result)
+        resolve_request(request, history)  # unknown keys raise, with close matches
+    return history if keep_unsaved_layers else drop_unsaved(history)
+
+
+def get_model_metadata(model: nn.Module, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None,
+                       random_seed: Optional[int] = None) -> ModelHistory:
+    """Everything ``log_forward_pass`` records except activations (none are saved).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.get_model_metadata(torch.nn.Linear(4, 3), torch.rand(2, 4))
+        >>> h['linear_1_1'].activation is None, h['linear_1_1'].shape
+        (True, torch.Size([2, 3]))
+    """
+    return log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=random_seed)
+
+
+def _as_args(input_args: Any) -> tuple:
+    if isinstance(input_args, tuple):
+        return input_args
+    if isinstance(input_args, list):
+        return tuple(input_args)
+    return (input_args,)

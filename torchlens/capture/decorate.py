@@ -1,0 +1,282 @@
+"""The decorator layer: which torch callables get wrapped, and installing them for one pass.
+
+The set of callables is derived from ``torch.overrides`` (everything torch lets a tensor subclass
+intercept) plus the tensor factories that ``torch.overrides`` lists as ignored. Wrappers are built
+once per process and cached; installing or removing them is a loop of ``setattr`` calls.
+
+A wrapper does nothing but forward the call unless a pass is active *in the calling thread*; then
+it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.overrides
+
+# Tensor methods that never produce a tensor (or only act on autograd/storage bookkeeping).
+# Wrapping them would only add overhead, and a few (``requires_grad_``) end in ``_`` without
+# being computations.
+_NOT_OPERATIONS = frozenset(
+    """dim ndimension size stride numel nelement element_size is_contiguous is_floating_point
+    is_complex is_signed is_inference is_nonzero is_same_size is_set_to is_shared is_pinned
+    is_coalesced data_ptr storage_offset get_device item tolist numpy backward register_hook
+    register_post_accumulate_grad_hook retain_grad requires_grad_ share_memory_ storage
+    untyped_storage dim_order has_names equal __len__ __hash__ __repr__ __str__ __format__
+    __iter__ __contains__ __reduce_ex__ __reduce__ __setstate__ __getstate__ __deepcopy__
+    __copy__ __dir__ __init__ __new__ __init_subclass__ __subclasshook__ __torch_function__
+    __torch_dispatch__ __array__ __array_wrap__ __dlpack__ __dlpack_device__ __getattribute__
+    __setattr__ __delattr__ __sizeof__ __index__ __int__ __float__ __complex__ __long__
+    __bool__ __nonzero__ __class__ __reversed__ __get__""".split()
+)
+
+# Functions torch.overrides lists as "ignored" are mostly not computations (grad-mode switches,
+# seeds, serialization, compilation). Of those we keep the tensor factories: the names below
+# and prefixes mark the ones that are not.
+_IGNORED_NOT_FACTORIES = frozenset(
+    """vmap compile cond export fork wait save load manual_seed seed initial_seed typename
+    promote_types can_cast result_type broadcast_shapes no_grad enable_grad inference_mode
+    set_grad_enabled autocast_increment_nesting autocast_decrement_nesting clear_autocast_cache
+    init_num_threads parse_ir parse_schema parse_type_comment merge_type_from_type_comment
+    import_ir_module import_ir_module_from_buffer unify_type_list register_dataclass
+    handle_torch_function boolean_dispatch sym_constrain_range sym_constrain_range_for_size
+    sym_fresh_size""".split()
+)
+_NOT_FACTORY_PREFIXES = ("_", "is_", "get_", "set_", "use_", "are_", "sym_")
+
+# Properties that compute a tensor from a tensor.
+_TENSOR_PROPERTIES = ("T", "H", "mT", "mH", "real", "imag", "data")
+
+# Reflected operators compute the same function as their plain form.
+_REFLECTED = frozenset(
+    "add sub mul matmul truediv div floordiv pow mod and or xor lshift rshift".split()
+)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What the tracer needs to know about a wrapped callable, computed once."""
+
+    name: str  # e.g. "conv2d", "__add__", "relu_"
+    layer_type: str  # lower-cased, without underscores: "conv2d", "add", "relu"
+    is_inplace: bool  # mutates its first argument
+    is_property: bool = False
+
+
+def _layer_type(name: str) -> str:
+    core = name
+    if name.startswith("__") and name.endswith("__"):
+        core = name[2:-2]
+        if core[:1] == "r" and core[1:] in _REFLECTED:
+            core = core[1:]
+    return core.replace("_", "").lower()
+
+
+def _is_inplace_name(name: str) -> bool:
+    if name.startswith("__"):
+        return name == "__setitem__" or (name[2:3] == "i" and name[3:-2] in _REFLECTED)
+    return name.endswith("_")
+
+
+class _Active:
+    """The tracer of the pass in progress (``None`` outside a pass). One per process."""
+
+    tracer: Any = None
+
+
+ACTIVE = _Active()
+_get_ident = threading.get_ident
+
+
+def _make_wrapper(orig: Callable, info: OpInfo) -> Callable:
+    def torchlens_wrapper(*args, **kwargs):
+        tracer = ACTIVE.tracer
+        if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
+            return orig(*args, **kwargs)
+        return tracer.on_call(orig, info, args, kwargs)
+
+    torchlens_wrapper.__name__ = getattr(orig, "__name__", info.name)
+    torchlens_wrapper.__qualname__ = getattr(orig, "__qualname__", info.name)
+    torchlens_wrapper.__doc__ = getattr(orig, "__doc__", None)
+    torchlens_wrapper.__wrapped__ = orig
+    return torchlens_wrapper
+
+
+def _property_getter(descriptor: Any) -> Callable:
+    def get(tensor):
+        return descriptor.__get__(tensor, type(tensor))
+
+    return get
+
+
+def _namespaces() -> List[Tuple[Any, List[str]]]:
+    """(object to patch, attribute names to consider) for every place torch exposes functions."""
+    import torch.nn.functional as F
+
+    spaces: List[Tuple[Any, List[str]]] = []
+    for ns in (torch, torch.functional, F, torch.linalg, torch.fft, torch.special):
+        spaces.append((ns, list(vars(ns))))
+    for name in ("_nn", "_linalg", "_fft", "_special"):
+        sub = getattr(torch._C, name, None)
+        if sub is not None:
+            spaces.append((sub, list(vars(sub))))
+    # torch._VF forwards attribute lookups to torch._C._VariableFunctions (nn.LSTM, F.dropout
+    # call it); setting an attribute on it shadows that lookup.
+    spaces.append((torch._VF, [n for n in dir(torch._C._VariableFunctions) if not n.startswith("__")]))
+    return spaces
+
+
+@dataclass
+class Patch:
+    owner: Any
+    name: str
+    replacement: Any
+    original: Any  # what ``getattr`` gave before
+    had_own: bool  # whether the name was in ``owner.__dict__`` (else we shadow and delete)
+
+
+class WrapperTable:
+    """All wrappers of the process, built once: ``patches`` to install, and original->wrapper."""
+
+    def __init__(self) -> None:
+        self.by_original: Dict[int, Callable] = {}
+        self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
+        self.patches: List[Patch] = []
+        self._build()
+
+    def _build(self) -> None:
+        overridable = torch.overrides.get_overridable_functions()
+        wanted: Dict[int, Tuple[Any, str]] = {}
+        for funcs in overridable.values():
+            for f in funcs:
+                name = getattr(f, "__name__", None)
+                if (
+                    name
+                    and name not in _NOT_OPERATIONS
+                    and not name.startswith("sym_")
+                    and not (name.startswith("_") and not name.startswith("__"))
+                ):
+                    wanted[id(f)] = (f, name)
+        for f in torch.overrides.get_ignored_functions():
+            name = getattr(f, "__name__", None)
+            if (
+                name
+                and not isinstance(f, type)
+                and name not in _IGNORED_NOT_FACTORIES
+                and name not in _NOT_OPERATIONS
+                and not name.startswith(_NOT_FACTORY_PREFIXES)
+            ):
+                wanted[id(f)] = (f, name)
+
+        for owner, names in _namespaces():
+            own = vars(owner)
+            for name in names:
+                orig = own.get(name) if name in own else getattr(owner, name, None)
+                if orig is None or id(orig) not in wanted or isinstance(orig, type):
+                    continue
+                self._add(owner, name, orig, wanted[id(orig)][1], name in own)
+
+        tensor_dict = vars(torch.Tensor)
+        for name in dir(torch.Tensor):
+            if name in _NOT_OPERATIONS or name in _TENSOR_PROPERTIES:
+                continue
+            if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                continue
+            orig = getattr(torch.Tensor, name, None)
+            if orig is None or isinstance(orig, (property, type)) or not callable(orig):
+                continue
+            if type(orig).__name__ == "getset_descriptor":
+                continue
+            key = id(orig)
+            if key not in wanted and not name.startswith("new_"):
+                continue
+            self._add(torch.Tensor, name, orig, name, name in tensor_dict)
+        for name in _TENSOR_PROPERTIES:
+            desc = getattr(torch.Tensor, name, None) if name not in tensor_dict else tensor_dict[name]
+            if desc is None:
+                continue
+            info = OpInfo(name, _layer_type(name), False, is_property=True)
+            getter = _make_wrapper(_property_getter(desc), info)
+            setter = (lambda t, v, d=desc: d.__set__(t, v)) if hasattr(desc, "__set__") else None
+            self.patches.append(Patch(torch.Tensor, name, property(getter, setter), desc, name in tensor_dict))
+
+    def _add(self, owner: Any, name: str, orig: Any, func_name: str, had_own: bool) -> None:
+        key = id(orig)
+        wrapper = self.by_original.get(key)
+        if wrapper is None:
+            info = OpInfo(func_name, _layer_type(func_name), _is_inplace_name(func_name))
+            wrapper = _make_wrapper(orig, info)
+            self.by_original[key] = wrapper
+            self.originals[key] = orig
+        self.patches.append(Patch(owner, name, wrapper, orig, had_own))
+
+
+_TABLE: Optional[WrapperTable] = None
+
+
+def wrapper_table() -> WrapperTable:
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = WrapperTable()
+    return _TABLE
+
+
+def install(table: WrapperTable) -> None:
+    """Put every wrapper in place. Must be paired with ``uninstall``."""
+    for p in table.patches:
+        setattr(p.owner, p.name, p.replacement)
+
+
+def uninstall(table: WrapperTable) -> None:
+    """Restore every patched attribute to the exact original object (never raises half-way)."""
+    for p in table.patches:
+        try:
+            if p.had_own:
+                setattr(p.owner, p.name, p.original)
+            elif p.name in vars(p.owner):
+                delattr(p.owner, p.name)
+        except Exception:  # pragma: no cover - restoring must go on for the other attributes
+            pass
+
+
+class BoundReferences:
+    """Wrap torch functions the model bound before the pass (``from torch import triu``,
+    ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
+
+    def __init__(self, table: WrapperTable, model: torch.nn.Module) -> None:
+        self.table = table
+        self.model = model
+        self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
+
+    def install(self) -> None:
+        by_original = self.table.by_original
+        seen_globals = set()
+        for module in self.model.modules():
+            for cls in type(module).__mro__:
+                mod = sys.modules.get(cls.__module__)
+                if mod is None or id(mod) in seen_globals or mod.__name__.startswith("torch"):
+                    continue
+                seen_globals.add(id(mod))
+                namespace = vars(mod)
+                for key, value in list(namespace.items()):
+                    wrapper = by_original.get(id(value))
+                    if wrapper is not None and value is self.table.originals.get(id(value)):
+                        namespace[key] = wrapper
+                        self.replaced.append((namespace, key, value, wrapper))
+            attrs = vars(module)
+            for key, value in list(attrs.items()):
+                if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)):
+                    wrapper = by_original.get(id(value))
+                    if wrapper is not None and value is self.table.originals.get(id(value)):
+                        attrs[key] = wrapper
+                        self.replaced.append((attrs, key, value, wrapper))
+
+    def uninstall(self) -> None:
+        for namespace, key, original, wrapper in self.replaced:
+            if namespace.get(key) is wrapper:
+                namespace[key] = original
+        self.replaced.clear()

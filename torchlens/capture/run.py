@@ -1,0 +1,148 @@
+"""One traced forward pass: install everything, run the model, and put everything back."""
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, List, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import decorate
+from .modules import ModelInventory, ModelState
+from .save_plan import SavePlan
+from .tracer import Tracer
+
+_PASS_LOCK = threading.Lock()
+
+
+@dataclass
+class PassResult:
+    """What a pass hands to post-processing."""
+
+    tracer: Tracer
+    inventory: ModelInventory
+    model_name: str
+    random_seed: int
+    elapsed: float
+
+
+class RngState:
+    """The caller's random number generator states, put back after the pass."""
+
+    def __init__(self) -> None:
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+        self.torch = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
+    """Input values named after the parameters of ``forward`` (``x``, ``mask``) where possible."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    named: List[Tuple[str, Any]] = []
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.extend(value.items())
+        else:
+            named.append((name, value))
+    return named
+
+
+def _check_not_nested() -> None:
+    active = decorate.ACTIVE.tracer
+    if active is not None and active.thread_id == threading.get_ident():
+        raise RuntimeError(
+            "torchlens: log_forward_pass was called while a forward pass is already being "
+            "logged in this thread (from inside the model or a torchlens callback). Run the "
+            "second pass after the first one returns."
+        )
+
+
+def run_pass(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    plan: SavePlan,
+    random_seed: int,
+    save_function_args: bool = False,
+) -> PassResult:
+    """Run ``model(*args, **kwargs)`` once with the decorator layer installed."""
+    _check_not_nested()
+    table = decorate.wrapper_table()
+    with _PASS_LOCK:
+        inventory = ModelInventory.of(model)
+        state = ModelState.of(model)
+        tracer = Tracer(inventory, plan, save_function_args)
+        rng = RngState()
+        bound_refs = decorate.BoundReferences(table, model)
+        hooks = []
+        start = perf_counter()
+        try:
+            seed_everything(random_seed)
+            decorate.install(table)
+            bound_refs.install()
+            hooks.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
+            hooks.append(
+                nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True)
+            )
+            decorate.ACTIVE.tracer = tracer
+            tracer.add_inputs(named_inputs(model, args, kwargs))
+            try:
+                output = tracer.run_model(model, args, kwargs)
+            except Exception as error:
+                _annotate(error, tracer, model)
+                raise
+            tracer.add_outputs(output)
+            tracer.mark_buffer_writes(model)
+        finally:
+            decorate.ACTIVE.tracer = None
+            for handle in hooks:
+                handle.remove()
+            bound_refs.uninstall()
+            decorate.uninstall(table)
+            state.restore()
+            rng.restore()
+        elapsed = perf_counter() - start
+    return PassResult(tracer, inventory, type(model).__name__, random_seed, elapsed)
+
+
+def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
+    """Add a note saying which operation was running; keep the model's own exception type."""
+    where = tracer.error_context or (
+        f"after operation #{len(tracer.entries)}"
+        + (f" inside module '{tracer.module_stack[-1][0]}'" if tracer.module_stack else "")
+    )
+    note = (
+        f"torchlens: {type(model).__name__} raised {type(error).__name__} {where}. "
+        "This is the model's own error: check that the inputs given to log_forward_pass are what "
+        "the model's forward expects. torch has been restored to its normal state."
+    )
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    elif error.args and isinstance(error.args[0], str):  # Python < 3.11
+        error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]
+
+
+__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs"]

@@ -1,0 +1,56 @@
+"""Which tensors a pass copies, and how (device, detach, post-function)."""
+from __future__ import annotations
+
+from typing import Callable, FrozenSet, Optional, Tuple, Union
+
+import torch
+
+from ..history.tensor_log import TensorLogEntry
+
+
+class SavePlan:
+    """Decides during the pass whether a tensor's activation is saved.
+
+    ``raw_indices`` (positions in execution order) is used by the second pass of a two-pass
+    request; ``type_substrings`` and ``modules`` are requests that can be resolved during the
+    pass itself.
+    """
+
+    def __init__(
+        self,
+        save_all: bool = False,
+        raw_indices: Optional[FrozenSet[int]] = None,
+        type_substrings: Tuple[str, ...] = (),
+        modules: FrozenSet[Union[str, Tuple[str, int]]] = frozenset(),
+        output_device: Union[str, torch.device] = "same",
+        activation_postfunc: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        detach: bool = False,
+    ) -> None:
+        self.save_all = save_all
+        self.raw_indices = raw_indices or frozenset()
+        self.type_substrings = type_substrings
+        self.modules = modules
+        self.device = None if output_device in (None, "same") else torch.device(output_device)
+        self.postfunc = activation_postfunc
+        self.detach = detach
+
+    @property
+    def saves_nothing(self) -> bool:
+        return not (self.save_all or self.raw_indices or self.type_substrings or self.modules)
+
+    def wants(self, entry: TensorLogEntry) -> bool:
+        if self.save_all or entry.raw_index in self.raw_indices:
+            return True
+        layer_type = entry.layer_type
+        return any(s in layer_type for s in self.type_substrings)
+
+    def wants_module(self, address: str, pass_num: int) -> bool:
+        return address in self.modules or (address, pass_num) in self.modules
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy that later in-place operations cannot change."""
+        source = tensor.detach() if self.detach else tensor
+        saved = source.clone() if self.device is None else source.to(self.device, copy=True)
+        if self.postfunc is not None:
+            saved = self.postfunc(saved)
+        return saved

@@ -1,0 +1,312 @@
+"""The state of one forward pass: turns each wrapped torch call into flat ``TensorLogEntry``s.
+
+Hot path: ``Tracer.on_call`` runs for every torch call the model makes. It records only what
+cannot be derived later (tensors in and out, parameters, module stack, call site, time) and
+leaves labels, graph analysis and strings to post-processing.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from time import perf_counter
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..history.tensor_log import ParentRef, TensorLogEntry
+from .args import replace_tensors, tensors_in, tensors_in_call
+from .decorate import OpInfo
+from .modules import ModelInventory
+from .save_plan import SavePlan
+
+_Tensor = torch.Tensor
+_get_ident = threading.get_ident
+# Frames of torch's module-call machinery are not part of any func_call_stack.
+_MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
+
+
+def identity(x: Any) -> Any:
+    """The function of layers that pass a tensor on unchanged (outputs, ``nn.Identity``)."""
+    return x
+
+
+class Tracer:
+    """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``."""
+
+    def __init__(self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False) -> None:
+        from .decorate import _make_wrapper
+
+        self.thread_id = _get_ident()
+        self.paused = False
+        self.depth = 0
+        self.inventory = inventory
+        self.plan = plan
+        self.save_function_args = save_function_args
+        self.entries: List[TensorLogEntry] = []
+        self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
+        self.parent_placeholders: List[ParentRef] = []
+        self.module_stack: Tuple[Tuple[str, int], ...] = ()
+        self.module_frames: List[tuple] = []
+        self.module_pass_counts: Dict[str, int] = {}
+        self.caller_frame = None
+        self.frames_cache: Optional[tuple] = None
+        self.error_context: Optional[str] = None
+        self.skip_codes = set()
+        self.skip_codes.add(_make_wrapper(identity, OpInfo("x", "x", False)).__code__)
+        self.skip_codes.add(Tracer.on_call.__code__)
+        self.stop_code = Tracer.run_model.__code__
+
+    # ----- running the model ----------------------------------------------------------------
+    def run_model(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """Call the model. Frames above this one are not part of any ``func_call_stack``."""
+        return model(*args, **kwargs)
+
+    # ----- the hot path ----------------------------------------------------------------------
+    def on_call(self, func: Callable, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        outermost = self.depth == 0
+        if outermost:
+            self.caller_frame = sys._getframe(2)
+            self.frames_cache = None
+        self.depth += 1
+        n_before = len(self.entries)
+        try:
+            start = perf_counter()
+            out = func(*args, **kwargs)
+            elapsed = perf_counter() - start
+        except BaseException:
+            if self.error_context is None:
+                self.error_context = self._describe_call(info.name)
+            self.depth -= 1
+            if outermost:
+                self.caller_frame = None
+            raise
+        self.depth -= 1
+        self.paused = True
+        try:
+            self._log_call(func, info, args, kwargs, out, elapsed, n_before)
+        finally:
+            self.paused = False
+            if outermost:
+                self.caller_frame = None
+        return out
+
+    def _log_call(self, func, info: OpInfo, args, kwargs, out, elapsed: float, n_before: int) -> None:
+        if info.is_inplace or (kwargs and kwargs.get("out") is not None):
+            target = kwargs.get("out") if kwargs and kwargs.get("out") is not None else (args[0] if args else None)
+        else:
+            target = out
+        if isinstance(target, _Tensor):
+            outputs = [(None, target)]
+        else:
+            outputs = tensors_in(target)
+            if not outputs:
+                return
+        if len(self.entries) > n_before and self._made_inside(outputs, n_before):
+            return  # a composite function: its inner operations are logged already
+        parents, params = self._inputs_of(args, kwargs)
+        frames = self._frames()
+        func_args = func_kwargs = None
+        if self.save_function_args:
+            func_args = replace_tensors(args, self._placeholder)
+            func_kwargs = replace_tensors(kwargs, self._placeholder)
+        entries = self.entries
+        inventory_params = self.inventory.param_addresses
+        for position, tensor in outputs:
+            e = TensorLogEntry(len(entries), "op", info.layer_type, func, info.name)
+            e.parent_refs = parents
+            e.param_addresses = params
+            e.module_stack = self.module_stack
+            e.call_frames = frames
+            e.elapsed = elapsed
+            e.is_inplace = info.is_inplace
+            e.output_index = position
+            e.func_args = func_args
+            e.func_kwargs = func_kwargs
+            self._describe_tensor(e, tensor)
+            entries.append(e)
+            if self.plan.wants(e):
+                e.activation = self.plan.copy(tensor)
+            if id(tensor) not in inventory_params:
+                self.live[id(tensor)] = (weakref.ref(tensor), e)
+
+    # ----- helpers of the hot path -----------------------------------------------------------
+    def entry_of(self, tensor: torch.Tensor) -> Optional[TensorLogEntry]:
+        found = self.live.get(id(tensor))
+        if found is not None and found[0]() is tensor:
+            return found[1]
+        return None
+
+    def _made_inside(self, outputs, n_before: int) -> bool:
+        for _, t in outputs:
+            e = self.entry_of(t)
+            if e is None or e.raw_index < n_before:
+                return False
+        return True
+
+    def _inputs_of(self, args: tuple, kwargs: dict):
+        parents: List[Tuple[TensorLogEntry, Any]] = []
+        params: List[str] = []
+        param_addresses = self.inventory.param_addresses
+        for position, t in tensors_in_call(args, kwargs):
+            e = self.entry_of(t)
+            if e is not None:
+                parents.append((e, position))
+                continue
+            address = param_addresses.get(id(t))
+            if address is not None:
+                if address not in params:
+                    params.append(address)
+                continue
+            address = self.inventory.buffer_addresses.get(id(t))
+            if address is not None:
+                parents.append((self.add_source(t, "buffer", address), position))
+            # any other tensor is a constant of this pass (e.g. a plain tensor attribute)
+        return parents, tuple(params)
+
+    def _placeholder(self, tensor: torch.Tensor) -> Any:
+        e = self.entry_of(tensor)
+        if e is None:
+            return tensor
+        ref = ParentRef(e)
+        self.parent_placeholders.append(ref)
+        return ref
+
+    def _frames(self) -> tuple:
+        if self.frames_cache is None:
+            self.frames_cache = self._walk_frames(self.caller_frame)
+        return self.frames_cache
+
+    def _walk_frames(self, frame) -> tuple:
+        found = []
+        skip, stop = self.skip_codes, self.stop_code
+        while frame is not None:
+            code = frame.f_code
+            if code is stop:
+                break
+            if code not in skip and code.co_filename != _MODULE_CALL_FILE:
+                found.append((code, frame.f_lineno))
+            frame = frame.f_back
+        found.reverse()
+        return tuple(found)
+
+    @staticmethod
+    def _describe_tensor(e: TensorLogEntry, tensor: torch.Tensor) -> None:
+        e.shape = tensor.shape
+        e.dtype = tensor.dtype
+        try:
+            e.nbytes = tensor.nelement() * tensor.element_size()
+        except Exception:  # sparse or otherwise unusual layouts
+            e.nbytes = 0
+        grad_fn = tensor.grad_fn
+        e.grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
+
+    def _describe_call(self, name: str) -> str:
+        where = ""
+        frames = self._walk_frames(self.caller_frame) if self.caller_frame is not None else ()
+        if frames:
+            code, line = frames[-1]
+            where = f", called at {code.co_filename}:{line} in {code.co_name}()"
+        module = f" inside module '{self.module_stack[-1][0]}'" if self.module_stack else ""
+        return f"while computing '{name}' (operation #{len(self.entries) + 1}){module}{where}"
+
+    # ----- sources and sinks -----------------------------------------------------------------
+    def add_source(self, tensor: torch.Tensor, kind: str, address: str) -> TensorLogEntry:
+        """An input or buffer layer: a tensor that enters the graph without an operation."""
+        self.paused = True
+        try:
+            e = TensorLogEntry(len(self.entries), kind, kind, None, kind)
+            e.address = address
+            e.module_stack = self.module_stack if kind == "buffer" else ()
+            self._describe_tensor(e, tensor)
+            self.entries.append(e)
+            if self.plan.wants(e):
+                e.activation = self.plan.copy(tensor)
+            self.live[id(tensor)] = (weakref.ref(tensor), e)
+            return e
+        finally:
+            self.paused = False
+
+    def add_inputs(self, named_inputs: List[Tuple[str, Any]]) -> None:
+        for name, value in named_inputs:
+            for position, tensor in tensors_in(value):
+                if self.entry_of(tensor) is None:
+                    self.add_source(tensor, "input", f"input.{name}{_dotted(position)}")
+
+    def add_outputs(self, output: Any) -> None:
+        self.paused = True
+        try:
+            for position, tensor in tensors_in(output):
+                parent = self.entry_of(tensor)
+                e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
+                e.parent_refs = [(parent, 0)] if parent is not None else []
+                e.address = "output" + _dotted(position)
+                self._describe_tensor(e, tensor)
+                self.entries.append(e)
+                if self.plan.wants(e):
+                    e.activation = self.plan.copy(tensor)
+        finally:
+            self.paused = False
+
+    def mark_buffer_writes(self, model: nn.Module) -> None:
+        """Note the buffer address on operations whose result the model stored as a buffer."""
+        for address, buffer in model.named_buffers():
+            e = self.entry_of(buffer)
+            if e is not None and e.kind == "op":
+                e.stored_as_buffer = address
+
+    # ----- module hooks ----------------------------------------------------------------------
+    def module_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if self.paused or self.thread_id != _get_ident():
+            return
+        address = self.inventory.module_addresses.get(id(module))
+        if not address:  # not part of the model, or the model itself
+            return
+        n = self.module_pass_counts.get(address, 0) + 1
+        self.module_pass_counts[address] = n
+        self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
+        self.module_stack = self.module_stack + ((address, n),)
+
+    def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.paused or self.thread_id != _get_ident():
+            return
+        if not self.module_frames or self.module_frames[-1][0] is not module:
+            return
+        _, address, n, start, outer_stack = self.module_frames.pop()
+        self.paused = True
+        try:
+            for _, tensor in tensors_in(output):
+                e = self.entry_of(tensor)
+                if e is None or e.raw_index < start:
+                    e = self._pass_through(tensor, e)
+                e.output_of_modules.append((address, n))
+                if e.activation is None and self.plan.wants_module(address, n):
+                    e.activation = self.plan.copy(tensor)
+        finally:
+            self.module_stack = outer_stack
+            self.paused = False
+
+    def _pass_through(self, tensor: torch.Tensor, parent: Optional[TensorLogEntry]) -> TensorLogEntry:
+        """A module returned a tensor it did not compute (``nn.Identity``): give it its own node."""
+        e = TensorLogEntry(len(self.entries), "op", "identity", identity, "identity")
+        e.parent_refs = [(parent, 0)] if parent is not None else []
+        e.module_stack = self.module_stack
+        e.call_frames = self._walk_frames(sys._getframe(2))
+        self._describe_tensor(e, tensor)
+        self.entries.append(e)
+        if self.plan.wants(e):
+            e.activation = self.plan.copy(tensor)
+        if id(tensor) not in self.inventory.param_addresses:
+            self.live[id(tensor)] = (weakref.ref(tensor), e)
+        return e
+
+
+def _dotted(position: Any) -> str:
+    if position == ():
+        return ""
+    if isinstance(position, tuple):
+        return "." + ".".join(map(str, position))
+    return f".{position}"
+
+__all__ = ["Tracer", "identity"]

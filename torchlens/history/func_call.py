@@ -1,0 +1,67 @@
+"""Where in the Python source an operation was called from; source text is read lazily."""
+from __future__ import annotations
+
+import linecache
+import types
+from typing import List, Optional
+
+
+class FuncCallLocation:
+    """One frame of the call stack of an operation: file, line, function and nearby source.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2))
+        >>> loc = h['linear_1_1'].func_call_stack[-1]
+        >>> loc.function
+        'forward'
+    """
+
+    __slots__ = ("code", "line_number", "_context")
+
+    def __init__(self, code: types.CodeType, line_number: int, context: int = 2) -> None:
+        self.code = code
+        self.line_number = line_number
+        self._context = context
+
+    @property
+    def file(self) -> str:
+        return self.code.co_filename
+
+    @property
+    def function(self) -> str:
+        return self.code.co_name
+
+    @property
+    def code_line(self) -> str:
+        """The source line of the call, stripped."""
+        return linecache.getline(self.file, self.line_number).strip()
+
+    def source_lines(self, context: Optional[int] = None) -> List[str]:
+        """Source lines around the call, the call marked with ``--->``."""
+        context = self._context if context is None else context
+        lines = []
+        for n in range(max(1, self.line_number - context), self.line_number + context + 1):
+            text = linecache.getline(self.file, n)
+            if not text:
+                continue
+            marker = "--->  " if n == self.line_number else "      "
+            lines.append(marker + text.rstrip())
+        return lines
+
+    def __repr__(self) -> str:
+        code = "\n".join("    " + line for line in self.source_lines())
+        return (
+            f"FuncCallLocation:\n  file: {self.file}\n  line: {self.line_number}\n"
+            f"  function: {self.function}\n  code:\n{code}"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, FuncCallLocation)
+            and self.code is other.code
+            and self.line_number == other.line_number
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.code), self.line_number))

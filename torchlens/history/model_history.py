@@ -1,0 +1,237 @@
+"""``ModelHistory``: every operation of one forward pass, indexable and printable."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+
+from .format import human_bytes
+from .tensor_log import TensorLogEntry
+
+
+@dataclass
+class ModuleInfo:
+    """The model's modules: addresses (``'features.6'``), types, nesting and passes."""
+
+    addresses: List[str]
+    types: Dict[str, str]
+    children: Dict[str, List[str]]  # '' is the model itself
+    passes: Dict[str, int]  # how many times each module ran in this pass (absent: never)
+
+
+class ModelHistory:
+    """The log of one forward pass: one ``TensorLogEntry`` per tensor, in execution order.
+
+    Index with a layer label (``'conv2d_3_7'``, ``'conv2d_3'``, ``'linear_1_1:2'``), a module
+    address (``'features.6'``, ``'features.6:1'``), an input/output address, or an ordinal
+    (``7``, ``-17``).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+        >>> h = tl.log_forward_pass(model, torch.ones(2, 3))
+        >>> h.layer_labels
+        ['input_1_0', 'linear_1_1', 'relu_1_2', 'output_1_3']
+        >>> h[1].label, h[-1].label
+        ('linear_1_1', 'output_1_3')
+    """
+
+    def __init__(self, model_name: str, entries: List[TensorLogEntry], lookup: Dict[Any, object],
+                 all_labels: List[str], modules: ModuleInfo,
+                 param_info: Dict[str, Tuple[torch.Size, int, int]], random_seed: int,
+                 pass_time: float, postprocess_time: float) -> None:
+        self.model_name = model_name
+        self.layer_list: List[TensorLogEntry] = entries
+        self._lookup = lookup
+        self._all_labels = all_labels
+        self.modules = modules
+        self.param_info = param_info
+        self.random_seed = random_seed
+        self.pass_time = pass_time
+        self.postprocess_time = postprocess_time
+
+    # ----- container protocol ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.layer_list)
+
+    def __iter__(self) -> Iterator[TensorLogEntry]:
+        return iter(self.layer_list)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, (str, int)) and not isinstance(key, bool) and key in self._lookup
+
+    def __getitem__(self, key: Union[str, int]) -> TensorLogEntry:
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise TypeError(f"ModelHistory keys are layer labels, module addresses or ints, not {type(key).__name__}")
+        found = self._lookup.get(key)
+        if isinstance(found, TensorLogEntry):
+            return found
+        if found is not None:  # Ambiguous
+            raise KeyError(
+                f"{key!r} names several layers ({found.what}): {', '.join(found.labels)}. "
+                "Add the pass to pick one, e.g. " + repr(found.labels[0])
+            )
+        raise KeyError(self._unknown_key_message(key))
+
+    def _unknown_key_message(self, key: Union[str, int]) -> str:
+        if isinstance(key, int):
+            return f"Layer {key} is out of range: this history has {len(self)} layers (use 0..{len(self) - 1} or -1..-{len(self)})."
+        if key in self._all_labels:
+            return (f"Layer {key!r} ran but was not kept because its activation was not saved; "
+                    "pass keep_unsaved_layers=True to keep it.")
+        if key in self.modules.types and key not in self.modules.passes:
+            return f"Module {key!r} was not called in this forward pass."
+        candidates = [k for k in self._lookup if isinstance(k, str)]
+        close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return f"{key!r} is not a layer label, module address or input/output address of this history.{hint}"
+
+    # ----- views ----------------------------------------------------------------------------
+    @property
+    def layer_labels(self) -> List[str]:
+        return [e.label for e in self.layer_list]
+
+    @property
+    def input_layers(self) -> List[str]:
+        return [e.label for e in self.layer_list if e.is_input]
+
+    @property
+    def output_layers(self) -> List[str]:
+        return [e.label for e in self.layer_list if e.is_output]
+
+    @property
+    def buffer_layers(self) -> List[str]:
+        return [e.label for e in self.layer_list if e.is_buffer]
+
+    @property
+    def internally_created_layers(self) -> List[str]:
+        return [e.label for e in self.layer_list if e.created_inside_model]
+
+    @property
+    def module_addresses(self) -> List[str]:
+        return list(self.modules.addresses)
+
+    @property
+    def module_types(self) -> Dict[str, str]:
+        return {a: self.modules.types[a] for a in self.modules.addresses}
+
+    @property
+    def module_passes(self) -> Dict[str, int]:
+        return dict(self.modules.passes)
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.layer_list)
+
+    @property
+    def num_tensors_saved(self) -> int:
+        return sum(1 for e in self.layer_list if e.activation is not None)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(e.nbytes or 0 for e in self.layer_list)
+
+    @property
+    def saved_tensor_bytes(self) -> int:
+        return sum(e.activation.nelement() * e.activation.element_size()
+                   for e in self.layer_list if isinstance(e.activation, torch.Tensor))
+
+    @property
+    def num_params(self) -> int:
+        return sum(numel for _, numel, _ in self.param_info.values())
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(nbytes for _, _, nbytes in self.param_info.values())
+
+    @property
+    def num_param_tensors(self) -> int:
+        return len(self.param_info)
+
+    @property
+    def num_param_operations(self) -> int:
+        return sum(1 for e in self.layer_list if e.param_addresses)
+
+    @property
+    def max_passes(self) -> int:
+        return max((e.num_passes for e in self.layer_list), default=1)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.max_passes > 1
+
+    @property
+    def is_branching(self) -> bool:
+        return any(len(e.child_layers) > 1 for e in self.layer_list)
+
+    @property
+    def elapsed_time(self) -> float:
+        return self.pass_time + self.postprocess_time
+
+    # ----- printing and export --------------------------------------------------------------
+    def _structure_text(self) -> str:
+        shape = f"recurrent (at most {self.max_passes} loops)" if self.is_recurrent else "purely feedforward"
+        branching = "with branching" if self.is_branching else "without branching"
+        return f"{shape}, {branching}; {len(self.modules.addresses)} total modules."
+
+    def _hierarchy_lines(self, address: str = "", depth: int = 2) -> List[str]:
+        lines = []
+        for child in self.modules.children.get(address, []):
+            grandchildren = self.modules.children.get(child, [])
+            if not grandchildren:
+                lines.append("\t" * depth + child)
+                continue
+            lines.append("\t" * depth + child + ":")
+            if all(not self.modules.children.get(g) for g in grandchildren):
+                lines.extend(_wrap(grandchildren, "\t" * depth + "    "))
+            else:
+                lines.extend(self._hierarchy_lines(child, depth + 1))
+        return lines
+
+    def __str__(self) -> str:
+        lines = [
+            f"Log of {self.model_name} forward pass:",
+            f"\tModel structure: {self._structure_text()}",
+            f"\t{self.num_tensors} tensors ({human_bytes(self.tensor_bytes)}) computed in forward pass; "
+            f"{self.num_tensors_saved} tensors ({human_bytes(self.saved_tensor_bytes)}) saved.",
+            f"\t{self.num_param_tensors} parameter tensors, used by {self.num_param_operations} operations "
+            f"({self.num_params} params total; {human_bytes(self.param_bytes)}).",
+            f"\tRandom seed: {self.random_seed}",
+            f"\tTime elapsed: {self.elapsed_time:.3f}s",
+            "\tModule Hierarchy:",
+            *self._hierarchy_lines(),
+            "\tLayers:",
+        ]
+        lines.extend(f"\t\t{i}: {label}" for i, label in enumerate(self.layer_labels))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.__str__()
+
+    def to_pandas(self):
+        """One row per entry (layer pass), columns as in ``TensorLogEntry.to_row``."""
+        try:
+            import pandas as pd
+        except ImportError as error:
+            raise ImportError("to_pandas() needs pandas: pip install pandas") from error
+        return pd.DataFrame([e.to_row() for e in self.layer_list])
+
+    def module_output(self, address: str) -> Optional[TensorLogEntry]:
+        """The entry a module's (single-pass) output is, or None if the module did not run."""
+        return self._lookup.get(address) if isinstance(self._lookup.get(address), TensorLogEntry) else None
+
+
+def _wrap(items: List[str], indent: str, width: int = 100) -> List[str]:
+    lines, current = [], ""
+    for item in items:
+        piece = item if not current else ", " + item
+        if current and len(indent) + len(current) + len(piece) > width:
+            lines.append(indent + current + ",")
+            current = item
+        else:
+            current += piece
+    if current:
+        lines.append(indent + current)
+    return lines

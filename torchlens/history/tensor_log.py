@@ -1,0 +1,235 @@
+"""``TensorLogEntry``: the record of one tensor produced in the forward pass (one layer pass)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from .format import human_bytes, tensor_preview
+from .func_call import FuncCallLocation
+
+# Fields written while the pass runs (cheap facts that cannot be derived later).
+_CAPTURE_FIELDS = (
+    "raw_index",  # position in execution order before pruning
+    "func",  # the torch callable applied (None for inputs, buffers)
+    "func_name",  # e.g. "conv2d", "__add__"
+    "layer_type",  # e.g. "conv2d", "add", "input"
+    "kind",  # "op", "input", "output" or "buffer"
+    "address",  # input/output/buffer address, e.g. "input.x", "output.0", "bn.running_mean"
+    "parent_refs",  # [(parent entry, position in the call's arguments)], dropped after post-processing
+    "param_addresses",  # addresses of the parameters the operation used
+    "module_stack",  # ((module address, pass), ...) outermost first
+    "call_frames",  # ((code, line), ...) from the model's forward to the calling line
+    "elapsed",  # seconds the function took
+    "is_inplace",  # the operation mutated its input (relu_, +=, x[i] = v)
+    "output_index",  # position of this tensor among the call's outputs (None for a single output)
+    "shape",
+    "dtype",
+    "nbytes",
+    "grad_fn_name",
+    "activation",  # saved copy, or None
+    "func_args",  # with ``save_function_args``: args with parents replaced by ParentRef
+    "func_kwargs",
+    "output_of_modules",  # [(module address, pass)], innermost first
+    "bool_used",  # the tensor was converted to a Python bool (if/while on a tensor)
+    "stored_as_buffer",  # buffer address, when the model assigned this tensor to a buffer
+)
+
+# Fields filled by post-processing.
+_DERIVED_FIELDS = (
+    "label",  # e.g. "linear_1_1:2" (pass suffix only when the layer has several passes)
+    "layer_label",  # without pass: "linear_1_1"
+    "short_label",  # without overall number: "linear_1"
+    "type_index",  # k: the k-th layer of its type
+    "layer_index",  # n: the n-th layer overall
+    "pass_num",
+    "num_passes",
+    "parent_layers",
+    "child_layers",
+    "parent_arg_positions",  # {parent label: [positions]}
+    "param_shapes",
+    "num_params",
+    "param_bytes",
+    "created_inside_model",
+    "lookup_keys",
+    "operation_num",  # ordinal in the history's layer list
+    "num_operations",
+    "module_passes",  # {address: num passes} of the history, for printing
+)
+
+
+class ParentRef:
+    """Placeholder in saved function arguments for the activation of a parent layer."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: Any) -> None:
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"ParentRef({self.label!r})"
+
+
+class TensorLogEntry:
+    """One tensor computed during the forward pass, with its activation and metadata.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()),
+        ...                         torch.ones(1, 3))
+        >>> e = h['relu_1_2']
+        >>> e.parent_layers, e.containing_module
+        (['linear_1_1'], '1')
+    """
+
+    __slots__ = _CAPTURE_FIELDS + _DERIVED_FIELDS
+
+    def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable],
+                 func_name: str) -> None:
+        for name in __class__.__slots__:
+            object.__setattr__(self, name, None)
+        self.raw_index = raw_index
+        self.kind = kind
+        self.layer_type = layer_type
+        self.func = func
+        self.func_name = func_name
+        self.parent_refs = []
+        self.param_addresses = ()
+        self.module_stack = ()
+        self.call_frames = ()
+        self.elapsed = 0.0
+        self.is_inplace = False
+        self.output_of_modules = []
+        self.bool_used = False
+
+    # ----- views of the fields -------------------------------------------------------------
+    @property
+    def has_saved_activation(self) -> bool:
+        return self.activation is not None
+
+    @property
+    def is_input(self) -> bool:
+        return self.kind == "input"
+
+    @property
+    def is_output(self) -> bool:
+        return self.kind == "output"
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.kind == "buffer"
+
+    @property
+    def uses_params(self) -> bool:
+        return bool(self.param_addresses)
+
+    @property
+    def containing_module(self) -> Optional[str]:
+        """Address of the innermost module this operation ran in (``'features.6'``)."""
+        return self.module_stack[-1][0] if self.module_stack else None
+
+    @property
+    def containing_modules(self) -> List[str]:
+        """Every module the operation ran in, outermost first, as ``address:pass``."""
+        return [f"{a}:{p}" for a, p in self.module_stack]
+
+    @property
+    def modules_output_of(self) -> List[str]:
+        """Modules whose output this tensor is, innermost first, as ``address:pass``."""
+        return [f"{a}:{p}" for a, p in self.output_of_modules]
+
+    @property
+    def bottom_level_module_output(self) -> Optional[str]:
+        return f"{self.output_of_modules[0][0]}:{self.output_of_modules[0][1]}" if self.output_of_modules else None
+
+    @property
+    def func_call_stack(self) -> List[FuncCallLocation]:
+        """Source locations from the model's ``forward`` down to the line that made the call."""
+        return [FuncCallLocation(code, line) for code, line in self.call_frames]
+
+    @property
+    def tensor_size_text(self) -> str:
+        return human_bytes(self.nbytes or 0)
+
+    # ----- printing ------------------------------------------------------------------------
+    def _module_text(self, address: str, pass_num: int) -> str:
+        passes = (self.module_passes or {}).get(address, 1)
+        return address if passes == 1 else f"{address}:{pass_num}"
+
+    def __str__(self) -> str:
+        shape = tuple(self.shape) if self.shape is not None else None
+        lines = [f"Layer {self.label}, operation {self.operation_num + 1}/{self.num_operations}:"]
+        lines.append(f"\tOutput tensor: shape={shape}, dtype={self.dtype}, size={self.tensor_size_text}")
+        if self.activation is not None:
+            lines.append("\t\t" + tensor_preview(self.activation).replace("\n", "\n\t\t"))
+        else:
+            lines.append("\t\t(activation not saved)")
+        if self.param_addresses:
+            shapes = ", ".join(str(tuple(s)) for s in self.param_shapes)
+            lines.append(
+                f"\tParams: Computed from params with shape {shapes}; {self.num_params} params total "
+                f"({human_bytes(self.param_bytes)})"
+            )
+        else:
+            lines.append("\tParams: no params used")
+        if self.address:
+            lines.append(f"\tAddress: {self.address}")
+        if self.stored_as_buffer:
+            lines.append(f"\tStored as buffer: {self.stored_as_buffer}")
+        lines.append(f"\tParent Layers: {', '.join(self.parent_layers) or 'no parent layers'}")
+        lines.append(f"\tChild Layers: {', '.join(self.child_layers) or 'no child layers'}")
+        if self.func is not None:
+            lines.append(f"\tFunction: {self.func_name} (grad_fn={self.grad_fn_name})")
+        if self.module_stack:
+            lines.append(f"\tComputed inside module: {self._module_text(*self.module_stack[-1])}")
+        else:
+            lines.append("\tComputed inside module: not computed inside a module")
+        lines.append(f"\tTime elapsed: {self.elapsed:.3E}s")
+        if self.output_of_modules:
+            outs = ", ".join(self._module_text(a, p) for a, p in self.output_of_modules)
+            lines.append(f"\tOutput of modules: {outs}")
+            lines.append(f"\tOutput of bottom-level module: {self._module_text(*self.output_of_modules[0])}")
+        else:
+            lines.append("\tOutput of modules: none")
+        flags = [f for f, on in (("in-place", self.is_inplace), ("created inside model", self.created_inside_model),
+                                 ("converted to bool", self.bool_used)) if on]
+        if flags:
+            lines.append(f"\tFlags: {', '.join(flags)}")
+        lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys)}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.__str__()
+
+    def to_row(self) -> Dict[str, Any]:
+        """One flat dict of the entry's metadata (what ``ModelHistory.to_pandas`` tabulates)."""
+        return {
+            "label": self.label,
+            "layer_label": self.layer_label,
+            "layer_type": self.layer_type,
+            "type_index": self.type_index,
+            "layer_index": self.layer_index,
+            "pass_num": self.pass_num,
+            "num_passes": self.num_passes,
+            "operation_num": self.operation_num,
+            "kind": self.kind,
+            "address": self.address,
+            "func_name": self.func_name,
+            "grad_fn_name": self.grad_fn_name,
+            "shape": tuple(self.shape) if self.shape is not None else None,
+            "dtype": str(self.dtype) if self.dtype is not None else None,
+            "nbytes": self.nbytes,
+            "has_saved_activation": self.has_saved_activation,
+            "parent_layers": list(self.parent_layers),
+            "child_layers": list(self.child_layers),
+            "param_addresses": list(self.param_addresses),
+            "num_params": self.num_params,
+            "param_bytes": self.param_bytes,
+            "containing_module": self.containing_module,
+            "containing_modules": self.containing_modules,
+            "modules_output_of": self.modules_output_of,
+            "is_inplace": self.is_inplace,
+            "created_inside_model": self.created_inside_model,
+            "bool_used": self.bool_used,
+            "stored_as_buffer": self.stored_as_buffer,
+            "elapsed": self.elapsed,
+        }
+

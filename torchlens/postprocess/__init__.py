@@ -1,0 +1,81 @@
+"""Raw records of a pass -> a ``ModelHistory``. Each step is a function over the records."""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Dict, List
+
+from ..capture.run import PassResult
+from ..history.model_history import ModelHistory, ModuleInfo
+from ..history.tensor_log import TensorLogEntry
+from .graph import children_of, prune
+from .labels import assign_labels, build_lookup
+from .passes import group_passes
+
+
+def build_history(result: PassResult) -> ModelHistory:
+    """Prune, group passes, label, link, and wrap the records into a ``ModelHistory``."""
+    start = perf_counter()
+    tracer, inventory = result.tracer, result.inventory
+    entries = prune(tracer.entries)
+    layers = group_passes(entries)
+    assign_labels(layers)
+    _link(entries)
+    for ref in tracer.parent_placeholders:
+        ref.label = ref.label.label  # the placeholder held the parent's record until now
+    _describe_params(entries, inventory.param_info)
+
+    module_passes = dict(tracer.module_pass_counts)
+    lookup = build_lookup(entries, module_passes)
+    modules = ModuleInfo(
+        addresses=[a for a in inventory.module_types if a],
+        types=inventory.module_types,
+        children=inventory.module_children,
+        passes=module_passes,
+    )
+    for e in entries:
+        e.parent_refs = []
+    return ModelHistory(
+        model_name=result.model_name,
+        entries=entries,
+        lookup=lookup,
+        all_labels=[e.label for e in entries],
+        modules=modules,
+        param_info=inventory.param_info,
+        random_seed=result.random_seed,
+        pass_time=result.elapsed,
+        postprocess_time=perf_counter() - start,
+    )
+
+
+def drop_unsaved(history: ModelHistory) -> ModelHistory:
+    """The same history holding only the entries whose activation was saved (labels kept)."""
+    entries = [e for e in history.layer_list if e.activation is not None]
+    history.layer_list = entries
+    history._lookup = build_lookup(entries, history.modules.passes)
+    return history
+
+
+def _link(entries: List[TensorLogEntry]) -> None:
+    """Parent and child labels, and where each parent sat in the call's arguments."""
+    children = children_of(entries)
+    for e in entries:
+        positions: Dict[str, list] = {}
+        for p, position in e.parent_refs:
+            positions.setdefault(p.label, []).append(position)
+        e.parent_layers = list(positions)
+        e.parent_arg_positions = positions
+        e.child_layers = [c.label for c in children[e.raw_index]]
+
+
+def _describe_params(entries: List[TensorLogEntry], param_info) -> None:
+    for e in entries:
+        shapes, count, nbytes = [], 0, 0
+        for address in e.param_addresses:
+            shape, numel, size = param_info[address]
+            shapes.append(shape)
+            count += numel
+            nbytes += size
+        e.param_shapes, e.num_params, e.param_bytes = shapes, count, nbytes
+
+
+__all__ = ["build_history", "drop_unsaved"]

@@ -1,0 +1,46 @@
+"""Graph clean-up: which records are kept, their children, and which were made inside the model.
+
+Records arrive in execution order, so every parent precedes its children and one sweep in each
+direction is enough (linear in operations + edges).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from ..history.tensor_log import TensorLogEntry
+
+
+def prune(entries: List[TensorLogEntry]) -> List[TensorLogEntry]:
+    """Keep inputs, outputs, everything computed from an input, and every ancestor of a kept
+    record; drop the rest (e.g. a buffer update that feeds nothing, ``torch.rand`` left unused).
+
+    Also sets ``created_inside_model`` (the tensor does not depend on any input).
+    """
+    n = len(entries)
+    from_input = [False] * n
+    for i, e in enumerate(entries):
+        if e.kind == "input" or any(from_input[p.raw_index] for p, _ in e.parent_refs):
+            from_input[i] = True
+    keep = [from_input[i] or e.kind == "output" for i, e in enumerate(entries)]
+    for i in range(n - 1, -1, -1):
+        if keep[i]:
+            for p, _ in entries[i].parent_refs:
+                keep[p.raw_index] = True
+    kept = []
+    for i, e in enumerate(entries):
+        if keep[i]:
+            e.created_inside_model = e.kind == "op" and not from_input[i]
+            kept.append(e)
+    return kept
+
+
+def children_of(entries: List[TensorLogEntry]) -> Dict[int, List[TensorLogEntry]]:
+    """raw_index -> children, each child once, in execution order."""
+    children: Dict[int, List[TensorLogEntry]] = {e.raw_index: [] for e in entries}
+    for e in entries:
+        seen = set()
+        for p, _ in e.parent_refs:
+            if p.raw_index not in seen:
+                seen.add(p.raw_index)
+                children[p.raw_index].append(e)
+    return children
