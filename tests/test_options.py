@@ -1,0 +1,126 @@
+"""Options of log_forward_pass and the ModelHistory views users rely on."""
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.history.tensor_log import ParentRef
+
+
+class CountingNet(nn.Module):
+    """Counts its forward calls, to tell one-pass from two-pass requests."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.block = nn.Sequential(nn.ReLU(), nn.Conv2d(2, 2, 3))
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x):
+        self.calls += 1
+        x = self.block(self.conv(x))
+        x = x.mean(dim=(2, 3))
+        return self.fc(x)
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    return CountingNet()
+
+
+X = torch.rand(1, 1, 7, 7)
+
+
+@pytest.mark.parametrize("request_keys, passes, labels", [
+    (["conv2d"], 1, ["conv2d_1_1", "conv2d_2_3"]),
+    (["conv"], 1, ["conv2d_1_1"]),  # a module address wins over a substring
+    (["block"], 1, ["conv2d_2_3"]),
+    (["block.0", "fc"], 1, ["relu_1_2", "linear_1_5"]),
+    (["conv2d_2_3"], 2, ["conv2d_2_3"]),
+    ([-2, 1], 2, ["conv2d_1_1", "linear_1_5"]),
+    (["relu_1:1"], 2, ["relu_1_2"]),
+])
+def test_layers_to_save_forms_and_number_of_passes(net, request_keys, passes, labels):
+    h = tl.log_forward_pass(net, X, layers_to_save=request_keys)
+    assert net.calls == passes
+    assert h.layer_labels == labels
+    assert all(e.activation is not None for e in h)
+
+
+def test_keep_unsaved_layers(net):
+    h = tl.log_forward_pass(net, X, layers_to_save=["fc"], keep_unsaved_layers=True)
+    assert len(h) == 7
+    assert [e.label for e in h if e.activation is not None] == ["linear_1_5"]
+    short = tl.log_forward_pass(net, X, layers_to_save=["fc"])
+    with pytest.raises(KeyError, match="keep_unsaved_layers=True"):
+        short["conv2d_1_1"]
+
+
+def test_metadata_only(net):
+    h = tl.get_model_metadata(net, X)
+    assert len(h) == 7 and all(e.activation is None for e in h)
+    assert h["conv2d_1_1"].shape == (1, 2, 5, 5)
+    assert h.num_tensors_saved == 0 and h.tensor_bytes > 0
+    for empty in (None, "none", []):
+        assert all(e.activation is None for e in tl.log_forward_pass(net, X, layers_to_save=empty))
+
+
+def test_postfunc_device_and_detach(net):
+    h = tl.log_forward_pass(net, X, activation_postfunc=lambda t: t.sum(), output_device="cpu")
+    assert h["conv2d_1_1"].activation.shape == ()
+    assert h.layer_labels[-1] == "output_1_6"
+    attached = tl.log_forward_pass(net, X)
+    assert attached["linear_1_5"].activation.requires_grad
+    detached = tl.log_forward_pass(net, X, detach_saved_tensors=True)
+    assert not detached["linear_1_5"].activation.requires_grad
+    with pytest.raises(RuntimeError):
+        tl.log_forward_pass(net, X, output_device="nonsense")
+
+
+def test_save_function_args_allow_rerunning_an_operation(net):
+    h = tl.log_forward_pass(net, X, save_function_args=True)
+    e = h["conv2d_2_3"]
+    args = [h[a.label].activation if isinstance(a, ParentRef) else a for a in e.func_args]
+    assert isinstance(e.func_args[0], ParentRef) and e.func_args[0].label == "relu_1_2"
+    assert torch.allclose(e.func(*args, **e.func_kwargs), e.activation)
+
+
+def test_random_seed_reproduces_dropout():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)).train()
+    x = torch.rand(2, 16)
+    a = tl.log_forward_pass(model, x, random_seed=3)
+    b = tl.log_forward_pass(model, x, random_seed=3)
+    c = tl.log_forward_pass(model, x, random_seed=4)
+    assert a.random_seed == 3
+    assert torch.equal(a["dropout_1_2"].activation, b["dropout_1_2"].activation)
+    assert not torch.equal(a["dropout_1_2"].activation, c["dropout_1_2"].activation)
+    again = tl.log_forward_pass(model, x, random_seed=a.random_seed)
+    assert torch.equal(again["output_1_3"].activation, a["output_1_3"].activation)
+
+
+def test_history_views(net):
+    h = tl.log_forward_pass(net, X)
+    assert h.input_layers == ["input_1_0"] and h.output_layers == ["output_1_6"]
+    assert h.module_addresses == ["conv", "block", "block.0", "block.1", "fc"]
+    assert h.module_types["block"] == "Sequential" and h.module_passes["fc"] == 1
+    assert h.num_params == sum(p.numel() for p in net.parameters())
+    assert h.num_param_operations == 3
+    assert [e.label for e in h] == h.layer_labels and len(h) == 7
+    assert h["input.x"].label == "input_1_0" and h["output"].label == "output_1_6"
+    assert h["block"].label == "conv2d_2_3"
+    assert h["conv2d_2_3"].containing_modules == ["block:1", "block.1:1"]
+    assert h["conv2d_2_3"].modules_output_of == ["block.1:1", "block:1"]
+    with pytest.raises(KeyError, match="Did you mean: conv2d_1_1"):
+        h["conv2d_1_2"]
+    with pytest.raises(KeyError, match="out of range"):
+        h[40]
+
+
+def test_to_pandas(net):
+    frame = tl.log_forward_pass(net, X).to_pandas()
+    assert list(frame["label"]) == ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3",
+                                    "mean_1_4", "linear_1_5", "output_1_6"]
+    assert frame.loc[1, "num_params"] == 2 * 9 + 2
+    assert frame.loc[3, "containing_module"] == "block.1"
