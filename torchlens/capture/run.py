@@ -51,7 +51,11 @@ class RngState:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    # torch.manual_seed would also queue a lazy CUDA seeding that captures a stack trace on
+    # every call; seed the CPU generator directly and CUDA only when it is in use.
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
 
 
 def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:

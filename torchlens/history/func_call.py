@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import linecache
+import textwrap
 import types
 from typing import List, Optional
 
@@ -40,14 +41,12 @@ class FuncCallLocation:
     def source_lines(self, context: Optional[int] = None) -> List[str]:
         """Source lines around the call, the call marked with ``--->``."""
         context = self._context if context is None else context
-        lines = []
-        for n in range(max(1, self.line_number - context), self.line_number + context + 1):
-            text = linecache.getline(self.file, n)
-            if not text:
-                continue
-            marker = "--->  " if n == self.line_number else "      "
-            lines.append(marker + text.rstrip())
-        return lines
+        numbers = range(max(1, self.line_number - context), self.line_number + context + 1)
+        texts = [(n, linecache.getline(self.file, n).rstrip()) for n in numbers]
+        while texts and not texts[-1][1].strip():  # no trailing blank lines
+            texts.pop()
+        body = textwrap.dedent("\n".join(t for _, t in texts)).split("\n") if texts else []
+        return [("--->  " if n == self.line_number else "      ") + line for (n, _), line in zip(texts, body)]
 
     def __repr__(self) -> str:
         code = "\n".join("    " + line for line in self.source_lines())
