@@ -106,6 +106,20 @@ def _make_wrapper(orig: Callable, info: OpInfo) -> Callable:
     return torchlens_wrapper
 
 
+def _make_bool_observer(orig: Callable) -> Callable:
+    """``Tensor.__bool__``: not an operation, but the moment a tensor steers Python control flow
+    (``if x.mean() > 0:``). The tracer notes it; the conversion itself is unchanged."""
+
+    def torchlens_bool(tensor):
+        tracer = ACTIVE.tracer
+        if tracer is not None and not tracer.paused and tracer.thread_id == _get_ident():
+            tracer.on_bool(tensor)
+        return orig(tensor)
+
+    torchlens_bool.__wrapped__ = orig
+    return torchlens_bool
+
+
 def _property_getter(descriptor: Any) -> Callable:
     def get(tensor):
         return descriptor.__get__(tensor, type(tensor))
@@ -195,6 +209,10 @@ class WrapperTable:
             if key not in wanted and not name.startswith("new_"):
                 continue
             self._add(torch.Tensor, name, orig, name, name in tensor_dict)
+        bool_orig = getattr(torch.Tensor, "__bool__")
+        self.patches.append(
+            Patch(torch.Tensor, "__bool__", _make_bool_observer(bool_orig), bool_orig, "__bool__" in tensor_dict)
+        )
         for name in _TENSOR_PROPERTIES:
             desc = getattr(torch.Tensor, name, None) if name not in tensor_dict else tensor_dict[name]
             if desc is None:

@@ -53,6 +53,7 @@ class Tracer:
         self.caller_frame = None
         self.frames_cache: Optional[tuple] = None
         self.error_context: Optional[str] = None
+        self.pending_condition: Optional[TensorLogEntry] = None
         self.skip_codes = set()
         self.skip_codes.add(_make_wrapper(identity, OpInfo("x", "x", False)).__code__)
         self.skip_codes.add(Tracer.on_call.__code__)
@@ -113,6 +114,7 @@ class Tracer:
             func_kwargs = replace_tensors(kwargs, self._placeholder)
         entries = self.entries
         inventory_params = self.inventory.param_addresses
+        condition, self.pending_condition = self.pending_condition, None
         for position, tensor in outputs:
             e = TensorLogEntry(len(entries), "op", info.layer_type, func, info.name)
             e.parent_refs = parents
@@ -124,12 +126,22 @@ class Tracer:
             e.output_index = position
             e.func_args = func_args
             e.func_kwargs = func_kwargs
+            e.branch_condition = condition
             self._describe_tensor(e, tensor)
             entries.append(e)
             if self.plan.wants(e):
                 e.activation = self.plan.copy(tensor)
             if id(tensor) not in inventory_params:
                 self.live[id(tensor)] = (weakref.ref(tensor), e)
+
+    def on_bool(self, tensor: torch.Tensor) -> None:
+        """A tensor was converted to a Python bool by the model's code (``if``/``while``)."""
+        if self.depth:
+            return  # a torch function checking its own arguments, not the model's control flow
+        e = self.entry_of(tensor)
+        if e is not None:
+            e.bool_used = True
+            self.pending_condition = e
 
     # ----- helpers of the hot path -----------------------------------------------------------
     def entry_of(self, tensor: torch.Tensor) -> Optional[TensorLogEntry]:
@@ -186,7 +198,7 @@ class Tracer:
             if code is stop:
                 break
             if code not in skip and code.co_filename != _MODULE_CALL_FILE:
-                found.append((code, frame.f_lineno))
+                found.append((code, frame.f_lineno, frame.f_lasti))
             frame = frame.f_back
         found.reverse()
         return tuple(found)
@@ -206,7 +218,7 @@ class Tracer:
         where = ""
         frames = self._walk_frames(self.caller_frame) if self.caller_frame is not None else ()
         if frames:
-            code, line = frames[-1]
+            code, line, _ = frames[-1]
             where = f", called at {code.co_filename}:{line} in {code.co_name}()"
         module = f" inside module '{self.module_stack[-1][0]}'" if self.module_stack else ""
         return f"while computing '{name}' (operation #{len(self.entries) + 1}){module}{where}"

@@ -8,6 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from .format import human_bytes
+from .rolled import RolledLayer, roll
 from .tensor_log import TensorLogEntry
 
 
@@ -51,6 +52,7 @@ class ModelHistory:
         self.random_seed = random_seed
         self.pass_time = pass_time
         self.postprocess_time = postprocess_time
+        self._rolled: Optional[Dict[str, RolledLayer]] = None
 
     # ----- container protocol ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -167,6 +169,27 @@ class ModelHistory:
         return any(len(e.child_layers) > 1 for e in self.layer_list)
 
     @property
+    def has_conditional_branching(self) -> bool:
+        """Some tensor was converted to a Python bool that steered control flow."""
+        return any(e.bool_used for e in self.layer_list)
+
+    @property
+    def conditional_layers(self) -> List[str]:
+        """Layers whose value was used as a Python bool (``if x.mean() > 0:``)."""
+        return [e.label for e in self.layer_list if e.bool_used]
+
+    @property
+    def rolled_layers(self) -> Dict[str, "RolledLayer"]:
+        """One ``RolledLayer`` per layer (passes folded together), in order of first pass."""
+        if self._rolled is None:
+            self._rolled = roll(self.layer_list)
+        return self._rolled
+
+    @property
+    def layer_list_rolled(self) -> List["RolledLayer"]:
+        return list(self.rolled_layers.values())
+
+    @property
     def elapsed_time(self) -> float:
         return self.pass_time + self.postprocess_time
 
@@ -174,6 +197,8 @@ class ModelHistory:
     def _structure_text(self) -> str:
         shape = f"recurrent (at most {self.max_passes} loops)" if self.is_recurrent else "purely feedforward"
         branching = "with branching" if self.is_branching else "without branching"
+        if self.has_conditional_branching:
+            branching += ", with conditional branching"
         return f"{shape}, {branching}; {len(self.modules.addresses)} total modules."
 
     def _hierarchy_lines(self, address: str = "", depth: int = 2) -> List[str]:

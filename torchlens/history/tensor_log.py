@@ -17,7 +17,7 @@ _CAPTURE_FIELDS = (
     "parent_refs",  # [(parent entry, position in the call's arguments)], dropped after post-processing
     "param_addresses",  # addresses of the parameters the operation used
     "module_stack",  # ((module address, pass), ...) outermost first
-    "call_frames",  # ((code, line), ...) from the model's forward to the calling line
+    "call_frames",  # ((code, line, bytecode offset), ...) from the model's forward to the call
     "elapsed",  # seconds the function took
     "is_inplace",  # the operation mutated its input (relu_, +=, x[i] = v)
     "output_index",  # position of this tensor among the call's outputs (None for a single output)
@@ -31,6 +31,7 @@ _CAPTURE_FIELDS = (
     "output_of_modules",  # [(module address, pass)], innermost first
     "bool_used",  # the tensor was converted to a Python bool (if/while on a tensor)
     "stored_as_buffer",  # buffer address, when the model assigned this tensor to a buffer
+    "branch_condition",  # first operation after a bool conversion: the condition's record/label
 )
 
 # Fields filled by post-processing.
@@ -143,7 +144,7 @@ class TensorLogEntry:
     @property
     def func_call_stack(self) -> List[FuncCallLocation]:
         """Source locations from the model's ``forward`` down to the line that made the call."""
-        return [FuncCallLocation(code, line) for code, line in self.call_frames]
+        return [FuncCallLocation(code, line) for code, line, _ in self.call_frames]
 
     @property
     def tensor_size_text(self) -> str:
@@ -190,9 +191,11 @@ class TensorLogEntry:
         else:
             lines.append("\tOutput of modules: none")
         flags = [f for f, on in (("in-place", self.is_inplace), ("created inside model", self.created_inside_model),
-                                 ("converted to bool", self.bool_used)) if on]
+                                 ("converted to bool (steers control flow)", self.bool_used)) if on]
         if flags:
             lines.append(f"\tFlags: {', '.join(flags)}")
+        if self.branch_condition:
+            lines.append(f"\tStarts a branch chosen by: {self.branch_condition}")
         lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys)}")
         return "\n".join(lines)
 
@@ -230,6 +233,7 @@ class TensorLogEntry:
             "created_inside_model": self.created_inside_model,
             "bool_used": self.bool_used,
             "stored_as_buffer": self.stored_as_buffer,
+            "branch_condition": self.branch_condition,
             "elapsed": self.elapsed,
         }
 

@@ -51,6 +51,7 @@ def drop_unsaved(history: ModelHistory) -> ModelHistory:
     """The same history holding only the entries whose activation was saved (labels kept)."""
     entries = [e for e in history.layer_list if e.activation is not None]
     history.layer_list = entries
+    history._rolled = None
     history._lookup = build_lookup(entries, history.modules.passes)
     return history
 
@@ -65,6 +66,9 @@ def _link(entries: List[TensorLogEntry]) -> None:
         e.parent_layers = list(positions)
         e.parent_arg_positions = positions
         e.child_layers = [c.label for c in children[e.raw_index]]
+        if e.branch_condition is not None:  # the condition may have been pruned
+            condition = e.branch_condition
+            e.branch_condition = condition.label if condition.raw_index in children else None
 
 
 def _describe_params(entries: List[TensorLogEntry], param_info) -> None:

@@ -1,28 +1,77 @@
-"""Which records are passes of the same layer.
+"""Which records are passes of the same layer (recurrence detection).
 
-Rule: operations of the same type that use the same parameter objects (and sit at the same
-position among their call's outputs) are one layer; its passes are numbered in execution order.
-Every other record is a layer of its own.
+The invariant:
+
+* Operations of the same type that use the same parameter objects (and sit at the same position
+  among their call's outputs) are one layer, whatever their call site: a weighted module called
+  in a loop, or tied weights used twice.
+* A parameter-free operation is identified by its *call site*: its function, the addresses of the
+  modules it ran in, and the full Python call stack down to the exact bytecode instruction,
+  together with its *anchor*: the layer of the most recently executed weighted operation among
+  its ancestors. The same call site can only be reached again by a loop (or a function called
+  again from the same line), so repeats at other places (``relu`` after every conv, look-alike
+  parallel branches, a parameter-free module used outside and inside a loop) stay separate.
+  Repeats of one call site are passes of one layer, except that occurrences with different
+  anchors are split: a loop over *different* weighted layers (``for conv in self.convs:
+  x = relu(conv(x))``) is a stack of distinct layers, not a recurrence. Two allowances cover the
+  first iteration of a real loop, whose anchor lies before the loop: occurrences without any
+  anchor join the site's only anchored group, and a single first occurrence joins the site's
+  only other group when that group repeats.
+* Inputs, outputs and buffers are layers of their own.
+
+Passes are numbered in execution order. Cost: one sweep over the records and their edges, plus
+hashing each record's key.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Hashable, List, Tuple
 
 from ..history.tensor_log import TensorLogEntry
 
 
 def group_passes(entries: List[TensorLogEntry]) -> List[List[TensorLogEntry]]:
     """Layers in order of their first pass; each layer is its passes in execution order."""
-    layers: List[List[TensorLogEntry]] = []
-    by_params: Dict[Tuple, List[TensorLogEntry]] = {}
+    groups: Dict[Hashable, List[Tuple[TensorLogEntry, Hashable]]] = {}
+    anchors: Dict[int, Tuple[int, Hashable]] = {}  # raw_index -> (raw index of anchor, its key)
+    no_anchor: Tuple[int, Hashable] = (-1, None)
     for e in entries:
-        if e.kind == "op" and e.param_addresses:
-            key = (e.layer_type, e.param_addresses, e.output_index)
-            layer = by_params.get(key)
-            if layer is None:
-                layer = by_params[key] = []
-                layers.append(layer)
-            layer.append(e)
+        if e.kind != "op":
+            key: Hashable = ("own", e.raw_index)
+            anchor = no_anchor
+        elif e.param_addresses:
+            key = ("params", e.layer_type, e.param_addresses, e.output_index)
+            anchor = (e.raw_index, key)
         else:
-            layers.append([e])
+            anchor = max((anchors[p.raw_index] for p, _ in e.parent_refs), default=no_anchor,
+                         key=lambda a: a[0])
+            modules = tuple(address for address, _ in e.module_stack)
+            key = ("site", e.func_name, modules, e.call_frames, e.output_index)
+        anchors[e.raw_index] = anchor
+        groups.setdefault(key, []).append((e, anchor[1]))
+    layers: List[List[TensorLogEntry]] = []
+    for key, occurrences in groups.items():
+        if key[0] == "site":
+            layers.extend(_split_by_anchor(occurrences))
+        else:
+            layers.append([e for e, _ in occurrences])
+    layers.sort(key=lambda passes: passes[0].raw_index)
     return layers
+
+
+def _split_by_anchor(occurrences: List[Tuple[TensorLogEntry, Hashable]]) -> List[List[TensorLogEntry]]:
+    by_anchor: Dict[Hashable, List[TensorLogEntry]] = {}
+    for e, anchor in occurrences:
+        by_anchor.setdefault(anchor, []).append(e)
+    if len(by_anchor) == 1:
+        return list(by_anchor.values())
+    unanchored = by_anchor.pop(None, None)
+    if unanchored is not None and len(by_anchor) == 1:
+        return [sorted(unanchored + next(iter(by_anchor.values())), key=lambda e: e.raw_index)]
+    if unanchored is None and len(by_anchor) == 2:
+        first, second = by_anchor.values()
+        if len(first) == 1 and len(second) > 1 and first[0].raw_index < second[0].raw_index:
+            return [first + second]
+    groups = list(by_anchor.values())
+    if unanchored is not None:
+        groups.append(unanchored)
+    return groups
