@@ -138,10 +138,24 @@ def _namespaces() -> List[Tuple[Any, List[str]]]:
         sub = getattr(torch._C, name, None)
         if sub is not None:
             spaces.append((sub, list(vars(sub))))
-    # torch._VF forwards attribute lookups to torch._C._VariableFunctions (nn.LSTM, F.dropout
-    # call it); setting an attribute on it shadows that lookup.
-    spaces.append((torch._VF, [n for n in dir(torch._C._VariableFunctions) if not n.startswith("__")]))
     return spaces
+
+
+class _WrappedVariableFunctions:
+    """Stands in for ``torch._C._VariableFunctions`` behind ``torch._VF`` during a pass.
+
+    ``torch._VF`` (used by ``nn.LSTM``, ``F.dropout``, ``torch.functional``) looks its functions
+    up on its ``vf`` attribute at every call; swapping that one attribute routes all of them
+    through the wrappers, instead of shadowing hundreds of names one by one.
+    """
+
+    def __init__(self, real: Any, by_original: Dict[int, Callable]) -> None:
+        self._real = real
+        self._by_original = by_original
+
+    def __getattr__(self, name: str) -> Any:
+        original = getattr(self._real, name)
+        return self._by_original.get(id(original), original)
 
 
 @dataclass
@@ -209,6 +223,12 @@ class WrapperTable:
             if key not in wanted and not name.startswith("new_"):
                 continue
             self._add(torch.Tensor, name, orig, name, name in tensor_dict)
+        vf_module = sys.modules.get("torch._VF")
+        if vf_module is not None and "vf" in vars(vf_module):
+            real = vars(vf_module)["vf"]
+            self.patches.append(
+                Patch(vf_module, "vf", _WrappedVariableFunctions(real, self.by_original), real, True)
+            )
         bool_orig = getattr(torch.Tensor, "__bool__")
         self.patches.append(
             Patch(torch.Tensor, "__bool__", _make_bool_observer(bool_orig), bool_orig, "__bool__" in tensor_dict)
@@ -251,14 +271,19 @@ def install(table: WrapperTable) -> None:
 
 def uninstall(table: WrapperTable) -> None:
     """Restore every patched attribute to the exact original object (never raises half-way)."""
+    failed = []
     for p in table.patches:
         try:
             if p.had_own:
                 setattr(p.owner, p.name, p.original)
-            elif p.name in vars(p.owner):
+            else:
                 delattr(p.owner, p.name)
-        except Exception:  # pragma: no cover - restoring must go on for the other attributes
-            pass
+        except AttributeError:
+            pass  # already gone: nothing of ours to remove
+        except Exception as error:  # pragma: no cover - restoring must go on for the others
+            failed.append(f"{p.name}: {error}")
+    if failed:  # pragma: no cover
+        raise RuntimeError("torchlens could not restore some torch attributes: " + "; ".join(failed))
 
 
 class BoundReferences:
