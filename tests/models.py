@@ -8,6 +8,7 @@ attribute raises that exception type from ``forward`` on purpose.
 """
 from __future__ import annotations
 
+import random
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
@@ -188,7 +189,7 @@ class RunningMeanInplace(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.register_buffer("running_mean", torch.zeros(3))
+        self.register_buffer("running_mean", torch.tensor([1.0, -2.0, 3.0]))
 
     def forward(self, x):
         with torch.no_grad():
@@ -400,6 +401,8 @@ class RaisesMidway(nn.Module):
 
 # ----- module nesting --------------------------------------------------------------------------
 class Leaf(nn.Module):
+    """Innermost level of ``Nested3Levels``: linear + relu."""
+
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
@@ -409,6 +412,8 @@ class Leaf(nn.Module):
 
 
 class Middle(nn.Module):
+    """Middle level of ``Nested3Levels``: wraps a ``Leaf`` and scales its output."""
+
     def __init__(self):
         super().__init__()
         self.leaf = Leaf()
@@ -698,6 +703,88 @@ class ComplexOps(nn.Module):
         return z.abs() + z.angle() + (z * z).imag
 
 
+class KeywordTensorCall(nn.Module):
+    """Tensors passed to torch functions as keyword arguments (``other=``, ``weight=``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(3) * 2)
+
+    def forward(self, x, y):
+        s = torch.add(x, other=y, alpha=2)
+        return F.linear(input=s, weight=self.weight)
+
+
+class RaisesInSubmodule(nn.Module):
+    """A submodule runs an operation and then raises a plain Python ``ValueError``."""
+
+    expected_error = ValueError
+
+    class Checker(nn.Module):
+        def forward(self, x):
+            y = x.abs()
+            raise ValueError("Checker: refusing this input")
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.check = RaisesInSubmodule.Checker()
+
+    def forward(self, x):
+        return self.check(self.fc(x))
+
+
+class PythonNumpyRandom(nn.Module):
+    """Uses Python's ``random`` and ``numpy.random`` inside forward (seeded by ``random_seed``)."""
+
+    def forward(self, x):
+        noise = torch.from_numpy(np.random.rand(*x.shape).astype(np.float32))
+        return x * random.random() + noise
+
+
+class InplaceTorchFunction(nn.Module):
+    """Calls the in-place function ``torch.relu_`` from the torch namespace (not the method)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        torch.relu_(y)
+        return y * 2
+
+
+class ParamTranspose(nn.Module):
+    """A raw weight matrix transposed with ``.T`` and multiplied: ``x @ self.W.T``."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(2, 3))
+
+    def forward(self, x):
+        return x @ self.W.T
+
+
+class ConditionalOnTensor(nn.Module):
+    """Python control flow on a tensor value (``if x.sum() > 0``); the comparison is a dead end."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+class InplaceThroughView(nn.Module):
+    """An in-place operation on a view (``y[0].mul_(10)``) changes its base ``y``, which is used later."""
+
+    def forward(self, x):
+        y = x + 0
+        row = y[0]
+        row.mul_(10)
+        return y * 1
+
+
 # ----- registry --------------------------------------------------------------------------------
 def _gen(seed: int = 1234) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -801,6 +888,13 @@ REGISTRY: List[Tuple[str, Callable[[], nn.Module], Callable[[], Tuple[tuple, dic
     ("shared_linear_two_branches", _seeded(SharedLinearTwoBranches),
      _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2))),
     ("complex_ops", _seeded(ComplexOps), _inputs(_randn(2, 3, 2))),
+    ("keyword_tensor_call", _seeded(KeywordTensorCall), _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2))),
+    ("raises_in_submodule", _seeded(RaisesInSubmodule), _inputs(_randn(2, 3))),
+    ("python_numpy_random", _seeded(PythonNumpyRandom), _inputs(_randn(2, 3))),
+    ("inplace_torch_function", _seeded(InplaceTorchFunction), _inputs(_randn(4, 3))),
+    ("param_transpose", _seeded(ParamTranspose), _inputs(_randn(4, 3))),
+    ("conditional_on_tensor", _seeded(ConditionalOnTensor), _inputs(_randn(2, 3).abs())),
+    ("inplace_through_view", _seeded(InplaceThroughView), _inputs(_randn(2, 3))),
 ]
 
 REGISTRY_BY_NAME: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[tuple, dict]]]] = {

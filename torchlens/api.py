@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import torch
 from torch import nn
 
+from .capture.modules import BufferSnapshot
 from .capture.run import run_pass
 from .capture.save_plan import SavePlan
 from .history.model_history import ModelHistory
@@ -78,7 +79,9 @@ def log_forward_pass(
                         detach=detach_saved_tensors, **which)
 
     if request.needs_labels:
+        buffers = BufferSnapshot(model)
         first = build_history(run_pass(model, args, kwargs, plan(), seed))
+        buffers.restore()
         chosen = frozenset(resolve_request(request, first))
         result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args)
         history = build_history(result)

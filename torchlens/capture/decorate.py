@@ -204,9 +204,12 @@ class WrapperTable:
             own = vars(owner)
             for name in names:
                 orig = own.get(name) if name in own else getattr(owner, name, None)
-                if orig is None or id(orig) not in wanted or isinstance(orig, type):
+                if orig is None or isinstance(orig, type):
                     continue
-                self._add(owner, name, orig, wanted[id(orig)][1], name in own)
+                if id(orig) in wanted:
+                    self._add(owner, name, orig, wanted[id(orig)][1], name in own)
+                elif _is_inplace_variant(owner, name, orig, wanted):
+                    self._add(owner, name, orig, name, name in own)
 
         tensor_dict = vars(torch.Tensor)
         for name in dir(torch.Tensor):
@@ -251,6 +254,14 @@ class WrapperTable:
             self.by_original[key] = wrapper
             self.originals[key] = orig
         self.patches.append(Patch(owner, name, wrapper, orig, had_own))
+
+
+def _is_inplace_variant(owner: Any, name: str, orig: Any, wanted: Dict[int, Any]) -> bool:
+    """``torch.relu_``, ``F.leaky_relu_``: in-place twins that ``torch.overrides`` leaves out."""
+    if not name.endswith("_") or name.startswith("_") or not callable(orig):
+        return False
+    twin = getattr(owner, name[:-1], None)
+    return (twin is not None and id(twin) in wanted) or hasattr(torch.Tensor, name)
 
 
 _TABLE: Optional[WrapperTable] = None

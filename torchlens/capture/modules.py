@@ -64,3 +64,20 @@ class ModelState:
         for p, flag in self.requires_grad:
             if p.requires_grad != flag:
                 p.requires_grad_(flag)
+
+
+class BufferSnapshot:
+    """The model's buffers (objects and values), to undo a metadata-only pass before the pass
+    that saves: a stateful model (BatchNorm statistics, counters) then runs only once in effect."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.dicts = [(m, dict(m._buffers)) for m in model.modules()]
+        self.values = [(b, b.detach().clone()) for _, bs in self.dicts for b in bs.values() if b is not None]
+
+    def restore(self) -> None:
+        for module, buffers in self.dicts:
+            module._buffers.clear()
+            module._buffers.update(buffers)
+        with torch.no_grad():
+            for buffer, value in self.values:
+                buffer.copy_(value)

@@ -71,6 +71,9 @@ class Tracer:
             self.caller_frame = sys._getframe(2)
             self.frames_cache = None
         self.depth += 1
+        found = tensors_in_call(args, kwargs)
+        if self.inventory.buffer_addresses:
+            self._register_buffers(found)  # before the call, which may update them in place
         n_before = len(self.entries)
         try:
             start = perf_counter()
@@ -86,14 +89,14 @@ class Tracer:
         self.depth -= 1
         self.paused = True
         try:
-            self._log_call(func, info, args, kwargs, out, elapsed, n_before)
+            self._log_call(func, info, args, kwargs, found, out, elapsed, n_before)
         finally:
             self.paused = False
             if outermost:
                 self.caller_frame = None
         return out
 
-    def _log_call(self, func, info: OpInfo, args, kwargs, out, elapsed: float, n_before: int) -> None:
+    def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int) -> None:
         if info.is_inplace or (kwargs and kwargs.get("out") is not None):
             target = kwargs.get("out") if kwargs and kwargs.get("out") is not None else (args[0] if args else None)
         else:
@@ -106,7 +109,7 @@ class Tracer:
                 return
         if len(self.entries) > n_before and self._made_inside(outputs, n_before):
             return  # a composite function: its inner operations are logged already
-        parents, params = self._inputs_of(args, kwargs)
+        parents, params = self._inputs_of(found)
         frames = self._frames()
         func_args = func_kwargs = None
         if self.save_function_args:
@@ -157,23 +160,26 @@ class Tracer:
                 return False
         return True
 
-    def _inputs_of(self, args: tuple, kwargs: dict):
+    def _register_buffers(self, found) -> None:
+        """Give buffers seen for the first time their buffer layer, holding their value now."""
+        buffer_addresses = self.inventory.buffer_addresses
+        for _, t in found:
+            address = buffer_addresses.get(id(t))
+            if address is not None and self.entry_of(t) is None:
+                self.add_source(t, "buffer", address)
+
+    def _inputs_of(self, found):
         parents: List[Tuple[TensorLogEntry, Any]] = []
         params: List[str] = []
         param_addresses = self.inventory.param_addresses
-        for position, t in tensors_in_call(args, kwargs):
+        for position, t in found:
             e = self.entry_of(t)
             if e is not None:
                 parents.append((e, position))
                 continue
             address = param_addresses.get(id(t))
-            if address is not None:
-                if address not in params:
-                    params.append(address)
-                continue
-            address = self.inventory.buffer_addresses.get(id(t))
-            if address is not None:
-                parents.append((self.add_source(t, "buffer", address), position))
+            if address is not None and address not in params:
+                params.append(address)
             # any other tensor is a constant of this pass (e.g. a plain tensor attribute)
         return parents, tuple(params)
 
@@ -247,8 +253,9 @@ class Tracer:
                     self.add_source(tensor, "input", f"input.{name}{_dotted(position)}")
 
     def add_outputs(self, output: Any) -> None:
-        self.paused = True
         try:
+            self._register_buffers(tensors_in(output))
+            self.paused = True
             for position, tensor in tensors_in(output):
                 parent = self.entry_of(tensor)
                 e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
@@ -286,6 +293,9 @@ class Tracer:
         if not self.module_frames or self.module_frames[-1][0] is not module:
             return
         _, address, n, start, outer_stack = self.module_frames.pop()
+        if output is None and self.error_context is None and sys.exc_info()[1] is not None:
+            # an always-called hook during an exception: the module's forward raised
+            self.error_context = f"inside module '{address}'" + _raise_site(sys.exc_info()[1])
         self.paused = True
         try:
             for _, tensor in tensors_in(output):
@@ -312,6 +322,17 @@ class Tracer:
         if id(tensor) not in self.inventory.param_addresses:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
         return e
+
+
+def _raise_site(error: BaseException) -> str:
+    """``, raised at file:line in func()`` for the innermost frame of the error's traceback."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    code = tb.tb_frame.f_code
+    return f", raised at {code.co_filename}:{tb.tb_lineno} in {code.co_name}()"
 
 
 def _dotted(position: Any) -> str:

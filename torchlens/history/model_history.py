@@ -80,9 +80,11 @@ class ModelHistory:
     def _unknown_key_message(self, key: Union[str, int]) -> str:
         if isinstance(key, int):
             return f"Layer {key} is out of range: this history has {len(self)} layers (use 0..{len(self) - 1} or -1..-{len(self)})."
-        if key in self._all_labels:
-            return (f"Layer {key!r} ran but was not kept because its activation was not saved; "
-                    "pass keep_unsaved_layers=True to keep it.")
+        base = key.rpartition(":")[0] if ":" in key else key
+        if key in self._all_labels or base in self.modules.passes:
+            what = "Layer" if key in self._all_labels else "The output of module"
+            return (f"{what} {key!r} ran but was not kept because its activation was not saved; "
+                    "pass keep_unsaved_layers=True (or include it in layers_to_save) to keep it.")
         if key in self.modules.types and key not in self.modules.passes:
             return f"Module {key!r} was not called in this forward pass."
         candidates = [k for k in self._lookup if isinstance(k, str)]
