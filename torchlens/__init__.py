@@ -10,10 +10,12 @@ from .api import get_model_metadata, log_forward_pass
 from .history.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
+from .validate import validate_model_activations
 
 __all__ = [
     "log_forward_pass",
     "get_model_metadata",
+    "validate_model_activations",
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",

@@ -57,6 +57,14 @@ _REFLECTED = frozenset(
 )
 
 
+# Functions whose result depends on the random number generator (replayed with its state).
+_RANDOM_FUNCS = frozenset(
+    """rand randn randint rand_like randn_like randint_like randperm bernoulli bernoulli_
+    multinomial normal normal_ poisson uniform_ exponential_ geometric_ cauchy_ log_normal_
+    random_ rrelu rrelu_ rrelu_with_noise""".split()
+)
+
+
 @dataclass(frozen=True)
 class OpInfo:
     """What the tracer needs to know about a wrapped callable, computed once."""
@@ -65,6 +73,10 @@ class OpInfo:
     layer_type: str  # lower-cased, without underscores: "conv2d", "add", "relu"
     is_inplace: bool  # mutates its first argument
     is_property: bool = False
+
+    @property
+    def is_random(self) -> bool:
+        return self.name in _RANDOM_FUNCS or "dropout" in self.name
 
 
 def _layer_type(name: str) -> str:

@@ -75,6 +75,9 @@ class Tracer:
         if self.inventory.buffer_addresses:
             self._register_buffers(found)  # before the call, which may update them in place
         n_before = len(self.entries)
+        rng_state = None
+        if self.save_function_args and info.is_random:
+            rng_state = _rng_state()  # so the operation can be replayed exactly
         try:
             start = perf_counter()
             out = func(*args, **kwargs)
@@ -89,14 +92,15 @@ class Tracer:
         self.depth -= 1
         self.paused = True
         try:
-            self._log_call(func, info, args, kwargs, found, out, elapsed, n_before)
+            self._log_call(func, info, args, kwargs, found, out, elapsed, n_before, rng_state)
         finally:
             self.paused = False
             if outermost:
                 self.caller_frame = None
         return out
 
-    def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int) -> None:
+    def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int,
+                  rng_state=None) -> None:
         if info.is_inplace or (kwargs and kwargs.get("out") is not None):
             target = kwargs.get("out") if kwargs and kwargs.get("out") is not None else (args[0] if args else None)
         else:
@@ -118,9 +122,10 @@ class Tracer:
         entries = self.entries
         inventory_params = self.inventory.param_addresses
         condition, self.pending_condition = self.pending_condition, None
+        positional = info.name in _POSITIONAL_OUTPUTS
         for position, tensor in outputs:
             e = TensorLogEntry(len(entries), "op", info.layer_type, func, info.name)
-            e.parent_refs = parents
+            e.parent_refs = _matching_parents(parents, position) if positional else parents
             e.param_addresses = params
             e.module_stack = self.module_stack
             e.call_frames = frames
@@ -130,6 +135,7 @@ class Tracer:
             e.func_args = func_args
             e.func_kwargs = func_kwargs
             e.branch_condition = condition
+            e.rng_state = rng_state
             self._describe_tensor(e, tensor)
             entries.append(e)
             if self.plan.wants(e):
@@ -322,6 +328,21 @@ class Tracer:
         if id(tensor) not in self.inventory.param_addresses:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
         return e
+
+
+# Functions whose i-th output is computed from the i-th tensor argument only.
+_POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
+
+
+def _matching_parents(parents: list, position: Any) -> list:
+    """Parents of output ``i``: the argument at ``i`` (``f(a, b)``) or ``(0, i)`` (``f([a, b])``)."""
+    index = position[-1] if isinstance(position, tuple) else position
+    return [(p, pos) for p, pos in parents if pos == index or pos == (0, index)]
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
 
 
 def _raise_site(error: BaseException) -> str:

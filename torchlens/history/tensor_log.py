@@ -32,6 +32,7 @@ _CAPTURE_FIELDS = (
     "bool_used",  # the tensor was converted to a Python bool (if/while on a tensor)
     "stored_as_buffer",  # buffer address, when the model assigned this tensor to a buffer
     "branch_condition",  # first operation after a bool conversion: the condition's record/label
+    "rng_state",  # with save_function_args, for random operations: generator states before the call
 )
 
 # Fields filled by post-processing.
