@@ -146,7 +146,7 @@ def _namespaces() -> List[Tuple[Any, List[str]]]:
     spaces: List[Tuple[Any, List[str]]] = []
     for ns in (torch, torch.functional, F, torch.linalg, torch.fft, torch.special):
         spaces.append((ns, list(vars(ns))))
-    for name in ("_nn", "_linalg", "_fft", "_special"):
+    for name in ("_nn",):  # F.* Python functions call these directly
         sub = getattr(torch._C, name, None)
         if sub is not None:
             spaces.append((sub, list(vars(sub))))
@@ -187,6 +187,10 @@ class WrapperTable:
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
         self._build()
+        # modules are patched through their namespace dict (fast); classes need setattr
+        self.module_patches = [(vars(p.owner), p.name, p.replacement, p.original, p.had_own)
+                               for p in self.patches if isinstance(p.owner, types.ModuleType)]
+        self.type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
 
     def _build(self) -> None:
         overridable = torch.overrides.get_overridable_functions()
@@ -288,14 +292,21 @@ def wrapper_table() -> WrapperTable:
 
 def install(table: WrapperTable) -> None:
     """Put every wrapper in place. Must be paired with ``uninstall``."""
-    for p in table.patches:
+    for owner_dict, name, replacement, _, _ in table.module_patches:
+        owner_dict[name] = replacement  # a module's namespace: a plain dict write
+    for p in table.type_patches:
         setattr(p.owner, p.name, p.replacement)
 
 
 def uninstall(table: WrapperTable) -> None:
     """Restore every patched attribute to the exact original object (never raises half-way)."""
+    for owner_dict, name, _, original, had_own in table.module_patches:
+        if had_own:
+            owner_dict[name] = original
+        else:
+            owner_dict.pop(name, None)
     failed = []
-    for p in table.patches:
+    for p in table.type_patches:
         try:
             if p.had_own:
                 setattr(p.owner, p.name, p.original)
@@ -309,6 +320,9 @@ def uninstall(table: WrapperTable) -> None:
         raise RuntimeError("torchlens could not restore some torch attributes: " + "; ".join(failed))
 
 
+_FUNCTION_TYPES = (types.BuiltinFunctionType, types.FunctionType)
+
+
 class BoundReferences:
     """Wrap torch functions the model bound before the pass (``from torch import triu``,
     ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
@@ -319,27 +333,27 @@ class BoundReferences:
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
 
     def install(self) -> None:
-        by_original = self.table.by_original
-        seen_globals = set()
+        seen_classes, seen_globals = set(), set()
         for module in self.model.modules():
-            for cls in type(module).__mro__:
-                mod = sys.modules.get(cls.__module__)
-                if mod is None or id(mod) in seen_globals or mod.__name__.startswith("torch"):
-                    continue
-                seen_globals.add(id(mod))
-                namespace = vars(mod)
-                for key, value in list(namespace.items()):
-                    wrapper = by_original.get(id(value))
-                    if wrapper is not None and value is self.table.originals.get(id(value)):
-                        namespace[key] = wrapper
-                        self.replaced.append((namespace, key, value, wrapper))
-            attrs = vars(module)
-            for key, value in list(attrs.items()):
-                if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)):
-                    wrapper = by_original.get(id(value))
-                    if wrapper is not None and value is self.table.originals.get(id(value)):
-                        attrs[key] = wrapper
-                        self.replaced.append((attrs, key, value, wrapper))
+            cls = type(module)
+            if cls not in seen_classes:
+                seen_classes.add(cls)
+                for base in cls.__mro__:
+                    mod = sys.modules.get(base.__module__)
+                    if mod is not None and id(mod) not in seen_globals and not mod.__name__.startswith("torch"):
+                        seen_globals.add(id(mod))
+                        self._wrap_in(vars(mod), all_values=True)
+            self._wrap_in(vars(module), all_values=False)
+
+    def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
+        by_original, originals = self.table.by_original, self.table.originals
+        for key, value in list(namespace.items()):
+            if not all_values and type(value) not in _FUNCTION_TYPES:
+                continue
+            wrapper = by_original.get(id(value))
+            if wrapper is not None and value is originals.get(id(value)):
+                namespace[key] = wrapper
+                self.replaced.append((namespace, key, value, wrapper))
 
     def uninstall(self) -> None:
         for namespace, key, original, wrapper in self.replaced:

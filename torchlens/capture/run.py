@@ -1,6 +1,7 @@
 """One traced forward pass: install everything, run the model, and put everything back."""
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 import threading
@@ -58,10 +59,24 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+@functools.lru_cache(maxsize=256)
+def _forward_signature(forward_function: Any) -> inspect.Signature:
+    signature = inspect.signature(forward_function)
+    params = list(signature.parameters.values())
+    if params and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        params = params[1:]  # self
+    return signature.replace(parameters=params)
+
+
 def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
     """Input values named after the parameters of ``forward`` (``x``, ``mask``) where possible."""
     try:
-        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        forward = model.forward
+        if getattr(forward, "__self__", None) is model and hasattr(forward, "__func__"):
+            signature = _forward_signature(forward.__func__)
+        else:
+            signature = inspect.signature(forward)
+        bound = signature.bind(*args, **kwargs)
     except (TypeError, ValueError):
         return [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
     named: List[Tuple[str, Any]] = []

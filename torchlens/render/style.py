@@ -49,7 +49,7 @@ GRAPH_DEFAULTS = {
     "fontcolor": "#2f3338",
     "bgcolor": "white",
     "labelloc": "t",
-    "labeljust": "l",
+    "labeljust": "c",
     "nodesep": "0.25",
     "ranksep": "0.32",
     "pad": "0.25",
@@ -132,13 +132,16 @@ def params_text(count: int) -> str:
 
 
 def html_label(title: str, lines: Sequence[str] = (), italic_lines: Sequence[str] = ()) -> str:
-    """An HTML-like graphviz label: a bold title and smaller detail lines (text is escaped)."""
-    parts = [f"<B>{html.escape(title)}</B>"]
+    """An HTML-like graphviz label: a bold title and smaller detail lines (text is escaped).
+
+    One table row per line, so lines of different sizes never overlap.
+    """
+    rows = [f"<TR><TD><B>{html.escape(title)}</B></TD></TR>"]
     for text in italic_lines:
-        parts.append(f'<FONT POINT-SIZE="8" COLOR="{DETAIL_COLOR}"><I>{html.escape(text)}</I></FONT>')
+        rows.append(f'<TR><TD><FONT POINT-SIZE="8" COLOR="{DETAIL_COLOR}"><I>{html.escape(text)}</I></FONT></TD></TR>')
     for text in lines:
-        parts.append(f'<FONT POINT-SIZE="9" COLOR="{DETAIL_COLOR}">{html.escape(text)}</FONT>')
-    return "<" + "<BR/>".join(parts) + ">"
+        rows.append(f'<TR><TD><FONT POINT-SIZE="9" COLOR="{DETAIL_COLOR}">{html.escape(text)}</FONT></TD></TR>')
+    return '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">' + "".join(rows) + "</TABLE>>"
 
 
 def tensor_text(shape: Optional[Sequence[int]], dtype: Optional[torch.dtype], nbytes: Optional[int]) -> str:
