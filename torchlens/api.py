@@ -25,6 +25,7 @@ def log_forward_pass(
     activation_postfunc: Optional[Callable[[torch.Tensor], Any]] = None,
     detach_saved_tensors: bool = False,
     save_function_args: bool = False,
+    save_gradients: bool = False,
     random_seed: Optional[int] = None,
     vis_mode: str = "none",
 ) -> ModelHistory:
@@ -44,6 +45,9 @@ def log_forward_pass(
         activation_postfunc: applied to each saved activation (e.g. ``lambda t: t.mean(0)``).
         detach_saved_tensors: save detached copies (no autograd history).
         save_function_args: keep each operation's arguments, so it can be re-run.
+        save_gradients: after you call ``.backward()`` on the output (or on any saved
+            activation, or a loss built from them), each layer the gradient flowed through
+            has it in ``entry.gradient``.
         random_seed: seeds python, numpy and torch for the pass (chosen at random if None;
             recorded as ``history.random_seed``). The caller's RNG state is restored afterwards.
         vis_mode: ``'none'`` (drawing is not part of this release).
@@ -83,7 +87,8 @@ def log_forward_pass(
         first = build_history(run_pass(model, args, kwargs, plan(), seed))
         buffers.restore()
         chosen = frozenset(resolve_request(request, first))
-        result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args)
+        result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args,
+                          save_gradients)
         history = build_history(result)
         if history.layer_labels != first.layer_labels:
             raise RuntimeError(
@@ -95,7 +100,7 @@ def log_forward_pass(
         result = run_pass(
             model, args, kwargs,
             plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules),
-            seed, save_function_args,
+            seed, save_function_args, save_gradients,
         )
         history = build_history(result)
         resolve_request(request, history)  # unknown keys raise, with close matches

@@ -106,6 +106,7 @@ def run_pass(
     plan: SavePlan,
     random_seed: int,
     save_function_args: bool = False,
+    save_gradients: bool = False,
 ) -> PassResult:
     """Run ``model(*args, **kwargs)`` once with the decorator layer installed."""
     _check_not_nested()
@@ -113,7 +114,7 @@ def run_pass(
     with _PASS_LOCK:
         inventory = ModelInventory.of(model)
         state = ModelState.of(model)
-        tracer = Tracer(inventory, plan, save_function_args)
+        tracer = Tracer(inventory, plan, save_function_args, save_gradients)
         rng = RngState()
         bound_refs = decorate.BoundReferences(table, model)
         hooks = []

@@ -35,7 +35,8 @@ def identity(x: Any) -> Any:
 class Tracer:
     """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``."""
 
-    def __init__(self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False) -> None:
+    def __init__(self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False,
+                 save_gradients: bool = False) -> None:
         from .decorate import _make_wrapper
 
         self.thread_id = _get_ident()
@@ -44,6 +45,7 @@ class Tracer:
         self.inventory = inventory
         self.plan = plan
         self.save_function_args = save_function_args
+        self.save_gradients = save_gradients
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
         self.parent_placeholders: List[ParentRef] = []
@@ -136,12 +138,7 @@ class Tracer:
             e.func_kwargs = func_kwargs
             e.branch_condition = condition
             e.rng_state = rng_state
-            self._describe_tensor(e, tensor)
-            entries.append(e)
-            if self.plan.wants(e):
-                e.activation = self.plan.copy(tensor)
-            if id(tensor) not in inventory_params:
-                self.live[id(tensor)] = (weakref.ref(tensor), e)
+            self._add(e, tensor, track=id(tensor) not in inventory_params)
 
     def on_bool(self, tensor: torch.Tensor) -> None:
         """A tensor was converted to a Python bool by the model's code (``if``/``while``)."""
@@ -153,6 +150,17 @@ class Tracer:
             self.pending_condition = e
 
     # ----- helpers of the hot path -----------------------------------------------------------
+    def _add(self, e: TensorLogEntry, tensor: torch.Tensor, track: bool) -> None:
+        """Append a new record for ``tensor``: metadata, saved copy, gradient hook, tracking."""
+        self._describe_tensor(e, tensor)
+        self.entries.append(e)
+        if self.plan.wants(e):
+            e.activation = self.plan.copy(tensor)
+        if self.save_gradients and tensor.requires_grad:
+            tensor.register_hook(_gradient_recorder(e))
+        if track:
+            self.live[id(tensor)] = (weakref.ref(tensor), e)
+
     def entry_of(self, tensor: torch.Tensor) -> Optional[TensorLogEntry]:
         found = self.live.get(id(tensor))
         if found is not None and found[0]() is tensor:
@@ -243,11 +251,7 @@ class Tracer:
             e = TensorLogEntry(len(self.entries), kind, kind, None, kind)
             e.address = address
             e.module_stack = self.module_stack if kind == "buffer" else ()
-            self._describe_tensor(e, tensor)
-            self.entries.append(e)
-            if self.plan.wants(e):
-                e.activation = self.plan.copy(tensor)
-            self.live[id(tensor)] = (weakref.ref(tensor), e)
+            self._add(e, tensor, track=True)
             return e
         finally:
             self.paused = False
@@ -267,10 +271,7 @@ class Tracer:
                 e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
                 e.parent_refs = [(parent, 0)] if parent is not None else []
                 e.address = "output" + _dotted(position)
-                self._describe_tensor(e, tensor)
-                self.entries.append(e)
-                if self.plan.wants(e):
-                    e.activation = self.plan.copy(tensor)
+                self._add(e, tensor, track=False)
         finally:
             self.paused = False
 
@@ -321,12 +322,7 @@ class Tracer:
         e.parent_refs = [(parent, 0)] if parent is not None else []
         e.module_stack = self.module_stack
         e.call_frames = self._walk_frames(sys._getframe(2))
-        self._describe_tensor(e, tensor)
-        self.entries.append(e)
-        if self.plan.wants(e):
-            e.activation = self.plan.copy(tensor)
-        if id(tensor) not in self.inventory.param_addresses:
-            self.live[id(tensor)] = (weakref.ref(tensor), e)
+        self._add(e, tensor, track=id(tensor) not in self.inventory.param_addresses)
         return e
 
 
@@ -338,6 +334,16 @@ def _matching_parents(parents: list, position: Any) -> list:
     """Parents of output ``i``: the argument at ``i`` (``f(a, b)``) or ``(0, i)`` (``f([a, b])``)."""
     index = position[-1] if isinstance(position, tuple) else position
     return [(p, pos) for p, pos in parents if pos == index or pos == (0, index)]
+
+
+def _gradient_recorder(e: TensorLogEntry) -> Callable:
+    """A tensor hook storing the gradient on the record (summed if backward runs again)."""
+
+    def record(grad: torch.Tensor) -> None:
+        grad = grad.detach()
+        e.gradient = grad.clone() if e.gradient is None else e.gradient + grad
+
+    return record
 
 
 def _rng_state() -> tuple:

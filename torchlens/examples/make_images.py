@@ -4,7 +4,7 @@ Run with ``python -m torchlens.examples.make_images [outdir]`` (default ``images
 torchvision and Graphviz's ``dot`` program. Writes:
 
 - ``recurrent_unrolled`` / ``recurrent_rolled``: a linear layer applied in a loop of four passes;
-- ``conditional``: a branch chosen by ``if x.sum() > 0`` (the bool node and its ``if`` edge);
+- ``conditional``: a branch chosen by ``if x.mean() > 0`` (the bool node and its ``if`` edge);
 - ``alexnet``: AlexNet, every operation;
 - ``resnet_basic_block``: ResNet-18's first basic block with its skip connection;
 - ``resnet18_depth1``: the whole ResNet-18 with module boxes one level deep, deeper modules
@@ -44,7 +44,7 @@ class SimpleRecurrent(nn.Module):
 
 
 class Conditional(nn.Module):
-    """Python control flow on a tensor: only the taken branch is in the graph."""
+    """Python control flow on a tensor: the relu runs only when the input's mean is positive."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,9 +52,9 @@ class Conditional(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc(x)
-        if y.sum() > 0:
-            return torch.relu(y) * 2
-        return y - 1
+        if x.mean() > 0:
+            y = torch.relu(y)
+        return y * 2
 
 
 def _examples() -> List[Tuple[str, Callable[[], Tuple[nn.Module, Any]], dict]]:

@@ -32,6 +32,7 @@ _CAPTURE_FIELDS = (
     "bool_used",  # the tensor was converted to a Python bool (if/while on a tensor)
     "stored_as_buffer",  # buffer address, when the model assigned this tensor to a buffer
     "branch_condition",  # first operation after a bool conversion: the condition's record/label
+    "gradient",  # with save_gradients: the gradient that reached this tensor in backward
     "rng_state",  # with save_function_args, for random operations: generator states before the call
 )
 
@@ -148,6 +149,23 @@ class TensorLogEntry:
         return [FuncCallLocation(code, line) for code, line, _ in self.call_frames]
 
     @property
+    def has_gradient(self) -> bool:
+        return self.gradient is not None
+
+    @property
+    def grad_shape(self):
+        return self.gradient.shape if self.gradient is not None else None
+
+    @property
+    def grad_dtype(self):
+        return self.gradient.dtype if self.gradient is not None else None
+
+    @property
+    def grad_nbytes(self) -> int:
+        g = self.gradient
+        return g.nelement() * g.element_size() if g is not None else 0
+
+    @property
     def tensor_size_text(self) -> str:
         return human_bytes(self.nbytes or 0)
 
@@ -164,6 +182,10 @@ class TensorLogEntry:
             lines.append("\t\t" + tensor_preview(self.activation).replace("\n", "\n\t\t"))
         else:
             lines.append("\t\t(activation not saved)")
+        if self.gradient is not None:
+            lines.append(f"\tGradient: shape={tuple(self.gradient.shape)}, dtype={self.gradient.dtype}, "
+                         f"size={human_bytes(self.grad_nbytes)}")
+            lines.append("\t\t" + tensor_preview(self.gradient).replace("\n", "\n\t\t"))
         if self.param_addresses:
             shapes = ", ".join(str(tuple(s)) for s in self.param_shapes)
             lines.append(
@@ -222,6 +244,9 @@ class TensorLogEntry:
             "dtype": str(self.dtype) if self.dtype is not None else None,
             "nbytes": self.nbytes,
             "has_saved_activation": self.has_saved_activation,
+            "has_gradient": self.has_gradient,
+            "grad_shape": tuple(self.gradient.shape) if self.gradient is not None else None,
+            "grad_nbytes": self.grad_nbytes,
             "parent_layers": list(self.parent_layers),
             "child_layers": list(self.child_layers),
             "param_addresses": list(self.param_addresses),

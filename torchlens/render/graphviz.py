@@ -174,7 +174,7 @@ def _emit(structure: GraphStructure, cluster: Cluster, graph: graphviz.Digraph, 
             attrs.update(st.IF_EDGE)
         label = edge.label_text(rolled)
         if label:
-            attrs["label"] = label
+            attrs["label"] = label.replace("\n", "\\n")  # DOT's own line break escape
         attrs.update(edge.attrs)
         attrs.update(_overrides(opts["edge_attrs"], edge.tail.item, edge.head.item))
         graph.edge(edge.tail.id, edge.head.id, **attrs)
