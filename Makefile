@@ -4,6 +4,7 @@
 #   make test       full test suite, slow model-zoo tests included (what CI runs)
 #   make test-fast  test suite without the slow model-zoo tests
 #   make demo       run the demo module (python -m torchlens.examples.demo)
+#   make images     draw the README's example graphs into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
 #   make clean      remove build/test/demo artefacts (keeps .venv)
 #   make distclean  clean + remove .venv
@@ -27,7 +28,7 @@ BENCH_ARGS ?=
 # Quieter pip output on CI (CI=true): no progress bars, never prompt.
 PIP_FLAGS ?= --no-input $(if $(filter true 1 yes,$(CI)),--progress-bar off,)
 
-.PHONY: venv test test-fast demo bench clean distclean graphviz
+.PHONY: venv test test-fast demo bench images clean distclean graphviz
 
 venv: $(STAMP)
 
@@ -71,6 +72,9 @@ test-fast: venv
 
 demo: venv
 	"$(VENV_PY)" -m torchlens.examples.demo
+
+images: venv
+	"$(VENV_PY)" -m torchlens.examples.make_images images
 
 bench: venv
 	"$(VENV_PY)" benchmarks/overhead.py $(BENCH_ARGS)

@@ -28,6 +28,11 @@ def log_forward_pass(
     save_gradients: bool = False,
     random_seed: Optional[int] = None,
     vis_mode: str = "none",
+    vis_nesting_depth: Optional[int] = None,
+    vis_outpath: str = "graph",
+    vis_fileformat: str = "pdf",
+    vis_save_only: bool = False,
+    vis_direction: str = "bottomup",
 ) -> ModelHistory:
     """Run one forward pass of ``model`` and return the log of every tensor operation in it.
 
@@ -50,7 +55,10 @@ def log_forward_pass(
             has it in ``entry.gradient``.
         random_seed: seeds python, numpy and torch for the pass (chosen at random if None;
             recorded as ``history.random_seed``). The caller's RNG state is restored afterwards.
-        vis_mode: ``'none'`` (drawing is not part of this release).
+        vis_mode: ``'none'``, ``'unrolled'`` (one node per pass) or ``'rolled'`` (one node per
+            layer) to also draw the graph (see ``render_graph`` for the ``vis_*`` options:
+            nesting depth, output path without extension, file format, whether to skip opening
+            a viewer, direction).
 
     Example:
         >>> import torch, torchlens as tl
@@ -64,10 +72,8 @@ def log_forward_pass(
             f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
             "Wrap a plain function in an nn.Module whose forward calls it."
         )
-    if vis_mode not in ("none", None):
-        raise NotImplementedError(
-            f"vis_mode={vis_mode!r}: drawing the graph is not available yet; use vis_mode='none'."
-        )
+    if vis_mode not in ("none", None, "unrolled", "rolled"):
+        raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
     if output_device not in ("same", None):
         torch.device(output_device)  # a bad device name fails here, before the pass
     args = _as_args(input_args)
@@ -104,7 +110,17 @@ def log_forward_pass(
         )
         history = build_history(result)
         resolve_request(request, history)  # unknown keys raise, with close matches
-    return history if keep_unsaved_layers else drop_unsaved(history)
+    history = history if keep_unsaved_layers else drop_unsaved(history)
+    if vis_mode in ("unrolled", "rolled"):
+        from .render import GraphvizNotFoundError, render_graph
+
+        try:
+            render_graph(history, vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, direction=vis_direction,
+                         outpath=vis_outpath, fileformat=vis_fileformat, save_only=vis_save_only)
+        except GraphvizNotFoundError as error:
+            error.history = history  # the trace is not lost: error.history
+            raise
+    return history
 
 
 def get_model_metadata(model: nn.Module, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None,

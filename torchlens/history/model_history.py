@@ -237,6 +237,18 @@ class ModelHistory:
     def __repr__(self) -> str:
         return self.__str__()
 
+    def _repr_svg_(self) -> Optional[str]:
+        """Jupyter shows the history as its unrolled graph (the text summary when graphviz's
+        ``dot`` is missing or the graph is too large to draw inline)."""
+        if len(self) > 3000:
+            return None
+        from ..render import GraphvizNotFoundError, svg_of
+
+        try:
+            return svg_of(self)
+        except GraphvizNotFoundError:
+            return None
+
     def to_pandas(self):
         """One row per entry (layer pass), columns as in ``TensorLogEntry.to_row``."""
         try:

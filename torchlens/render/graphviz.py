@@ -7,10 +7,10 @@ Python package but not the ``dot`` program; ``render_graph`` and ``svg_of`` run 
 Example:
     >>> import torch, torchlens as tl
     >>> from torchlens.render import build_dot
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
-    >>> h = tl.log_forward_pass(model, torch.ones(1, 3), random_seed=0)
+    >>> block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    >>> h = tl.log_forward_pass(torch.nn.Sequential(block), torch.ones(1, 3), random_seed=0)
     >>> dot = build_dot(h, direction="topdown")
-    >>> "subgraph cluster_0" in dot.source, "input_1_0 -> linear_1_1" in dot.source
+    >>> "subgraph cluster_0 {" in dot.source, "input_1_0 -> linear_1_1" in dot.source
     (True, True)
 """
 from __future__ import annotations
@@ -44,10 +44,15 @@ INSTALL_HELP = (
 
 
 class GraphvizNotFoundError(RuntimeError):
-    """Graphviz's ``dot`` program is not installed (or not on the PATH)."""
+    """Graphviz's ``dot`` program is not installed (or not on the PATH).
 
-    def __init__(self, message: str = INSTALL_HELP) -> None:
+    ``history`` is None, or the ``ModelHistory`` whose drawing failed when the error comes from a
+    call that also traced (so the traced history is not lost).
+    """
+
+    def __init__(self, message: str = INSTALL_HELP, history: Any = None) -> None:
         super().__init__(message)
+        self.history = history
 
 
 # ----- looks of nodes, edges and boxes -----------------------------------------------------------
@@ -180,6 +185,12 @@ def _emit(structure: GraphStructure, cluster: Cluster, graph: graphviz.Digraph, 
         graph.edge(edge.tail.id, edge.head.id, **attrs)
 
 
+def _progress_bar(items: list) -> Iterable:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="torchlens: building graph", unit="node", leave=False)
+
+
 def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: str) -> None:
     if vis_mode not in ("unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'unrolled' or 'rolled', not {vis_mode!r}.")
@@ -227,13 +238,8 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
     """
     _check_options(vis_mode, vis_nesting_depth, direction)
     count = len(history.rolled_layers) if vis_mode == "rolled" else len(history.layer_list)
-    wrapper = None
-    if progress or (progress is None and count > PROGRESS_THRESHOLD):
-        from tqdm.auto import tqdm
-
-        def wrapper(items):
-            return tqdm(items, desc="torchlens: building graph", unit="node", leave=False)
-
+    show_progress = progress if progress is not None else count > PROGRESS_THRESHOLD
+    wrapper = _progress_bar if show_progress else None
     structure = build_structure(history, vis_mode, vis_nesting_depth, extra_edges, wrapper, inline_single_op_modules)
     graph_defaults = dict(st.GRAPH_DEFAULTS, rankdir=st.DIRECTIONS[direction], label=_title(history, structure))
     graph_defaults.update(_overrides(graph_attrs, history))

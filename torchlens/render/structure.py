@@ -159,6 +159,7 @@ class _Builder:
         root = Cluster((), "root", "", None, history.modules.types.get("", history.model_name), 1)
         self.s = GraphStructure(rolled, {(): root}, {}, [])
         self.visible: Dict[str, Node] = {}  # entry/layer label -> node drawing it
+        self.items: Dict[str, Any] = {}  # entry/layer label -> entry/RolledLayer
         self.collapsed: Dict[ClusterKey, Node] = {}
         self.edges: Dict[Tuple[str, str, str], Edge] = {}
         self.cluster_ids: Set[str] = set()
@@ -190,6 +191,7 @@ class _Builder:
         self.cluster(node.cluster).nodes.append(node)
 
     def add_item(self, item: Union[TensorLogEntry, RolledLayer]) -> None:
+        self.items[item.label] = item
         chain = _chain(item, self.rolled)
         if self.depth is None or len(chain) <= self.depth:
             node = Node(_node_id(item.label), item, chain)
@@ -227,26 +229,59 @@ class _Builder:
                 if module is not None and out not in module.outputs:
                     module.outputs.append(out)
 
+    def module_label(self, address: str, pass_num: Optional[int]) -> str:
+        if pass_num is not None and self.module_passes(address) > 1:
+            return f"{address}:{pass_num}"
+        return address
+
     def inline_single_op_modules(self) -> None:
-        """Drop the box of a module that holds one operation (its output) and maybe buffers."""
+        """Draw a module holding one operation (its output, plus maybe buffers) as that operation.
+
+        A collapsed module of one operation becomes the operation's node again, and a module
+        box around one operation is dropped; either way the node names the module(s).
+        """
+        nodes: Dict[str, Node] = {}
+        for node_id, node in self.s.nodes.items():
+            module = node.item
+            main = [self.items[m] for m in getattr(module, "members", ()) if self.items[m].kind != "buffer"]
+            if not isinstance(module, CollapsedModule) or len(main) != 1 or not self.is_output_of(
+                    main[0], (module.address, module.pass_num)):
+                nodes[node_id] = node
+                continue
+            depth = len(node.cluster)
+            del self.collapsed[node.cluster + ((module.address, module.pass_num),)]
+            for label in module.members:
+                item = self.items[label]
+                plain = Node(_node_id(label), item, node.cluster)
+                if item is main[0]:
+                    chain = _chain(item, self.rolled)[depth:]
+                    plain.inline_modules = [(self.module_label(a, p), self.history.modules.types.get(a, "?"))
+                                            for a, p in reversed(chain)]
+                nodes[plain.id] = self.visible[label] = plain
+        self.s.nodes = nodes
         clusters = self.s.clusters
+        self.rebucket()
         for key in sorted((k for k in clusters if k), key=len, reverse=True):
             cluster = clusters[key]
-            main = [n for n in cluster.nodes if getattr(n.item, "kind", None) != "buffer"]
-            if cluster.children or len(main) != 1 or not self.is_output_of(main[0].item, key[-1]):
+            main_nodes = [n for n in cluster.nodes if getattr(n.item, "kind", None) != "buffer"]
+            if cluster.children or len(main_nodes) != 1 or not self.is_output_of(main_nodes[0].item, key[-1]):
                 continue
             parent = clusters[key[:-1]]
-            label = cluster.address + (f":{cluster.pass_num}" if not self.rolled and cluster.num_passes > 1 else "")
-            main[0].inline_modules.append((label, cluster.module_type))
+            main_nodes[0].inline_modules.append((self.module_label(cluster.address, cluster.pass_num),
+                                                 cluster.module_type))
             for node in cluster.nodes:
                 node.cluster = parent.key
                 parent.nodes.append(node)
             parent.children.remove(key)
             del clusters[key]
-        for cluster in clusters.values():
+        self.rebucket()
+
+    def rebucket(self) -> None:
+        """Refill each cluster's node list from the nodes' cluster keys, in drawing order."""
+        for cluster in self.s.clusters.values():
             cluster.nodes = []
         for node in self.s.nodes.values():
-            clusters[node.cluster].nodes.append(node)
+            self.s.clusters[node.cluster].nodes.append(node)
 
     def is_output_of(self, item: Item, module: Tuple[str, Optional[int]]) -> bool:
         if isinstance(item, CollapsedModule):
