@@ -1,31 +1,91 @@
-"""The first demo: trace AlexNet (random weights), print the summary and one layer.
+"""The main demo: trace a recurrent model, AlexNet and a ResNet; print what torchlens sees and
+write their drawings into ``demo_out/``.
 
-Run with ``make demo`` or ``python -m torchlens.examples.demo``.
+Run with ``make demo`` or ``python -m torchlens.examples.demo [output folder]``.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
+from torch import nn
 
 import torchlens as tl
 
 
-def main() -> None:
+class SimpleRecurrent(nn.Module):
+    """The recurrent example: one linear layer applied four times in a loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features=5, out_features=5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = self.fc(x)
+            x = x + 1
+            x = x * 2
+        return x
+
+
+def _banner(title: str) -> None:
+    print("\n" + "=" * 100 + f"\n{title}\n" + "=" * 100)
+
+
+def _draw(history: tl.ModelHistory, outdir: str, name: str, **options) -> str:
+    path = os.path.join(outdir, name)
+    try:
+        tl.render_graph(history, outpath=path, fileformat="svg", save_only=True, **options)
+    except tl.GraphvizNotFoundError as error:
+        print(f"(drawing skipped: {error})")
+        return ""
+    return path + ".svg"
+
+
+def main(outdir: str = "demo_out") -> None:
     import torchvision
 
+    os.makedirs(outdir, exist_ok=True)
     torch.manual_seed(0)
-    model = torchvision.models.alexnet(weights=None)
+    written = []
+
+    _banner("1. A recurrent model: the same layer applied four times")
+    recurrent = SimpleRecurrent()
+    history = tl.log_forward_pass(recurrent, torch.rand(6, 5), random_seed=0)
+    print(history)
+    print("\nThe second pass of the linear layer, history['linear_1_1:2']:")
+    print(history["linear_1_1:2"])
+    written.append(_draw(history, outdir, "recurrent_rolled", vis_mode="rolled"))
+    written.append(_draw(history, outdir, "recurrent_unrolled", vis_mode="unrolled"))
+
+    _banner("2. AlexNet (random weights), every operation")
+    alexnet = torchvision.models.alexnet(weights=None)
     x = torch.rand(1, 3, 224, 224)
-    history = tl.log_forward_pass(model, x, layers_to_save="all", random_seed=0)
+    history = tl.log_forward_pass(alexnet, x, random_seed=0)
     print(history)
     print()
     print(history["conv2d_3_7"])
-    print()
-    print("Where conv2d_3_7 was called from:")
+    print("\nWhere conv2d_3_7 was called from (the outermost frame):")
     print(history["conv2d_3_7"].func_call_stack[0])
-    print()
-    subset = tl.log_forward_pass(model, x, layers_to_save=["conv2d_3_7", "features", -5, "linear"])
-    print("layers_to_save=['conv2d_3_7', 'features', -5, 'linear'] keeps:", subset.layer_labels)
+    subset = tl.log_forward_pass(alexnet, x, layers_to_save=["conv2d_3_7", "features", -5, "linear"])
+    print("\nlayers_to_save=['conv2d_3_7', 'features', -5, 'linear'] keeps:", subset.layer_labels)
+    written.append(_draw(history, outdir, "alexnet", vis_mode="unrolled"))
+
+    _banner("3. ResNet-18: skip connections, nested modules, validation")
+    resnet = torchvision.models.resnet18(weights=None)
+    x = torch.rand(1, 3, 64, 64)
+    history = tl.log_forward_pass(resnet, x, random_seed=0)
+    print(history)
+    ok = tl.validate_model_activations(resnet, x, random_seed=0)
+    print(f"\nvalidate_model_activations(resnet18): {ok}")
+    written.append(_draw(history, outdir, "resnet18", vis_mode="unrolled"))
+    written.append(_draw(history, outdir, "resnet18_depth1", vis_mode="unrolled", vis_nesting_depth=1))
+
+    _banner("Drawings written")
+    for path in filter(None, written):
+        print(f"  {os.path.abspath(path)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])
