@@ -473,3 +473,13 @@ def test_dot_vanishing_after_the_check_is_reported_the_same_way(recurrent, monke
     monkeypatch.setattr(graphviz.Digraph, "pipe", gone)
     with pytest.raises(GraphvizNotFoundError, match="brew install graphviz"):
         svg_of(recurrent)
+
+
+def test_backward_path_drawn_when_gradients_saved():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
+    h = tl.log_forward_pass(model, torch.rand(2, 3), save_gradients=True, random_seed=0)
+    assert "#3b6fb6" not in build_dot(h).source  # no backward yet: nothing to draw
+    h[h.output_layers[0]].activation.sum().backward()
+    source = build_dot(h).source
+    assert source.count("#3b6fb6") == 3 * 2  # output->linear2->relu->linear1: 3 edges, colour + font
+    assert "#3b6fb6" not in build_dot(h, show_gradients=False).source

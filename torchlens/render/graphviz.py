@@ -19,7 +19,7 @@ import html
 import os
 import shutil
 import sys
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
 
@@ -205,7 +205,7 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
               direction: str = "bottomup", graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
               edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
               extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-              inline_single_op_modules: bool = True) -> graphviz.Digraph:
+              inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None) -> graphviz.Digraph:
     """The graph of ``history`` as a ``graphviz.Digraph`` (DOT source only; ``dot`` is not run).
 
     Args:
@@ -228,6 +228,8 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
         inline_single_op_modules: draw no box for a module that holds a single operation (its
             output, plus buffers it reads, e.g. a ``Conv2d`` or ``BatchNorm2d``); the node
             names the module in italics instead. False: a box for every module.
+        show_gradients: draw the backward path (edges along which a gradient was saved, see
+            ``save_gradients``) as separate blue edges; default: when gradients were saved.
 
     Example:
         >>> import torch, torchlens as tl
@@ -237,6 +239,10 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
         True
     """
     _check_options(vis_mode, vis_nesting_depth, direction)
+    if show_gradients is None:
+        show_gradients = any(getattr(e, "gradient", None) is not None for e in history.layer_list)
+    if show_gradients:
+        extra_edges = list(extra_edges or ()) + backward_edges(history)
     count = len(history.rolled_layers) if vis_mode == "rolled" else len(history.layer_list)
     show_progress = progress if progress is not None else count > PROGRESS_THRESHOLD
     wrapper = _progress_bar if show_progress else None
@@ -249,6 +255,18 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
             "labelloc": "b" if direction == "bottomup" else "t"}
     _emit(structure, structure.clusters[()], dot, opts)
     return dot
+
+
+def backward_edges(history: Any) -> List[ExtraEdge]:
+    """Child -> parent edges along which the gradient flowed (both ends have a gradient)."""
+    edges = []
+    for entry in history.layer_list:
+        if getattr(entry, "gradient", None) is None:
+            continue
+        for parent in entry.parent_layers:
+            if parent in history and getattr(history[parent], "gradient", None) is not None:
+                edges.append((entry.label, parent, dict(st.BACKWARD_EDGE)))
+    return edges
 
 
 # ----- running dot --------------------------------------------------------------------------------
@@ -298,7 +316,7 @@ def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Op
                  save_only: bool = False, graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
                  edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
                  extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-                 inline_single_op_modules: bool = True) -> graphviz.Digraph:
+                 inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None) -> graphviz.Digraph:
     """Draw ``history`` to ``outpath + '.' + fileformat`` and return the ``graphviz.Digraph``.
 
     Options are those of ``build_dot``, plus ``outpath`` (no extension), ``fileformat``
@@ -317,7 +335,7 @@ def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Op
     if fileformat not in graphviz.FORMATS:
         raise ValueError(f"fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
     dot = build_dot(history, vis_mode, vis_nesting_depth, direction, graph_attrs, node_attrs, edge_attrs,
-                    module_attrs, extra_edges, progress, inline_single_op_modules)
+                    module_attrs, extra_edges, progress, inline_single_op_modules, show_gradients)
     data = run_dot(dot, fileformat)
     path = f"{outpath}.{fileformat}"
     folder = os.path.dirname(path)

@@ -150,3 +150,8 @@ def tensor_text(shape: Optional[Sequence[int]], dtype: Optional[torch.dtype], nb
     if dtype is not None and dtype != torch.float32:
         text += " " + str(dtype).replace("torch.", "")
     return f"{text} ({human_bytes(nbytes or 0)})"
+
+
+# The backward path (``save_gradients``): blue, drawn against the data flow.
+BACKWARD_EDGE = {"color": "#3b6fb6", "fontcolor": "#3b6fb6", "style": "dashed", "constraint": "false",
+                 "arrowhead": "vee", "penwidth": "1.2"}
