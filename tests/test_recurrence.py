@@ -4,19 +4,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.models import SimpleRecurrent as SpecRecurrent
 
-
-class SpecRecurrent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(5, 5)
-
-    def forward(self, x):
-        for _ in range(4):
-            x = self.fc(x)
-            x = x + 1
-            x = x * 2
-        return x
 
 
 class NestedLoops(nn.Module):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.models import SimpleRecurrent
 from torchlens.history.model_history import ModelHistory, ModuleInfo
 from torchlens.history.tensor_log import TensorLogEntry
 from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, show_model_graph, svg_of
@@ -29,18 +30,6 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's d
 
 
 # ----- small models ---------------------------------------------------------------------------------
-class SimpleRecurrent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(in_features=5, out_features=5)
-
-    def forward(self, x):
-        for _ in range(4):
-            x = self.fc(x)
-            x = x + 1
-            x = x * 2
-        return x
-
 
 class SkipSub(nn.Module):
     """A skip connection (``b + x``) and a ``sub`` whose argument order matters."""

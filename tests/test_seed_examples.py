@@ -5,6 +5,7 @@ import torchvision
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.models import SimpleRecurrent
 
 ALEXNET_LABELS = (
     "input_1_0 conv2d_1_1 relu_1_2 maxpool2d_1_3 conv2d_2_4 relu_2_5 maxpool2d_2_6 conv2d_3_7 "
@@ -83,18 +84,6 @@ def test_alexnet_func_call_stack(alexnet_history):
     assert "\n  function: forward\n  code:\n" in text
     assert "--->  x = self.classifier(x)" in text
 
-
-class SimpleRecurrent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(in_features=5, out_features=5)
-
-    def forward(self, x):
-        for _ in range(4):
-            x = self.fc(x)
-            x = x + 1
-            x = x * 2
-        return x
 
 
 def test_recurrent_example_passes():

@@ -12,21 +12,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.models import SimpleRecurrent
 
-
-class SimpleRecurrent(nn.Module):
-    """The recurrent example: one linear layer applied four times in a loop."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(in_features=5, out_features=5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(4):
-            x = self.fc(x)
-            x = x + 1
-            x = x * 2
-        return x
 
 
 def _banner(title: str) -> None:

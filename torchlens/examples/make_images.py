@@ -23,24 +23,11 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.models import SimpleRecurrent
 from torchlens.render import render_graph
 
 PNG_DPI = "110"
 
-
-class SimpleRecurrent(nn.Module):
-    """A linear layer applied four times in a loop, with an add and a multiply in each pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(in_features=5, out_features=5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(4):
-            x = self.fc(x)
-            x = x + 1
-            x = x * 2
-        return x
 
 
 class Conditional(nn.Module):
