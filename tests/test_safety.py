@@ -164,3 +164,24 @@ def test_bad_inputs_get_clear_errors():
         tl.log_forward_pass(model, torch.rand(1, 1, 5, 5), layers_to_save=["lstm"])
     with pytest.raises(TypeError, match="layers_to_save"):
         tl.log_forward_pass(model, torch.rand(1, 1, 5, 5), layers_to_save=[1.5])
+
+
+def test_concurrent_passes_from_two_threads_are_serialised():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    results, errors = [], []
+
+    def trace():
+        try:
+            for _ in range(5):
+                results.append(tl.log_forward_pass(model, torch.rand(2, 3)).layer_labels)
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=trace) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == [["input_1_0", "linear_1_1", "relu_1_2", "output_1_3"]] * 10
+    assert decorate.ACTIVE.tracer is None
