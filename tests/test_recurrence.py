@@ -236,6 +236,19 @@ class UniversalStack(nn.Module):
         return x
 
 
+class WeightedBlockTwice(nn.Module):
+    """A weighted block called from two lines: its parameter-free internals are passes too."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+
+    def forward(self, x):
+        x = self.block(x)
+        x = self.block(x)
+        return x
+
+
 def _p(label, n):
     return [f"{label}:{i}" for i in range(1, n + 1)]
 
@@ -275,6 +288,8 @@ CASES = [
     (ReusedInAndOut, (torch.rand(1, 3),),
      ["input_1_0", "relu_1_1", "linear_1_2:1", "relu_2_3:1", "linear_1_2:2", "relu_2_3:2",
       "output_1_4"]),
+    (WeightedBlockTwice, (torch.rand(1, 3),),
+     ["input_1_0", "linear_1_1:1", "tanh_1_2:1", "linear_1_1:2", "tanh_1_2:2", "output_1_3"]),
     (TiedWeights, (torch.rand(1, 3),),
      ["input_1_0", "linear_1_1:1", "mul_1_2", "linear_1_1:2", "add_1_3", "output_1_4"]),
     (HelperCalledTwice, (torch.rand(2),),

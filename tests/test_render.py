@@ -207,9 +207,9 @@ def test_module_passes_unrolled_and_rolled():
     rolled = build_dot(history, vis_mode="rolled").source
     nodes, edges = parse_dot(rolled)
     assert nodes["linear_1_1"] == ["cluster_block"] and "(x2)" in rolled
-    # the tracer folds the weighted linear (same parameters) but keeps the two tanh calls apart
-    assert 'label="pass 1"' in _edge(edges, "linear_1_1", "tanh_1_2")[3]
-    assert 'label="pass 2"' in _edge(edges, "linear_1_1", "tanh_2_3")[3]
+    # the block's weighted linear and its parameter-free tanh both fold into two passes
+    assert "<B>tanh_1_2 (x2)</B>" in rolled
+    assert "label=" not in _edge(edges, "linear_1_1", "tanh_1_2")[3]  # in every pass
     assert 'label="pass 1"' in _edge(edges, "input_1_0", "linear_1_1")[3]
     assert 'label="pass 2"' in _edge(edges, "tanh_1_2", "linear_1_1")[3]
 

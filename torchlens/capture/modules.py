@@ -19,6 +19,7 @@ class ModelInventory:
     param_addresses: Dict[int, str]
     param_info: Dict[str, Tuple[torch.Size, int, int]]  # address -> (shape, numel, nbytes)
     buffer_addresses: Dict[int, str]
+    weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
@@ -38,7 +39,8 @@ class ModelInventory:
             params[id(p)] = address
             info[address] = (p.shape, p.numel(), p.numel() * p.element_size())
         buffers = {id(b): address for address, b in model.named_buffers()}
-        return cls(module_addresses, module_types, children, params, info, buffers)
+        weighted = {address.rsplit(".", i)[0] for address in info for i in range(1, address.count(".") + 1)}
+        return cls(module_addresses, module_types, children, params, info, buffers, frozenset(weighted))
 
 
 @dataclass

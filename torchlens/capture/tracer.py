@@ -52,6 +52,8 @@ class Tracer:
         self.module_stack: Tuple[Tuple[str, int], ...] = ()
         self.module_frames: List[tuple] = []
         self.module_pass_counts: Dict[str, int] = {}
+        # (address, pass) -> how many call_frames lie above the module's forward
+        self.module_frame_depths: Dict[Tuple[str, int], int] = {}
         self.caller_frame = None
         self.frames_cache: Optional[tuple] = None
         self.error_context: Optional[str] = None
@@ -291,6 +293,8 @@ class Tracer:
             return
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
+        if address in self.inventory.weighted_modules:
+            self.module_frame_depths[(address, n)] = len(self._walk_frames(sys._getframe(1)))
         self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
         self.module_stack = self.module_stack + ((address, n),)
 

@@ -17,7 +17,7 @@ def build_history(result: PassResult) -> ModelHistory:
     start = perf_counter()
     tracer, inventory = result.tracer, result.inventory
     entries = prune(tracer.entries)
-    layers = group_passes(entries)
+    layers = group_passes(entries, tracer.module_frame_depths)
     assign_labels(layers)
     _link(entries)
     for ref in tracer.parent_placeholders:

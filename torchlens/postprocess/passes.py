@@ -6,7 +6,10 @@ The invariant:
   among their call's outputs) are one layer, whatever their call site: a weighted module called
   in a loop, or tied weights used twice.
 * A parameter-free operation is identified by its *call site*: its function, the addresses of the
-  modules it ran in, and the full Python call stack down to the exact bytecode instruction,
+  modules it ran in, and the Python call stack down to the exact bytecode instruction (counted
+  from the ``forward`` of the innermost module with parameters that it ran in, so the internals
+  of a weighted block called from two places are passes like the block's weights; from the
+  model's ``forward`` otherwise),
   together with its *anchor*: the layer of the most recently executed weighted operation among
   its ancestors. The same call site can only be reached again by a loop (or a function called
   again from the same line), so repeats at other places (``relu`` after every conv, look-alike
@@ -24,13 +27,19 @@ hashing each record's key.
 """
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Tuple
+from typing import Dict, Hashable, List, Optional, Tuple
 
 from ..history.tensor_log import TensorLogEntry
 
 
-def group_passes(entries: List[TensorLogEntry]) -> List[List[TensorLogEntry]]:
-    """Layers in order of their first pass; each layer is its passes in execution order."""
+def group_passes(entries: List[TensorLogEntry],
+                 module_frame_depths: Optional[Dict[Tuple[str, int], int]] = None) -> List[List[TensorLogEntry]]:
+    """Layers in order of their first pass; each layer is its passes in execution order.
+
+    ``module_frame_depths``: for each pass of a module with parameters, the number of call
+    frames above its ``forward`` (recorded during the pass).
+    """
+    depths = module_frame_depths or {}
     groups: Dict[Hashable, List[Tuple[TensorLogEntry, Hashable]]] = {}
     anchors: Dict[int, Tuple[int, Hashable]] = {}  # raw_index -> (raw index of anchor, its key)
     no_anchor: Tuple[int, Hashable] = (-1, None)
@@ -45,7 +54,7 @@ def group_passes(entries: List[TensorLogEntry]) -> List[List[TensorLogEntry]]:
             anchor = max((anchors[p.raw_index] for p, _ in e.parent_refs), default=no_anchor,
                          key=lambda a: a[0])
             modules = tuple(address for address, _ in e.module_stack)
-            key = ("site", e.func_name, modules, e.call_frames, e.output_index)
+            key = ("site", e.func_name, modules, _site_frames(e, depths), e.output_index)
         anchors[e.raw_index] = anchor
         groups.setdefault(key, []).append((e, anchor[1]))
     layers: List[List[TensorLogEntry]] = []
@@ -56,6 +65,14 @@ def group_passes(entries: List[TensorLogEntry]) -> List[List[TensorLogEntry]]:
             layers.append([e for e, _ in occurrences])
     layers.sort(key=lambda passes: passes[0].raw_index)
     return layers
+
+
+def _site_frames(e: TensorLogEntry, depths: Dict[Tuple[str, int], int]) -> tuple:
+    for module_pass in reversed(e.module_stack):
+        depth = depths.get(module_pass)
+        if depth is not None:
+            return e.call_frames[depth:]
+    return e.call_frames
 
 
 def _split_by_anchor(occurrences: List[Tuple[TensorLogEntry, Hashable]]) -> List[List[TensorLogEntry]]:
