@@ -57,11 +57,12 @@ _REFLECTED = frozenset(
 )
 
 
-# Functions whose result depends on the random number generator (replayed with its state).
+# Functions whose result depends on the random number generator (replayed with its state);
+# scaled_dot_product_attention draws its attention dropout (dropout_p > 0 in training).
 _RANDOM_FUNCS = frozenset(
     """rand randn randint rand_like randn_like randint_like randperm bernoulli bernoulli_
     multinomial normal normal_ poisson uniform_ exponential_ geometric_ cauchy_ log_normal_
-    random_ rrelu rrelu_ rrelu_with_noise""".split()
+    random_ rrelu rrelu_ rrelu_with_noise scaled_dot_product_attention""".split()
 )
 
 
