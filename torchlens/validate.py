@@ -145,13 +145,50 @@ def _check_replays(history: ModelHistory, report: _Report) -> bool:
 
 
 def _depends_on(entry: TensorLogEntry, parent: str, history: ModelHistory, generator: torch.Generator) -> bool:
-    """Some replacement of the parent's value changes the result (or the function rejects it)."""
+    """Some replacement of the parent's value changes the result (or the function rejects it).
+
+    Any change counts, however small (a layer scale of 1e-6 shrinks it). If nothing changes,
+    the other arguments may be hiding the dependency (zero-initialised weights, a zero
+    residual branch): they are replaced by random values, and the parent perturbed again.
+    """
+    if _changes(entry, parent, history, generator, {}, None, entry.activation):
+        return True
+    others = {p: torch.randn(history[p].activation.shape, generator=generator).to(history[p].activation.dtype)
+              for p in entry.parent_layers if p != parent and _is_float(history[p].activation)}
+    constants = {id(t): torch.randn(t.shape, generator=generator).to(t.dtype)
+                 for t in _tensors(entry.func_args) + _tensors(entry.func_kwargs) if _is_float(t)}
+    with torch.no_grad():
+        reference = _replay(entry, history, others, constants)
+    return isinstance(reference, str) or _changes(entry, parent, history, generator, others, constants, reference)
+
+
+def _changes(entry, parent, history, generator, others, constants, reference) -> bool:
     for candidate in _perturbations(history[parent].activation, generator):
         with torch.no_grad():
-            changed = _replay(entry, history, {parent: candidate})
-        if isinstance(changed, str) or not _same(changed, entry.activation):
+            changed = _replay(entry, history, {**others, parent: candidate}, constants)
+        if isinstance(changed, str) or not _identical(changed, reference):
             return True  # an error means the values matter too (e.g. an index out of range)
     return False
+
+
+def _identical(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and bool(torch.equal(a, b)))
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _tensors(value: Any) -> List[torch.Tensor]:
+    """Tensors (not parents) inside saved function arguments."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
 
 
 def _exempt(entry: TensorLogEntry, parent: str, history: ModelHistory) -> bool:
@@ -180,13 +217,19 @@ def _perturbations(value: torch.Tensor, generator: torch.Generator):
     yield value.abs() + (noise.abs() + 1) * scale
 
 
-def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, torch.Tensor]) -> Any:
-    """Run the entry's function on its parents' saved activations; an error message on failure."""
+def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, torch.Tensor],
+            constants: Optional[Dict[int, torch.Tensor]] = None) -> Any:
+    """Run the entry's function on its parents' saved activations; an error message on failure.
+
+    ``constants``: replacements for the other tensor arguments (parameters), by ``id``.
+    """
 
     def value_of(ref: Any) -> Any:
         if isinstance(ref, ParentRef):
             saved = overrides.get(ref.label, history[ref.label].activation)
             return saved.clone()  # in-place replays must not change what was saved
+        if constants is not None and isinstance(ref, torch.Tensor):
+            return constants.get(id(ref), ref)
         return ref
 
     args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
