@@ -7,8 +7,8 @@ import torchlens as tl
 import torchlens.validate as validate_module
 from models import REGISTRY
 
-# Models that raise on purpose, and the one known limitation (a write through a view).
-EXPECTED_NOT_VALID = {"raises_midway", "raises_in_submodule", "inplace_through_view"}
+# Models that raise on purpose.
+EXPECTED_NOT_VALID = {"raises_midway", "raises_in_submodule"}
 
 
 @pytest.mark.parametrize("name, make_model, make_inputs",
@@ -18,11 +18,18 @@ def test_catalogue_models_validate(name, make_model, make_inputs):
     assert tl.validate_model_activations(make_model(), list(args), kwargs, random_seed=0, verbose=True)
 
 
-def test_known_limitation_is_reported(capsys):
-    make = dict((r[0], r[1:]) for r in REGISTRY)["inplace_through_view"]
-    args, kwargs = make[1]()
-    assert not tl.validate_model_activations(make[0](), list(args), kwargs, random_seed=0, verbose=True)
-    assert "does not reproduce the saved activation" in capsys.readouterr().out
+def test_write_through_a_view_is_replayed():
+    class ViewWrite(nn.Module):
+        def forward(self, x):
+            y = torch.zeros(2, 3)
+            y[1].copy_(x)
+            return y * 2
+
+    h = tl.log_forward_pass(ViewWrite(), torch.rand(3))
+    assert h.layer_labels == ["input_1_0", "zeros_1_1", "getitem_1_2", "copy_1_3", "viewwrite_1_4",
+                              "mul_1_5", "output_1_6"]
+    assert h["viewwrite_1_4"].parent_layers == ["zeros_1_1", "copy_1_3"]
+    assert tl.validate_model_activations(ViewWrite(), torch.rand(3), verbose=True)
 
 
 def test_a_corrupted_activation_is_caught(monkeypatch, capsys):

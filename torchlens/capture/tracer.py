@@ -27,6 +27,15 @@ _get_ident = threading.get_ident
 _MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
 
 
+def write_through_view(base: torch.Tensor, value: torch.Tensor, size: tuple, stride: tuple,
+                       offset: int) -> torch.Tensor:
+    """``base`` after ``value`` was written into its view of ``size``/``stride`` at ``offset``
+    elements from the base's start (the function of ``viewwrite`` layers)."""
+    out = base.clone()
+    out.as_strided(size, stride, out.storage_offset() + offset).copy_(value)
+    return out
+
+
 def identity(x: Any) -> Any:
     """The function of layers that pass a tensor on unchanged (outputs, ``nn.Identity``)."""
     return x
@@ -141,6 +150,27 @@ class Tracer:
             e.branch_condition = condition
             e.rng_state = rng_state
             self._add(e, tensor, track=id(tensor) not in inventory_params)
+        if info.is_inplace and isinstance(target, _Tensor) and target._base is not None:
+            self._write_through(target, e, frames)
+
+    def _write_through(self, view: torch.Tensor, written: TensorLogEntry, frames: tuple) -> None:
+        """An in-place operation on a view also changed its base tensor: give the base a new
+        record, so later readers of the base see the write (``x[0].copy_(y)``; ``x`` changed)."""
+        base = view._base
+        old = self.entry_of(base)
+        if old is None:
+            return
+        e = TensorLogEntry(len(self.entries), "op", "viewwrite", write_through_view, "write_through_view")
+        e.parent_refs = [(old, 0), (written, 1)]
+        e.module_stack = self.module_stack
+        e.call_frames = frames
+        if self.save_function_args:
+            refs = (ParentRef(old), ParentRef(written))
+            self.parent_placeholders.extend(refs)
+            e.func_args = refs + (tuple(view.shape), tuple(view.stride()),
+                                  view.storage_offset() - base.storage_offset())
+            e.func_kwargs = {}
+        self._add(e, base, track=True)
 
     def on_bool(self, tensor: torch.Tensor) -> None:
         """A tensor was converted to a Python bool by the model's code (``if``/``while``)."""
