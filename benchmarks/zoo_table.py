@@ -22,7 +22,8 @@ How to run
     .venv/bin/python benchmarks/zoo_table.py --list           # names, families, notes; run nothing
     .venv/bin/python benchmarks/zoo_table.py --verbose        # validate(verbose=True)
 
-torch keeps its default number of threads, as under pytest (``--threads N`` to change it).
+torch runs with one intra-op thread, as tests/test_zoo.py does (``--threads N`` to change it,
+``--threads 0`` for torch's default).
 """
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"only the models not marked slow (zoo test under {FAST_SECONDS:g}s)")
     parser.add_argument("--list", action="store_true", help="list the selected models and exit")
     parser.add_argument("--verbose", action="store_true", help="validate with verbose=True")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads (default 0: torch's default, as under pytest)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1, as in tests/test_zoo.py; 0: torch's default)")
     options = parser.parse_args(argv)
 
     if options.threads > 0:
