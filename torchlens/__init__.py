@@ -12,6 +12,7 @@ from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
 from .render import GraphvizNotFoundError, render_graph, show_model_graph
 from .validate import validate_model_activations
+from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
 __all__ = [
     "log_forward_pass",
@@ -23,5 +24,14 @@ __all__ = [
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",
+    "watch",
+    "unwatch",
+    "attach",
+    "setup",
+    "open_run",
+    "Run",
+    "RunError",
+    "Series",
+    "Watch",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,178 @@
+"""Samples of tensors, and their histograms computed together on the device.
+
+A logged step collects many small 1-D samples (one per series). ``histograms`` turns all of
+them into histograms with a fixed number of operations, whatever their number, and moves the
+result to the host in one transfer.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+NUM_BINS = 32
+
+
+class Sampler:
+    """Draws value samples with its own generators, never from the user's random streams."""
+
+    def __init__(self, sample_n: Optional[int], seed: int = 0) -> None:
+        if sample_n is not None and (not isinstance(sample_n, int) or sample_n < 1):
+            raise ValueError(f"sample_n must be a positive int or None (all values), not {sample_n!r}.")
+        self.sample_n = sample_n
+        self.seed = seed
+        self._generators: Dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        g = self._generators.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.seed)
+            self._generators[device] = g
+        return g
+
+    def values(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+        """A float32 copy of ``sample_n`` values of ``tensor`` (all of them when fewer or None).
+
+        The copy is taken now, so a later in-place change of the tensor does not reach it.
+        None for tensors without real values (complex, sparse, meta).
+        """
+        t = tensor.detach()
+        if t.is_complex() or t.layout != torch.strided or t.is_meta:
+            return None
+        flat = t.reshape(-1)
+        n = flat.numel()
+        if n == 0:
+            return None
+        if self.sample_n is not None and n > self.sample_n:
+            index = torch.randint(n, (self.sample_n,), generator=self._generator(flat.device), device=flat.device)
+            return flat[index].to(torch.float32)
+        return flat.to(torch.float32, copy=True)
+
+    def sample_norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """Per-sample L2 norms of a gradient: all but the first dimension flattened, one norm
+        per row (a 0-d gradient is its absolute value)."""
+        g = grad.detach()
+        if g.layout != torch.strided or g.numel() == 0:
+            return None
+        rows = g.reshape(1, 1) if g.dim() == 0 else g.reshape(g.shape[0], -1)
+        return self.values(torch.linalg.vector_norm(rows, dim=1).float())
+
+
+def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[torch.Tensor]:
+    """Drop the ``proportion`` of each sample's values farthest from its median.
+
+    Samples of equal length are handled as one batch (one median and one top-k per length).
+    Non-finite values count as the farthest.
+    """
+    if proportion <= 0:
+        return list(samples)
+    kept: List[Optional[torch.Tensor]] = [None] * len(samples)
+    by_length: Dict[tuple, List[int]] = {}
+    for i, s in enumerate(samples):
+        by_length.setdefault((s.numel(), s.device), []).append(i)
+    for (length, _), indices in by_length.items():
+        keep = length - int(proportion * length)
+        if keep >= length or keep < 1:
+            for i in indices:
+                kept[i] = samples[i]
+            continue
+        batch = torch.stack([samples[i] for i in indices])
+        median = batch.nanmedian(dim=1, keepdim=True).values
+        distance = (batch - median).abs().nan_to_num(nan=float("inf"))
+        chosen = distance.topk(keep, dim=1, largest=False, sorted=False).indices
+        rows = batch.gather(1, chosen)
+        for row, i in zip(rows, indices):
+            kept[i] = row
+    return kept  # type: ignore[return-value]
+
+
+class Histograms:
+    """Histograms of several series on the host: row ``i`` belongs to the ``i``-th sample."""
+
+    def __init__(self, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, nonfinite: np.ndarray) -> None:
+        self.counts = counts  # (S, NUM_BINS) float32
+        self.lo = lo  # (S,) float64: the smallest finite value (nan when there is none)
+        self.hi = hi
+        self.nonfinite = nonfinite  # (S,) int64: nan/inf values seen (before outlier rejection)
+
+
+def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int = NUM_BINS) -> Histograms:
+    """Histograms of 1-D float samples over [min, max] of each, in ``bins`` equal bins.
+
+    Example:
+        >>> h = histograms([torch.tensor([0., 1., 2., 3.])], reject_proportion=0.0, bins=3)
+        >>> h.counts.tolist(), float(h.lo[0]), float(h.hi[0])
+        ([[1.0, 1.0, 2.0]], 0.0, 3.0)
+    """
+    if not samples:
+        empty = np.zeros(0)
+        return Histograms(np.zeros((0, bins), np.float32), empty, empty, np.zeros(0, np.int64))
+    devices = {s.device for s in samples}
+    if len(devices) > 1:  # rare: a model split over devices; one pass per device
+        parts = {d: [i for i, s in enumerate(samples) if s.device == d] for d in devices}
+        result = Histograms(np.zeros((len(samples), bins), np.float32), np.zeros(len(samples)),
+                            np.zeros(len(samples)), np.zeros(len(samples), np.int64))
+        for indices in parts.values():
+            part = histograms([samples[i] for i in indices], reject_proportion, bins)
+            result.counts[indices], result.lo[indices] = part.counts, part.lo
+            result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
+        return result
+    device = samples[0].device
+    lengths = torch.tensor([s.numel() for s in samples], device=device)
+    segments = torch.repeat_interleave(torch.arange(len(samples), device=device), lengths)
+    values = torch.cat(list(samples))
+    nonfinite = torch.bincount(segments[~torch.isfinite(values)], minlength=len(samples))
+
+    kept = reject_outliers(samples, reject_proportion)
+    lengths = torch.tensor([s.numel() for s in kept], device=device)
+    segments = torch.repeat_interleave(torch.arange(len(kept), device=device), lengths)
+    values = torch.cat(kept)
+    finite = torch.isfinite(values)
+    values, segments = values[finite], segments[finite]
+    n = len(samples)
+    lo = torch.full((n,), float("inf"), device=device).scatter_reduce(0, segments, values, "amin")
+    hi = torch.full((n,), -float("inf"), device=device).scatter_reduce(0, segments, values, "amax")
+    width = (hi - lo)[segments]
+    position = torch.where(width > 0, (values - lo[segments]) / width.clamp_min(1e-38), torch.zeros_like(values))
+    bin_index = (position * bins).floor().clamp(0, bins - 1).long()
+    counts = torch.bincount(segments * bins + bin_index, minlength=n * bins).view(n, bins)
+    packed = torch.cat([counts.double(), lo.double()[:, None], hi.double()[:, None],
+                        nonfinite.double()[:, None]], dim=1).cpu().numpy()  # the one host transfer
+    lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
+    empty = ~np.isfinite(lo_host)
+    lo_host[empty], hi_host[empty] = np.nan, np.nan
+    return Histograms(packed[:, :bins].astype(np.float32), lo_host, hi_host, packed[:, bins + 2].astype(np.int64))
+
+
+def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:
+    """(S, bins + 1) edges spanning [lo, hi] of each row."""
+    steps = np.linspace(0.0, 1.0, bins + 1)
+    return lo[:, None] + (hi - lo)[:, None] * steps[None, :]
+
+
+def merge(lo_a: float, hi_a: float, counts_a: np.ndarray, lo_b: float, hi_b: float,
+          counts_b: np.ndarray) -> tuple:
+    """One histogram holding two, over the union of their ranges (counts spread evenly within
+    each old bin). Used to keep long runs to a bounded number of columns."""
+    parts = [(lo, hi, c) for lo, hi, c in ((lo_a, hi_a, counts_a), (lo_b, hi_b, counts_b)) if np.isfinite(lo)]
+    bins = len(counts_a)
+    if not parts:
+        return float("nan"), float("nan"), counts_a + counts_b
+    lo = min(p[0] for p in parts)
+    hi = max(p[1] for p in parts)
+    new_edges = np.linspace(lo, hi, bins + 1)
+    total = np.zeros(bins, np.float64)
+    for p_lo, p_hi, c in parts:
+        if p_hi <= p_lo or hi <= lo:  # all values at one point
+            index = 0 if hi <= lo else min(int((p_lo - lo) / (hi - lo) * bins), bins - 1)
+            total[index] += c.sum()
+            continue
+        old_edges = np.linspace(p_lo, p_hi, bins + 1)
+        cumulative = np.concatenate([[0.0], np.cumsum(c, dtype=np.float64)])
+        total += np.diff(np.interp(new_edges, old_edges, cumulative))
+    return lo, hi, total.astype(np.float32)
+
+
+__all__ = ["Sampler", "histograms", "reject_outliers", "bin_edges", "merge", "NUM_BINS", "Histograms"]

@@ -1,0 +1,170 @@
+"""The hooks of a logged training step: they take samples of inputs, outputs, gradients and
+parameters, on the tensors' device, and keep them until the step is written.
+
+Module hooks live only during a logged forward pass; gradient hooks are tensor hooks (not full
+backward hooks), so in-place operations such as ``ReLU(inplace=True)`` and ``out += identity``
+are fine: a hook registered before an in-place change receives the gradient of the value it
+saw. No hook returns anything, so backward computes exactly what it would without them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import torch
+from torch import nn
+
+from .calls import Call, call_id, input_tensors, module_info, output_tensors
+from .histogram import Sampler
+
+Key = Tuple[str, str, str]  # (call id, kind, name)
+
+
+class InplaceGradientError(RuntimeError):
+    """A gradient hook could not be placed on a module's input or output."""
+
+
+class StepRecorder:
+    """Collects the samples of one logged step (one or several forward passes, then backward)."""
+
+    def __init__(self, model: nn.Module, kinds: Set[str], sampler: Sampler,
+                 ignore_io_grad_classes: Tuple[type, ...]) -> None:
+        self.model = model
+        self.addresses = {id(m): a for a, m in model.named_modules()}
+        self.kinds = kinds
+        self.sampler = sampler
+        self.ignore_io_grad = ignore_io_grad_classes
+        self.step: Optional[int] = None
+        self.known_calls: Set[str] = set()
+        self.new_calls: List[Call] = []
+        self.pending: Dict[Key, List[torch.Tensor]] = {}
+        self.param_grads: Dict[Tuple[str, str], torch.Tensor] = {}
+        self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
+        self.counts: Dict[str, int] = {}
+        self.stack: List[str] = []
+        self._module_hooks: list = []
+        self._param_hooks: list = []
+
+    # ----- the step's life ----------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.pending, self.param_grads, self.calls_of = {}, {}, {}
+        if "params_grad" in self.kinds:
+            owners: Dict[int, List[Tuple[str, str]]] = {}
+            params: Dict[int, nn.Parameter] = {}
+            for address, module in self.model.named_modules():
+                for name, p in module._parameters.items():
+                    if p is not None and p.requires_grad:
+                        owners.setdefault(id(p), []).append((address, name))
+                        params[id(p)] = p
+            for pid, p in params.items():
+                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_recorder(owners[pid], step)))
+
+    def begin_forward(self) -> None:
+        """Hooks on every module for one forward pass; the model itself is called directly."""
+        self.counts, self.stack = {}, []
+        for module in self.model.modules():
+            if module is self.model:
+                continue
+            self._module_hooks.append(module.register_forward_pre_hook(self.pre, with_kwargs=True))
+            self._module_hooks.append(module.register_forward_hook(self.post, with_kwargs=True, always_call=True))
+
+    def end_forward(self) -> None:
+        for h in self._module_hooks:
+            h.remove()
+        self._module_hooks = []
+
+    def end_step(self) -> Tuple[List[Key], List[torch.Tensor]]:
+        """The step's samples, one per series (several forwards of one step are overlaid)."""
+        for h in self._param_hooks:
+            h.remove()
+        self._param_hooks = []
+        for (address, name), sample in self.param_grads.items():
+            for cid in self.calls_of.get(address, ()):
+                self.pending.setdefault((cid, "params_grad", name), []).append(sample)
+        keys, samples = [], []
+        for key, parts in self.pending.items():
+            keys.append(key)
+            samples.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+        self.step = None
+        self.pending, self.param_grads = {}, {}
+        return keys, samples
+
+    def take_new_calls(self) -> List[Call]:
+        calls, self.new_calls = self.new_calls, []
+        return calls
+
+    # ----- hooks --------------------------------------------------------------------------
+    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        address = self.addresses.get(id(module))
+        if address is None:
+            return
+        n = self.counts.get(address, 0) + 1
+        self.counts[address] = n
+        cid = call_id(address, n)
+        if cid not in self.known_calls:
+            self.known_calls.add(cid)
+            self.new_calls.append(module_info(module, address, n, self.stack[-1] if self.stack else None))
+        seen = self.calls_of.setdefault(address, [])
+        if cid not in seen:
+            seen.append(cid)
+        self.stack.append(cid)
+        self._tensors(module, cid, input_tensors(args, kwargs))
+        if "params" in self.kinds:
+            for name, p in module._parameters.items():
+                if p is not None:
+                    self._add((cid, "params", name), self.sampler.values(p))
+
+    def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self.addresses.get(id(module)) is None or not self.stack:
+            return
+        cid = self.stack.pop()
+        if output is not None:
+            self._tensors(module, cid, output_tensors(output))
+
+    def attach(self, module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+        address = self.addresses.get(id(module))
+        cid = next((c for c in reversed(self.stack) if c.rpartition(":")[0] == address or c == address), None)
+        if cid is None:
+            if module is not self.model:
+                raise RuntimeError(f"torchlens.attach: module '{address}' is not running; call attach "
+                                   "inside its forward.")
+            cid = ""
+        self._tensors(module, cid, [(name, tensor)])
+
+    def _tensors(self, module: nn.Module, cid: str, named: List[Tuple[str, torch.Tensor]]) -> None:
+        want_io = "io" in self.kinds
+        want_grad = "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad)
+        for name, t in named:
+            if want_io:
+                self._add((cid, "io", name), self.sampler.values(t))
+            if want_grad and t.requires_grad:
+                try:
+                    t.register_hook(self._norm_recorder((cid, "io_grad", name), self.step))
+                except RuntimeError as error:
+                    raise InplaceGradientError(
+                        f"torchlens.watch: cannot record the gradient of {name} of call '{cid}' "
+                        f"({type(module).__name__}): {error}. Pass disable_inplace=True to tl.watch, or "
+                        f"ignore_io_grad_classes=[{type(module).__name__}] to skip io gradients of that class."
+                    ) from error
+
+    def _add(self, key: Key, sample: Optional[torch.Tensor]) -> None:
+        if sample is not None:
+            self.pending.setdefault(key, []).append(sample)
+
+    def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
+        def record(grad: torch.Tensor) -> None:
+            if self.step == step and grad is not None:
+                self._add(key, self.sampler.sample_norms(grad))
+        return record
+
+    def _grad_recorder(self, owners: List[Tuple[str, str]], step: int) -> Callable:
+        def record(param: torch.Tensor) -> None:
+            if self.step == step and param.grad is not None:
+                sample = self.sampler.values(param.grad)
+                if sample is not None:
+                    for owner in owners:
+                        self.param_grads[owner] = sample  # the last backward of the step wins
+        return record
+
+
+__all__ = ["StepRecorder", "InplaceGradientError"]

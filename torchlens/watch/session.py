@@ -1,0 +1,413 @@
+"""``tl.watch``: record histograms of every module call while a model trains.
+
+The first training forward pass is traced once (metadata only) to get the module-call graph.
+Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients and the
+parameters; when the next step starts (or at ``close()``), the step's histograms are computed
+together on the device and written to the run database in one transaction. Steps that are not
+logged cost one hook call on the model itself.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import re
+import sys
+import time
+import warnings
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .calls import trace_calls
+from .histogram import NUM_BINS, Sampler, histograms
+from .recorder import StepRecorder
+from .server import RunServer
+from .store import KINDS, RunWriter
+
+BACKENDS = ("standalone",)
+_WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
+_MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
+
+
+class Watch:
+    """A model being watched; returned by ``tl.watch``. Close it (or leave a ``with`` block) to
+    remove every hook and finish the run."""
+
+    def __init__(self, model: nn.Module, log_freq: int, log: Sequence[str], backends: Tuple[str, ...],
+                 run_dir: Optional[str], port: int, host: str, sample_n: Optional[int],
+                 reject_outlier_proportion: float, disable_inplace: bool,
+                 ignore_io_grad_classes: Tuple[type, ...], delay_log_multibackward: bool,
+                 max_columns: int, verbose: bool) -> None:
+        self.model = model
+        self.log_freq = log_freq
+        self.kinds = set(log)
+        self.delay = delay_log_multibackward
+        self.reject = reject_outlier_proportion
+        self.verbose = verbose
+        self.url: Optional[str] = None
+        self.run_dir: Optional[str] = None
+        self.closed = False
+        self._server: Optional[RunServer] = None
+        self._writer: Optional[RunWriter] = None
+        self._root_hooks: list = []
+        self._inplace_flags: list = []
+        self._tracing = None  # the call recorder of the metadata pass, while it runs
+        self._graph_done = False
+        self._step: Optional[int] = None  # the training step in progress
+        self._next_step = 0
+        self._logging = False  # the step in progress is logged
+        self._forward_active = False
+        self._backward_seen = False
+        self.recorder = StepRecorder(model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)),
+                                     ignore_io_grad_classes)
+        options = {"log_freq": log_freq, "log": list(log), "sample_n": sample_n,
+                   "reject_outlier_proportion": reject_outlier_proportion, "disable_inplace": disable_inplace,
+                   "delay_log_multibackward": delay_log_multibackward}
+        try:
+            if "standalone" in backends:
+                self._server = RunServer("", host=host, port=port)  # bind first: a busy port fails early
+            self.run_dir = _prepare_run_dir(run_dir, type(model).__name__)
+            self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns)
+            if self._server is not None:
+                self._server.run_dir = self.run_dir
+                self._server.start()
+                self.url = self._server.url
+        except BaseException:
+            self._release()
+            raise
+        if disable_inplace:
+            for m in model.modules():
+                if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
+                    self._inplace_flags.append(m)
+                    m.inplace = False
+        self._root_hooks.append(model.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._root_hooks.append(model.register_forward_hook(self._root_post, with_kwargs=True, always_call=True))
+        _WATCHES[id(model)] = self
+        for m in model.modules():
+            _MODULE_OWNERS[id(m)] = self
+        atexit.register(self.close)
+        if verbose:
+            where = f"; explorer at {self.url}" if self.url else ""
+            print(f"torchlens: watching {type(model).__name__}, run saved in {self.run_dir}{where}", flush=True)
+
+    # ----- public -------------------------------------------------------------------------
+    @property
+    def steps_logged(self) -> int:
+        return self._writer.num_logged if self._writer is not None else 0
+
+    def flush(self) -> None:
+        """Write the step in progress now (it is otherwise written when the next one starts)."""
+        self._finish_step()
+
+    def close(self) -> None:
+        """Write the last step, remove every hook, restore ``inplace`` flags, stop the server."""
+        if self.closed:
+            return
+        try:
+            self._finish_step()
+        finally:
+            self._release()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.steps_logged} steps logged"
+        return f"<torchlens watch of {type(self.model).__name__}: {state}, run_dir={self.run_dir!r}>"
+
+    # ----- the model's hooks ----------------------------------------------------------------
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._tracing is not None:
+            return
+        if not (module.training and torch.is_grad_enabled()):
+            return  # evaluation: nothing is logged
+        if not (self.delay and self._step is not None and not self._backward_seen):
+            self._finish_step()
+            self._step, self._next_step = self._next_step, self._next_step + 1
+            self._backward_seen = False
+            self._logging = self._step % self.log_freq == 0
+            if self._logging:
+                if not self._graph_done:
+                    self._trace_graph(args, kwargs)
+                self.recorder.begin_step(self._step)
+        if self._logging:
+            self.recorder.begin_forward()
+            self._forward_active = True
+            self.recorder.pre(module, args, kwargs)
+
+    def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._tracing is not None or not self._forward_active:
+            if self.delay and self._step is not None and module.training and torch.is_grad_enabled():
+                self._mark_backward(output)
+            return
+        self._forward_active = False
+        try:
+            self.recorder.post(module, args, kwargs, output)
+        finally:
+            self.recorder.end_forward()
+        if self.delay:
+            self._mark_backward(output)
+
+    def _mark_backward(self, output: Any) -> None:
+        from .calls import output_tensors
+
+        def seen(grad: torch.Tensor) -> None:
+            self._backward_seen = True
+
+        for _, t in output_tensors(output):
+            if t.requires_grad:
+                t.register_hook(seen)
+
+    def _trace_graph(self, args: tuple, kwargs: dict) -> None:
+        self._graph_done = True
+        calls = None
+        try:
+            calls = trace_calls(self.model, args, kwargs, on_attach=self._set_tracing)
+        except Exception as error:  # the histograms do not depend on the graph: keep training
+            warnings.warn(f"torchlens.watch: tracing the module graph of {type(self.model).__name__} failed "
+                          f"({type(error).__name__}: {error}); histograms are recorded, the graph will lack "
+                          "data-flow edges.", RuntimeWarning, stacklevel=3)
+        if calls:
+            self._writer.add_calls(calls.values())
+            self.recorder.known_calls.update(calls)
+
+    def _set_tracing(self, recorder) -> None:
+        self._tracing = recorder
+
+    def attach(self, tensor: torch.Tensor, module: nn.Module, name: str) -> None:
+        if self._tracing is not None:
+            cid = self._tracing.current(module)
+            if cid is not None:
+                call = self._tracing.calls[cid]
+                if name not in call.attached:
+                    call.attached.append(name)
+        elif self._forward_active and isinstance(tensor, torch.Tensor):
+            self.recorder.attach(module, name, tensor)
+
+    # ----- writing and releasing ------------------------------------------------------------
+    def _finish_step(self) -> None:
+        step, logging = self._step, self._logging
+        self._step, self._logging = None, False
+        if step is None or not logging or self._writer is None:
+            return
+        keys, samples = self.recorder.end_step()
+        new_calls = self.recorder.take_new_calls()
+        if new_calls:
+            self._writer.add_calls(new_calls)
+        h = histograms(samples, self.reject)
+        self._writer.write_step(step, keys, h.counts, h.lo, h.hi, h.nonfinite)
+
+    def _release(self) -> None:
+        self.closed = True
+        for h in self._root_hooks:
+            h.remove()
+        self._root_hooks = []
+        self.recorder.end_forward()
+        self.recorder.end_step()
+        for m in self._inplace_flags:
+            m.inplace = True
+        self._inplace_flags = []
+        if _WATCHES.get(id(self.model)) is self:
+            del _WATCHES[id(self.model)]
+        for key in [k for k, w in _MODULE_OWNERS.items() if w is self]:
+            del _MODULE_OWNERS[key]
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        atexit.unregister(self.close)
+
+
+class _Inactive:
+    """What ``watch`` returns on ranks other than 0 of a distributed run: nothing is installed."""
+
+    run_dir = None
+    url = None
+    closed = True
+    steps_logged = 0
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "_Inactive":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _prepare_run_dir(run_dir: Optional[str], model_name: str) -> str:
+    if run_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = os.path.join(os.getcwd(), "torchlens_runs", f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', model_name)}")
+        run_dir, k = base, 1
+        while os.path.exists(run_dir):
+            k += 1
+            run_dir = f"{base}-{k}"
+    run_dir = os.path.abspath(run_dir)
+    if os.path.exists(os.path.join(run_dir, "run.db")):
+        raise FileExistsError(f"torchlens.watch: {run_dir} already holds a run. Pass a new run_dir (or none for "
+                              "a fresh folder under ./torchlens_runs/).")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise PermissionError(f"torchlens.watch: cannot write the run folder {run_dir} ({error.strerror}). "
+                              "Pass a writable run_dir.") from None
+    return run_dir
+
+
+def _is_nonzero_rank() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+
+
+def watch(
+    model: nn.Module,
+    log_freq: int = 1,
+    log: Iterable[str] = ("io", "io_grad", "params", "params_grad"),
+    backend: Union[str, Iterable[str], None] = "standalone",
+    run_dir: Optional[str] = None,
+    port: int = 8080,
+    sample_n: Optional[int] = 100,
+    reject_outlier_proportion: float = 0.1,
+    disable_inplace: bool = False,
+    ignore_io_grad_classes: Iterable[type] = (),
+    delay_log_multibackward: bool = False,
+    host: str = "127.0.0.1",
+    max_columns: int = 512,
+    verbose: bool = True,
+) -> Union[Watch, _Inactive]:
+    """Record histograms of every module call's inputs, outputs, their gradients and the
+    parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
+
+    Args:
+        model: the ``nn.Module`` to watch (a ``DistributedDataParallel`` wrapper is unwrapped;
+            only rank 0 records).
+        log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
+            mode with gradients enabled), the first one included.
+        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
+        backend: ``'standalone'`` serves the run at ``http://localhost:port``; ``None`` or
+            ``()`` only writes the run database.
+        run_dir: the run folder (default: a new folder under ``./torchlens_runs/``).
+        port, host: where the standalone server listens (``port=0``: any free port).
+        sample_n: values sampled per tensor (``None``: all).
+        reject_outlier_proportion: fraction of values farthest from the median dropped.
+        disable_inplace: turn off ``inplace`` flags of modules while watched.
+        ignore_io_grad_classes: module classes whose input/output gradients are not recorded.
+        delay_log_multibackward: several forward passes before one backward form one step.
+        max_columns: columns kept per series; older ones are merged beyond that.
+        verbose: print the run folder and the URL once.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        >>> w = tl.watch(model, run_dir=tempfile.mkdtemp(), backend=None, verbose=False)
+        >>> for _ in range(5):
+        ...     model(torch.rand(8, 3)).mean().backward()
+        >>> w.close()
+        >>> run = tl.open_run(w.run_dir)
+        >>> len(run.steps), sorted(run.calls)
+        (5, ['', '0:1', '1:1', '2:1'])
+    """
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"tl.watch expects a torch.nn.Module, got {type(model).__name__}.")
+    log = (log,) if isinstance(log, str) else tuple(log)
+    unknown = [k for k in log if k not in KINDS]
+    if unknown or not log:
+        raise ValueError(f"tl.watch: unknown log kind(s) {unknown}; valid kinds are {', '.join(KINDS)}.")
+    backends = () if backend is None else (backend,) if isinstance(backend, str) else tuple(backend)
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad:
+        raise ValueError(f"tl.watch: unknown backend(s) {bad}; available: {', '.join(BACKENDS)} (or None).")
+    if not isinstance(log_freq, int) or log_freq < 1:
+        raise ValueError(f"tl.watch: log_freq must be a positive int, not {log_freq!r}.")
+    if not 0.0 <= float(reject_outlier_proportion) < 1.0:
+        raise ValueError("tl.watch: reject_outlier_proportion must be in [0, 1).")
+    if not isinstance(max_columns, int) or max_columns < 2:
+        raise ValueError("tl.watch: max_columns must be an int >= 2.")
+    classes = tuple(ignore_io_grad_classes)
+    if not all(isinstance(c, type) for c in classes):
+        raise TypeError("tl.watch: ignore_io_grad_classes takes classes, e.g. [torchvision.models.resnet.BasicBlock].")
+    if id(model) in _WATCHES:
+        raise RuntimeError(f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
+                           "Close that watch first (w.close() or tl.unwatch(model)).")
+    if any(id(m) in _MODULE_OWNERS for m in model.modules()):
+        raise RuntimeError("tl.watch: a module of this model is already watched as part of another model. "
+                           "Close that watch first.")
+    if _is_nonzero_rank():
+        return _Inactive()
+    return Watch(model, log_freq, log, backends, run_dir, port, host, sample_n, float(reject_outlier_proportion),
+                 disable_inplace, classes, delay_log_multibackward, max_columns, verbose)
+
+
+def unwatch(model: nn.Module) -> None:
+    """Stop watching ``model`` (the same as closing the object ``tl.watch`` returned)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    w = _WATCHES.get(id(model))
+    if w is None:
+        raise ValueError(f"tl.unwatch: this {type(model).__name__} is not being watched.")
+    w.close()
+
+
+def attach(tensor: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
+    """Inside a module's ``forward``, log ``tensor`` under ``name`` as if it were one more output
+    of that call. Returns ``tensor`` unchanged; does nothing when the model is not watched.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> class Net(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         h = tl.attach(x * 2, self, "doubled")
+        ...         return h + 1
+        >>> Net()(torch.ones(2)).tolist()
+        [3.0, 3.0]
+    """
+    w = _MODULE_OWNERS.get(id(module))
+    if w is not None:
+        w.attach(tensor, module, str(name))
+    return tensor
+
+
+def setup(limit: int = 50_000, verbose: bool = True) -> int:
+    """Raise this process's soft limit of open files to ``min(hard limit, limit)`` (wandb opens
+    many files); call it before ``wandb.init()``. Returns the new soft limit.
+
+    Example:
+        >>> import torchlens as tl
+        >>> tl.setup(verbose=False) >= 1
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = limit if hard == resource.RLIM_INFINITY else min(hard, limit)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if verbose:
+            print(f"torchlens.setup: open-file limit raised from {soft} to {target}.", file=sys.stderr)
+        return target
+    if verbose:
+        print(f"torchlens.setup: open-file limit is already {soft}; nothing to do.", file=sys.stderr)
+    return soft
+
+
+__all__ = ["watch", "unwatch", "attach", "setup", "Watch"]
