@@ -19,6 +19,26 @@ from .histogram import Sampler
 Key = Tuple[str, str, str]  # (call id, kind, name)
 
 
+class ModelHook:
+    """A module hook that does nothing in copies of the model (``copy.deepcopy``, pickling):
+    only the model that was passed to ``watch`` is watched, and a copy stays copyable."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: Optional[Callable]) -> None:
+        self.target = target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if self.target is not None:
+            self.target(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> "ModelHook":
+        return ModelHook(None)
+
+    def __reduce__(self) -> tuple:
+        return (ModelHook, (None,))
+
+
 class InplaceGradientError(RuntimeError):
     """A gradient hook could not be placed on a module's input or output."""
 
@@ -65,8 +85,9 @@ class StepRecorder:
         for module in self.model.modules():
             if module is self.model:
                 continue
-            self._module_hooks.append(module.register_forward_pre_hook(self.pre, with_kwargs=True))
-            self._module_hooks.append(module.register_forward_hook(self.post, with_kwargs=True, always_call=True))
+            self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
+            self._module_hooks.append(
+                module.register_forward_hook(ModelHook(self.post), with_kwargs=True, always_call=True))
 
     def end_forward(self) -> None:
         for h in self._module_hooks:
@@ -167,4 +188,4 @@ class StepRecorder:
         return record
 
 
-__all__ = ["StepRecorder", "InplaceGradientError"]
+__all__ = ["StepRecorder", "InplaceGradientError", "ModelHook"]

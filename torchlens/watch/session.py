@@ -22,7 +22,7 @@ from torch import nn
 
 from .calls import trace_calls
 from .histogram import NUM_BINS, Sampler, histograms
-from .recorder import StepRecorder
+from .recorder import ModelHook, StepRecorder
 from .server import RunServer
 from .store import KINDS, RunWriter
 
@@ -82,8 +82,9 @@ class Watch:
                 if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
                     self._inplace_flags.append(m)
                     m.inplace = False
-        self._root_hooks.append(model.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-        self._root_hooks.append(model.register_forward_hook(self._root_post, with_kwargs=True, always_call=True))
+        self._root_hooks.append(model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True))
+        self._root_hooks.append(
+            model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True))
         _WATCHES[id(model)] = self
         for m in model.modules():
             _MODULE_OWNERS[id(m)] = self

@@ -1,0 +1,457 @@
+"""tl.watch and tl.open_run on real training loops: what is recorded, the numbers, the graph,
+training left bitwise unchanged, and bad input."""
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import sqlite3
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.watch.histogram import NUM_BINS
+
+
+def quiet_watch(model, tmp_path, **options):
+    options.setdefault("backend", None)
+    return tl.watch(model, run_dir=str(tmp_path / "run"), verbose=False, **options)
+
+
+def train(model, batches, lr=0.1, seed=0, make_loss=None):
+    torch.manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for x in batches:
+        out = model(*x) if isinstance(x, tuple) else model(x)
+        loss = make_loss(out) if make_loss else out.float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+class TwoInTwoOut(nn.Module):
+    """Two inputs, two outputs, a module called twice, an attached tensor, a conditional branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.mix = nn.Linear(8, 3)
+        self.pos = nn.Tanh()
+        self.neg = nn.Sigmoid()
+
+    def forward(self, a, b):
+        ha = self.shared(a)
+        hb = self.shared(b)
+        joined = tl.attach(torch.cat([ha, hb], dim=1), self, "joined")
+        y = self.mix(joined)
+        branch = self.pos if a.sum() > 0 else self.neg
+        return branch(y), ha - hb
+
+
+def test_call_graph_of_a_toy_model(tmp_path):
+    model = TwoInTwoOut()
+    w = quiet_watch(model, tmp_path)
+    a, b = torch.ones(5, 4), torch.rand(5, 4)
+    train(model, [(a, b)], make_loss=lambda out: out[0].sum() + out[1].sum())
+    w.close()
+    run = tl.open_run(w.run_dir)
+    calls = run.calls
+    assert list(calls) == ["", "shared:1", "shared:2", "mix:1", "pos:1"]
+    root = calls[""]
+    assert root.children == ["shared:1", "shared:2", "mix:1", "pos:1"]
+    assert [n for n, _ in root.inputs] == ["input 0", "input 1"]
+    assert [n for n, _ in root.outputs] == ["output 0", "output 1"]
+    assert root.outputs[0][1] == [5, 3]
+    assert set(root.edges) == {
+        ("input 0", "shared:1"), ("input 1", "shared:2"), ("shared:1", "mix:1"), ("shared:2", "mix:1"),
+        ("mix:1", "pos:1"), ("pos:1", "output 0"), ("shared:1", "output 1"), ("shared:2", "output 1")}
+    assert root.attached == ["joined"]
+    assert calls["shared:2"].parent == "" and calls["shared:2"].class_name == "Linear"
+    assert calls["shared:1"].extra_repr == "in_features=4, out_features=4, bias=True"
+    assert calls["shared:1"].params == [("weight", [4, 4]), ("bias", [4])]
+    names = run.series_names("")
+    assert ("", "io", "joined") in names and ("", "io_grad", "joined") in names
+    assert ("", "io", "input 1") in names and ("", "io_grad", "output 1") in names
+    # the same module called twice: two calls, each with its own series
+    assert run.series("shared:2", "io", "input 0").counts.sum() > 0
+    assert run.series("shared:2", "params_grad", "weight").counts.sum() == 15  # 16 values, 10% rejected
+
+
+def test_a_branch_taken_later_is_added_as_a_call(tmp_path):
+    model = TwoInTwoOut()
+    w = quiet_watch(model, tmp_path)
+    train(model, [(torch.ones(3, 4), torch.ones(3, 4)), (-torch.ones(3, 4), torch.ones(3, 4))],
+          make_loss=lambda out: out[0].sum())
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.calls["neg:1"].parent == "" and run.calls["neg:1"].class_name == "Sigmoid"
+    assert run.series("neg:1", "io", "output 0").steps.tolist() == [1]
+    assert run.series("pos:1", "io", "output 0").steps.tolist() == [0]
+
+
+def test_numbers_match_the_tensors(tmp_path):
+    """With sample_n=None and no outlier rejection each histogram holds every value exactly."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+    seen = {}
+    model[0].register_forward_hook(lambda m, i, o: seen.update(out=o.detach().clone()))
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0)
+    x = torch.randn(7, 6)
+    out = model(x)
+    grads = {}
+    h0 = seen["out"]
+    # the gradient reaching the first layer's output, computed independently with autograd
+    check = copy.deepcopy(model)
+    y0 = check[0](x)
+    y0.retain_grad()
+    check[2](check[1](y0)).pow(2).mean().backward()
+    grads["out0"] = y0.grad
+    out.pow(2).mean().backward()
+    weight_grad = model[0].weight.grad.clone()
+    w.close()
+    run = tl.open_run(w.run_dir)
+
+    s = run.series("0:1", "io", "output 0")
+    assert s.counts.sum() == h0.numel()
+    assert s.min[0] == pytest.approx(h0.min().item()) and s.max[0] == pytest.approx(h0.max().item())
+    expected, _ = np.histogram(h0.numpy(), bins=NUM_BINS, range=(h0.min().item(), h0.max().item()))
+    assert s.counts[0].tolist() == pytest.approx(expected.tolist(), abs=1)  # float edge rounding
+    assert s.bin_edges.shape == (1, NUM_BINS + 1)
+
+    norms = grads["out0"].reshape(7, -1).norm(dim=1)
+    g = run.series("0:1", "io_grad", "output 0")
+    assert g.counts.sum() == 7
+    assert g.min[0] == pytest.approx(norms.min().item(), rel=1e-5)
+    assert g.max[0] == pytest.approx(norms.max().item(), rel=1e-5)
+
+    p = run.series("0:1", "params", "weight")
+    assert p.counts.sum() == 30 and p.min[0] == pytest.approx(model[0].weight.min().item())
+    pg = run.series("0:1", "params_grad", "weight")
+    assert pg.counts.sum() == 30
+    assert pg.min[0] == pytest.approx(weight_grad.min().item()) and pg.max[0] == pytest.approx(weight_grad.max().item())
+    assert ("1:1", "params", "weight") not in run.series_names()  # ReLU has no parameters
+
+
+def test_sampling_and_outlier_rejection(tmp_path):
+    model = nn.Linear(50, 40)
+    w = quiet_watch(model, tmp_path, sample_n=100, reject_outlier_proportion=0.1, log=("io", "params"))
+    with torch.no_grad():
+        model.weight[0, 0] = 1e6  # an outlier that must not stretch the range
+    model(torch.randn(8, 50)).sum().backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    p = run.series("", "params", "weight")
+    assert p.counts.sum() == 90  # 100 sampled, the 10 farthest from the median dropped
+    assert p.max[0] < 1.0
+    assert run.series("", "io", "output 0").counts.sum() == 90
+    assert {k for _, k, _ in run.series_names()} == {"io", "params"}
+
+
+def test_nonfinite_values_are_counted_not_binned(tmp_path):
+    class Bad(nn.Module):
+        def forward(self, x):
+            return x / torch.tensor([0.0, 1.0, 1.0, 1.0])
+
+    model = nn.Sequential(nn.Linear(4, 4), Bad())
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0, log=("io",))
+    model(torch.ones(3, 4))
+    w.close()
+    s = tl.open_run(w.run_dir).series("1:1", "io", "output 0")
+    assert s.nonfinite[0] == 3 and s.counts.sum() == 9 and np.isfinite(s.max[0])
+
+
+def make_resnet():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None, num_classes=10)
+
+
+def test_training_is_bitwise_unchanged_by_watch(tmp_path):
+    """Same seed, same batches: parameters and BatchNorm buffers equal bit for bit."""
+
+    class WithDropout(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = make_resnet()
+            self.drop = nn.Dropout(0.3)
+
+        def forward(self, x):
+            return self.drop(self.body(x))
+
+    torch.manual_seed(0)
+    batches = [torch.randn(4, 3, 32, 32) for _ in range(3)]
+    plain = WithDropout()
+    watched = copy.deepcopy(plain)
+    train(plain, batches, seed=5)
+    w = quiet_watch(watched, tmp_path)
+    train(watched, batches, seed=5)
+    w.close()
+    for (name, a), (_, b) in zip(plain.state_dict().items(), watched.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert len(tl.open_run(w.run_dir).steps) == 3
+
+
+def test_resnet_inplace_gradients_without_disable_inplace(tmp_path):
+    model = make_resnet()
+    w = quiet_watch(model, tmp_path)
+    train(model, [torch.randn(2, 3, 32, 32)])
+    w.close()
+    run = tl.open_run(w.run_dir)
+    # ReLU(inplace=True) is called twice per block; out += identity happens in the block's forward
+    for cid in ("layer1.0.relu:1", "layer1.0.relu:2", "layer1.0:1", "relu:1"):
+        for name in ("input 0", "output 0"):
+            assert run.series(cid, "io_grad", name).counts.sum() == 2, (cid, name)
+    edges = run.calls["layer1.0:1"].edges
+    assert ("input 0", "layer1.0.relu:2") in edges  # the residual connection
+    assert ("layer1.0.bn2:1", "layer1.0.relu:2") in edges
+
+
+def test_ignore_io_grad_classes_and_disable_inplace(tmp_path):
+    from torchvision.models.resnet import BasicBlock
+
+    model = make_resnet()
+    flags = {name: m.inplace for name, m in model.named_modules() if hasattr(m, "inplace")}
+    w = quiet_watch(model, tmp_path, ignore_io_grad_classes=[BasicBlock], disable_inplace=True)
+    assert not any(m.inplace for m in model.modules() if hasattr(m, "inplace"))
+    train(model, [torch.randn(2, 3, 32, 32)])
+    w.close()
+    assert flags == {name: m.inplace for name, m in model.named_modules() if hasattr(m, "inplace")}
+    names = tl.open_run(w.run_dir).series_names()
+    assert ("layer1.0:1", "io", "output 0") in names
+    assert ("layer1.0:1", "io_grad", "output 0") not in names
+    assert ("layer1.0.conv1:1", "io_grad", "output 0") in names
+
+
+def test_log_freq_and_eval_mode(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    w = quiet_watch(model, tmp_path, log_freq=3)
+    for i in range(8):
+        train(model, [torch.randn(4, 3)])
+        model.eval()
+        model(torch.randn(4, 3))  # validation: not a step
+        with torch.no_grad():
+            model.train()
+            model(torch.randn(4, 3))  # no gradients: not a training step either
+        model.train()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 3, 6]
+    assert run.series("0:1", "io", "output 0").steps.tolist() == [0, 3, 6]
+    assert run.status == "finished"
+
+
+def test_several_forwards_before_one_backward(tmp_path):
+    model = nn.Linear(3, 2)
+    w = quiet_watch(model, tmp_path, delay_log_multibackward=True, sample_n=None, reject_outlier_proportion=0.0)
+    for _ in range(3):
+        loss = model(torch.randn(4, 3)).sum() + model(torch.randn(5, 3)).sum()
+        loss.backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1, 2]
+    s = run.series("", "io", "output 0")
+    assert s.counts.sum(axis=1).tolist() == [18, 18, 18]  # both forwards overlaid
+    assert run.series("", "io_grad", "output 0").counts.sum(axis=1).tolist() == [9, 9, 9]
+
+
+def test_lstm_outputs_and_keyword_inputs(tmp_path):
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(4, 6, batch_first=True)
+            self.head = nn.Linear(6, 2)
+
+        def forward(self, x, mask=None):
+            out, (h, c) = self.lstm(x)
+            return self.head(out) * mask[..., None]
+
+    model = Tagger()
+    w = quiet_watch(model, tmp_path)
+    for _ in range(2):
+        model(torch.randn(3, 5, 4), mask=torch.ones(3, 5)).sum().backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    lstm = run.calls["lstm:1"]
+    assert [n for n, _ in lstm.outputs] == ["output 0", "output 1.0", "output 1.1"]
+    assert ("", "io", "input mask") in run.series_names()
+    assert ("input mask", "output 0") in run.calls[""].edges
+    assert ("lstm:1", "head:1") in run.calls[""].edges
+    # 96 values, 10% farthest from the median dropped
+    assert run.series("lstm:1", "params_grad", "weight_ih_l0").counts.sum(axis=1).tolist() == [87, 87]
+
+
+def test_gpt2_with_attention_mask(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    w = quiet_watch(model, tmp_path)
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 6:] = 0
+    for _ in range(2):
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    root = run.calls[""]
+    assert {"input input_ids", "input attention_mask", "input labels"} <= {n for n, _ in root.inputs}
+    assert "output loss" in {n for n, _ in root.outputs}
+    assert ("input attention_mask", "transformer:1") in root.edges
+    assert ("transformer:1", "lm_head:1") in root.edges
+    block = run.calls["transformer.h.0:1"]
+    assert block.parent == "transformer:1" and ("transformer.h.0.attn:1") in block.children
+    assert len(run.series("transformer.h.1.mlp.c_fc:1", "params_grad", "weight").steps) == 2
+
+
+def test_bounded_number_of_columns(tmp_path):
+    model = nn.Linear(2, 2)
+    w = quiet_watch(model, tmp_path, max_columns=4, sample_n=None, reject_outlier_proportion=0.0, log=("params",))
+    for _ in range(21):
+        model(torch.randn(1, 2))
+    w.close()
+    run = tl.open_run(w.run_dir)
+    s = run.series("", "params", "weight")
+    assert len(run.steps) == 21
+    assert len(s.steps) <= 4 and run.stride == 8
+    assert s.num_steps.sum() == 21 and s.counts.sum() == pytest.approx(21 * 4)
+    assert s.steps[0] == 0 and s.last_steps[-1] == 20
+    assert (s.steps[1:] > s.last_steps[:-1]).all()
+
+
+def test_model_is_left_exactly_as_before(tmp_path):
+    model = make_resnet()
+    before = {name: sorted(vars(m)) for name, m in model.named_modules()}
+    w = quiet_watch(model, tmp_path, disable_inplace=True)
+    train(model, [torch.randn(2, 3, 32, 32)] * 2)
+    w.close()
+    assert before == {name: sorted(vars(m)) for name, m in model.named_modules()}
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
+    for p in model.parameters():
+        assert not getattr(p, "_post_accumulate_grad_hooks", None)
+    # a closed watch can be replaced by a new one
+    tl.watch(model, run_dir=str(tmp_path / "again"), backend=None, verbose=False).close()
+
+
+def test_copies_of_a_watched_model_are_not_watched(tmp_path):
+    import pickle
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    w = quiet_watch(model, tmp_path)
+    model(torch.ones(1, 2)).sum().backward()
+    best = copy.deepcopy(model)  # e.g. keeping the best checkpoint
+    clone = pickle.loads(pickle.dumps(model))
+    for other in (best, clone):
+        other(torch.ones(1, 2)).sum().backward()
+    w.close()
+    assert tl.open_run(w.run_dir).steps.tolist() == [0]
+    assert torch.equal(best(torch.ones(1, 2)), model(torch.ones(1, 2)))
+
+
+def test_attach_outside_a_watch_does_nothing():
+    t = torch.ones(2)
+    assert tl.attach(t, nn.Linear(2, 2), "x") is t
+
+
+def test_with_block_and_unwatch(tmp_path):
+    model = nn.Linear(2, 1)
+    with quiet_watch(model, tmp_path) as w:
+        model(torch.ones(1, 2)).sum().backward()
+    assert w.closed and not model._forward_pre_hooks
+    w2 = tl.watch(model, run_dir=str(tmp_path / "b"), backend=None, verbose=False)
+    tl.unwatch(model)
+    assert w2.closed
+    with pytest.raises(ValueError, match="not being watched"):
+        tl.unwatch(model)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(TypeError, match="nn.Module"):
+        tl.watch(lambda x: x)
+    with pytest.raises(ValueError, match="io, io_grad, params, params_grad"):
+        tl.watch(nn.Linear(1, 1), log=("io", "activations"), backend=None)
+    with pytest.raises(ValueError, match="backend"):
+        tl.watch(nn.Linear(1, 1), backend="nope")
+    model = nn.Linear(1, 1)
+    w = quiet_watch(model, tmp_path)
+    with pytest.raises(RuntimeError, match="already watched"):
+        tl.watch(model, backend=None)
+    w.close()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(PermissionError, match="cannot write the run folder"):
+        tl.watch(model, run_dir=str(blocker / "run"), backend=None, verbose=False)
+    assert not model._forward_pre_hooks  # nothing installed by the failed call
+
+
+def test_busy_port_is_refused_before_training(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    port = sock.getsockname()[1]
+    try:
+        model = nn.Linear(1, 1)
+        with pytest.raises(OSError, match=f"port {port}.*port="):
+            tl.watch(model, run_dir=str(tmp_path / "r"), port=port, verbose=False)
+        assert not model._forward_pre_hooks
+        assert not (tmp_path / "r").exists()
+    finally:
+        sock.close()
+
+
+def test_standalone_server_serves_the_run_live(tmp_path, capsys):
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), port=0)
+    assert w.url.startswith("http://localhost:") and w.url in capsys.readouterr().out
+    for _ in range(3):
+        model(torch.randn(2, 3)).sum().backward()
+    w.flush()
+    summary = json.load(urllib.request.urlopen(w.url + "/api/run"))
+    assert summary["steps"] == [0, 1, 2] and "0:1" in summary["calls"]
+    newer = json.load(urllib.request.urlopen(w.url + "/api/series?call=0:1&kind=io&name=output%200&since=2"))
+    assert newer["steps"] == [2] and len(newer["counts"][0]) == NUM_BINS
+    w.close()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(w.url + "/api/run", timeout=2)
+
+
+def test_open_run_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run folder"):
+        tl.open_run(str(tmp_path / "missing"))
+    with pytest.raises(tl.RunError, match="not a torchlens run"):
+        tl.open_run(str(tmp_path))
+    (tmp_path / "run.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(tl.RunError, match="corrupted"):
+        tl.open_run(str(tmp_path))
+    other = tmp_path / "other"
+    other.mkdir()
+    sqlite3.connect(other / "run.db").execute("CREATE TABLE meta (key TEXT, value TEXT)").connection.commit()
+    with pytest.raises(tl.RunError, match="not a torchlens run database"):
+        tl.open_run(str(other))
+
+
+def test_unknown_series_names_what_exists(tmp_path):
+    model = nn.Linear(2, 2)
+    with quiet_watch(model, tmp_path) as w:
+        model(torch.ones(1, 2)).sum().backward()
+    run = tl.open_run(w.run_dir)
+    with pytest.raises(KeyError, match="output 0"):
+        run.series("", "io", "output 9")
+    with pytest.raises(ValueError, match="kind"):
+        run.series("", "weights", "weight")
+
+
+def test_setup_raises_the_open_file_limit(capsys):
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        new = tl.setup()
+        assert new == max(soft, min(hard, 50_000) if hard != resource.RLIM_INFINITY else 50_000)
+        assert "open-file limit" in capsys.readouterr().err
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
