@@ -54,7 +54,7 @@ class Run:
         ...         model(torch.rand(4, 3)).sum().backward()
         >>> run = tl.open_run(folder)
         >>> run.steps.tolist(), run.series('', 'params', 'weight').counts.sum(axis=1).tolist()
-        ([0, 1, 2], [5.0, 5.0, 5.0])
+        ([0, 1, 2], [6.0, 6.0, 6.0])
     """
 
     def __init__(self, run_dir: str) -> None:
