@@ -1,4 +1,7 @@
 """save_gradients=True: every layer the gradient flowed through has it on its entry."""
+import gc
+import weakref
+
 import torch
 from torch import nn
 
@@ -80,3 +83,22 @@ def test_without_save_gradients_no_hooks_are_left():
     h = tl.log_forward_pass(model, torch.rand(1, 2))
     h["output_1_2"].activation.sum().backward()
     assert all(e.gradient is None for e in h)
+
+
+def test_histories_with_save_gradients_are_freed():
+    """The gradient hooks live in the autograd graph; they must not keep their history alive
+    (a cycle through C++ autograd nodes that gc cannot break leaked every history)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.Flatten(), nn.Linear(144, 2))
+    x = torch.rand(2, 3, 10, 10, requires_grad=True)
+    saved = []
+    for i in range(50):
+        h = tl.log_forward_pass(model, x, save_gradients=True)
+        saved.append(weakref.ref(h["conv2d_1_1"].activation))
+        if i % 2:
+            h["output_1_6"].activation.sum().backward()
+        del h
+    gc.collect()
+    assert sum(ref() is not None for ref in saved) == 0
+    assert not x._backward_hooks  # the hooks of dead histories are removed from the input
+    assert all(p.grad is not None for p in model.parameters())

@@ -189,7 +189,7 @@ class Tracer:
         if self.plan.wants(e):
             e.activation = self.plan.copy(tensor)
         if self.save_gradients and tensor.requires_grad:
-            tensor.register_hook(_gradient_recorder(e))
+            _record_gradient(tensor, e)
         if track:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
 
@@ -370,14 +370,32 @@ def _matching_parents(parents: list, position: Any) -> list:
     return [(p, pos) for p, pos in parents if pos == index or pos == (0, index)]
 
 
-def _gradient_recorder(e: TensorLogEntry) -> Callable:
-    """A tensor hook storing the gradient on the record (summed if backward runs again)."""
+def _record_gradient(tensor: torch.Tensor, e: TensorLogEntry) -> None:
+    """Hook ``tensor`` so the gradient reaching it in backward is stored on ``e`` (summed if
+    backward runs again).
+
+    The hook holds ``e`` only weakly: the hook lives in the autograd graph, and ``e`` holds a
+    saved activation that points back into the same graph; a strong reference would make a
+    cycle through C++ autograd nodes that Python's gc cannot see, leaking every history. Once
+    the history (and so ``e``) is gone, the hook is removed, so tensors that outlive the pass
+    (inputs, parameters) do not collect dead hooks trace after trace.
+    """
+    handle = None
+
+    def forget(_ref: weakref.ref) -> None:
+        if handle is not None:
+            handle.remove()
+
+    entry_ref = weakref.ref(e, forget)
 
     def record(grad: torch.Tensor) -> None:
+        entry = entry_ref()
+        if entry is None:
+            return
         grad = grad.detach()
-        e.gradient = grad.clone() if e.gradient is None else e.gradient + grad
+        entry.gradient = grad.clone() if entry.gradient is None else entry.gradient + grad
 
-    return record
+    handle = tensor.register_hook(record)
 
 
 def _rng_state() -> tuple:

@@ -83,11 +83,12 @@ class TensorLogEntry:
         (['linear_1_1'], '1')
     """
 
-    __slots__ = _CAPTURE_FIELDS + _DERIVED_FIELDS
+    # __weakref__: gradient hooks refer to their entry weakly (see capture.tracer._record_gradient)
+    __slots__ = _CAPTURE_FIELDS + _DERIVED_FIELDS + ("__weakref__",)
 
     def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable],
                  func_name: str) -> None:
-        for name in __class__.__slots__:
+        for name in _CAPTURE_FIELDS + _DERIVED_FIELDS:
             object.__setattr__(self, name, None)
         self.raw_index = raw_index
         self.kind = kind
