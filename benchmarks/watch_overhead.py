@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Cost of ``tl.watch`` on a training step, as ratios against a plain training step.
+
+For each model, three identical copies train on the same batches in one process, their steps
+interleaved (plain, not-logged, logged, plain, ...) so that all three see the same machine:
+
+* ``plain``      -- a training step (forward, loss, backward, SGD step) without watch;
+* ``not logged`` -- with ``tl.watch(log_freq=100)``: steps that are not logged;
+* ``logged``     -- with ``tl.watch(log_freq=1)`` and all four kinds: every step is logged
+                    (the histograms of a step are computed and written when the next starts,
+                    so each timed step carries one full logging cost).
+
+Ratios are medians of the per-step times over the median plain step. Models: ResNet-18
+(batch 16, 64x64) and a 4-layer GPT-2 (batch 8, 64 tokens, with ``attention_mask``).
+Torch runs on one thread (a 2-thread pool stalls when another process holds a core).
+
+    .venv/bin/python benchmarks/watch_overhead.py [--steps 40] [--models resnet18,gpt2]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import torch
+from torch import nn
+
+import torchlens as tl
+
+
+def resnet18():
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
+
+    def step(m: nn.Module) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(x), y)
+
+    return model, step
+
+
+def gpt2():
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=5000, n_positions=128, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 5000, (8, 64))
+    mask = torch.ones(8, 64, dtype=torch.long)
+    mask[:, 56:] = 0
+
+    def step(m: nn.Module) -> torch.Tensor:
+        return m(input_ids=ids, attention_mask=mask, labels=ids).loss
+
+    return model, step
+
+
+MODELS: Dict[str, Callable] = {"resnet18": resnet18, "gpt2": gpt2}
+
+
+def measure(name: str, steps: int) -> Dict[str, float]:
+    torch.manual_seed(0)
+    base, loss_of = MODELS[name]()
+    variants = {"plain": copy.deepcopy(base), "not logged": copy.deepcopy(base), "logged": copy.deepcopy(base)}
+    optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in variants.items()}
+    folder = tempfile.mkdtemp()
+    watches = [tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
+               tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False)]
+    times: Dict[str, List[float]] = {k: [] for k in variants}
+    for i in range(steps + 3):
+        for key, model in variants.items():
+            start = time.perf_counter()
+            loss = loss_of(model)
+            optimizers[key].zero_grad()
+            loss.backward()
+            optimizers[key].step()
+            if i >= 3:  # warm-up, and the one-off graph trace of the first step
+                times[key].append(time.perf_counter() - start)
+    for w in watches:
+        w.close()
+    plain = statistics.median(times["plain"])
+    result = {"plain_ms": plain * 1e3}
+    for key in ("not logged", "logged"):
+        result[key] = statistics.median(times[key]) / plain
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--models", default="resnet18,gpt2")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.steps} timed steps per variant")
+    print(f"{'model':<10} {'plain step':>11} {'not logged':>11} {'logged':>8}")
+    for name in args.models.split(","):
+        try:
+            r = measure(name, args.steps)
+        except ImportError as error:
+            print(f"{name:<10} skipped ({error})", file=sys.stderr)
+            continue
+        print(f"{name:<10} {r['plain_ms']:>9.1f}ms {r['not logged']:>10.3f}x {r['logged']:>7.3f}x")
+
+
+if __name__ == "__main__":
+    main()
