@@ -74,3 +74,23 @@ def test_model_and_rng_left_as_found():
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key]), key
     assert model.training
+
+
+def test_the_old_value_of_an_out_tensor_is_not_a_parent():
+    class Out(nn.Module):
+        def forward(self, x):
+            buf = x * 3
+            torch.add(x, 1, out=buf)  # overwrites buf: its old value is not read
+            return buf * 2
+
+    h = tl.log_forward_pass(Out(), torch.rand(3), save_function_args=True)
+    assert h["add_1_2"].parent_layers == ["input_1_0"]
+    assert h["mul_1_1"].child_layers == []
+    assert tl.validate_model_activations(Out(), torch.rand(3), verbose=True)
+
+
+def test_spectral_norm_in_train_mode_validates():
+    """spectral_norm's power iteration writes into its u and v buffers with out=."""
+    torch.manual_seed(0)
+    model = nn.utils.spectral_norm(nn.Linear(4, 3)).train()
+    assert tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0, verbose=True)

@@ -22,6 +22,7 @@ from .api import _as_args, log_forward_pass
 from .capture.args import replace_tensors, tensors_in
 from .capture.modules import BufferSnapshot
 from .capture.run import RngState, seed_everything
+from .capture.tracer import empty_out
 from .history.model_history import ModelHistory
 from .history.tensor_log import ParentRef, TensorLogEntry
 
@@ -241,6 +242,8 @@ def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, t
 
     args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
     kwargs = _resolve(entry.func_kwargs or {}, value_of)
+    if kwargs.get("out") is not None:  # a fresh out= tensor per replay: results must not alias
+        kwargs["out"] = replace_tensors(kwargs["out"], empty_out)
     if entry.rng_state is not None:
         cpu, cuda = entry.rng_state
         torch.set_rng_state(cpu)

@@ -36,6 +36,12 @@ def write_through_view(base: torch.Tensor, value: torch.Tensor, size: tuple, str
     return out
 
 
+def empty_out(tensor: torch.Tensor) -> torch.Tensor:
+    """A zero-element tensor with ``tensor``'s dtype and device: what saved function arguments
+    hold in place of an ``out=`` tensor (torch resizes it without a warning)."""
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+
 def identity(x: Any) -> Any:
     """The function of layers that pass a tensor on unchanged (outputs, ``nn.Identity``)."""
     return x
@@ -114,8 +120,14 @@ class Tracer:
 
     def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int,
                   rng_state=None) -> None:
-        if info.is_inplace or (kwargs and kwargs.get("out") is not None):
-            target = kwargs.get("out") if kwargs and kwargs.get("out") is not None else (args[0] if args else None)
+        out_arg = kwargs.get("out") if kwargs else None
+        if out_arg is not None:
+            target = out_arg
+            # the old value of an out= tensor is overwritten, never read: it is not a parent
+            # (unless the same tensor is also passed as an input, at that input's position)
+            found = [(position, t) for position, t in found if not _is_out_position(position)]
+        elif info.is_inplace:
+            target = args[0] if args else None
         else:
             target = out
         if isinstance(target, _Tensor):
@@ -132,6 +144,8 @@ class Tracer:
         if self.save_function_args:
             func_args = replace_tensors(args, self._placeholder)
             func_kwargs = replace_tensors(kwargs, self._placeholder)
+            if out_arg is not None:  # replays write into a fresh, empty tensor of the same kind
+                func_kwargs["out"] = replace_tensors(out_arg, empty_out)
         entries = self.entries
         inventory_params = self.inventory.param_addresses
         condition, self.pending_condition = self.pending_condition, None
@@ -362,6 +376,10 @@ class Tracer:
 
 # Functions whose i-th output is computed from the i-th tensor argument only.
 _POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
+
+
+def _is_out_position(position: Any) -> bool:
+    return position == "out" or (isinstance(position, tuple) and position[:1] == ("out",))
 
 
 def _matching_parents(parents: list, position: Any) -> list:
