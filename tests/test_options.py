@@ -49,6 +49,50 @@ def test_layers_to_save_forms_and_number_of_passes(net, request_keys, passes, la
     assert all(e.activation is not None for e in h)
 
 
+class DictOut(nn.Module):
+    """forward(x) returns a dict; a top-level buffer and a recurrent layer give every key form."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.fc = nn.Linear(3, 2)
+        self.bn = nn.BatchNorm1d(2)
+        self.register_buffer("scale", torch.ones(2))
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.bn(self.fc(x)) * self.scale
+        for _ in range(2):
+            y = torch.tanh(y)
+        return {"logits": y, "loss": y.sum()}
+
+
+@pytest.mark.parametrize("request_keys, labels", [
+    (["input.x"], ["input_1_0"]),
+    (["output.logits", "output.loss"], ["output_1_9", "output_2_10"]),
+    (["scale", "bn.running_mean"], ["buffer_1_2", "buffer_3_5"]),
+])
+def test_input_output_and_buffer_addresses_are_saved_in_one_pass(request_keys, labels):
+    model = DictOut()
+    h = tl.log_forward_pass(model, torch.rand(4, 3), layers_to_save=request_keys)
+    assert model.calls == 1
+    assert h.layer_labels == labels
+    assert all(h[key].activation is not None for key in request_keys)
+
+
+def test_every_history_key_works_in_layers_to_save():
+    model, x = DictOut(), torch.rand(4, 3)
+    full = tl.log_forward_pass(model, x, random_seed=0)
+    keys = {key for e in full for key in e.lookup_keys}
+    assert {"input.x", "output.logits", "scale", "fc", "tanh_1_7:2", -1} <= keys
+    for key in keys:
+        h = tl.log_forward_pass(model, x, layers_to_save=[key], random_seed=0)
+        label = full[key].label
+        assert label in h.layer_labels and h[label].activation is not None, key
+    with pytest.raises(ValueError, match="input.x"):
+        tl.log_forward_pass(model, x, layers_to_save=["input.y"])
+
+
 def test_keep_unsaved_layers(net):
     h = tl.log_forward_pass(net, X, layers_to_save=["fc"], keep_unsaved_layers=True)
     assert len(h) == 7

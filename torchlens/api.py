@@ -43,7 +43,9 @@ def log_forward_pass(
         input_kwargs: keyword arguments for ``forward``.
         layers_to_save: ``'all'``; ``None``/``'none'``/``[]`` for metadata only; or a list of
             layer labels (``'conv2d_3_7'``, ``'linear_1_1:2'``), module addresses
-            (``'features'``), ordinals (``-5``) and label substrings (``'conv'``).
+            (``'features'``), input/output/buffer addresses (``'input.x'``,
+            ``'output.logits'``), ordinals (``-5``) and label substrings (``'conv'``): any key
+            ``history[...]`` accepts.
         keep_unsaved_layers: keep entries whose activation was not saved. Default: ``True``
             unless a subset of layers was requested.
         output_device: ``'same'`` (where the tensor was), ``'cpu'``, or any device.
@@ -80,7 +82,8 @@ def log_forward_pass(
     kwargs = dict(input_kwargs or {})
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     module_addresses = {address for address, _ in model.named_modules()}
-    request = parse_request(layers_to_save, module_addresses)
+    buffer_addresses = {address for address, _ in model.named_buffers()}
+    request = parse_request(layers_to_save, module_addresses, buffer_addresses)
     if keep_unsaved_layers is None:
         keep_unsaved_layers = request.save_all or request.saves_nothing
 
@@ -105,7 +108,8 @@ def log_forward_pass(
     else:
         result = run_pass(
             model, args, kwargs,
-            plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules),
+            plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
+                 addresses=request.addresses),
             seed, save_function_args, save_gradients,
         )
         history = build_history(result)

@@ -1,15 +1,17 @@
 """``layers_to_save``: parsing a request, and deciding whether one pass can satisfy it.
 
 A request is resolvable *during* the pass when every key is a module address (saved when the
-module returns) or a substring of layer types (``'conv'``, ``'linear'``): a string without
-``_`` or ``:`` that is not all digits can only match inside the type part of a label. Keys that
-need final labels or ordinals (``'conv2d_3_7'``, ``-5``) need a first, metadata-only pass.
+module returns), an input, output or buffer address (``'input.x'``, ``'output.logits'``,
+``'bn.running_mean'``: any other key with a ``.``, or a buffer's name; known when the tensor is
+recorded) or a substring of layer types (``'conv'``, ``'linear'``): a string without ``_`` or
+``:`` that is not all digits can only match inside the type part of a label. Keys that need
+final labels or ordinals (``'conv2d_3_7'``, ``-5``) need a first, metadata-only pass.
 """
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, List, Set, Tuple, Union
+from typing import Any, Collection, FrozenSet, List, Set, Tuple, Union
 
 from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
@@ -23,6 +25,7 @@ class LayerRequest:
     keys: List[LayerKey] = field(default_factory=list)
     type_substrings: Tuple[str, ...] = ()
     modules: FrozenSet[Union[str, Tuple[str, int]]] = frozenset()
+    addresses: FrozenSet[str] = frozenset()  # input, output and buffer addresses
     needs_labels: bool = False  # some key needs a metadata pass first
 
     @property
@@ -30,7 +33,8 @@ class LayerRequest:
         return not self.save_all and not self.keys
 
 
-def parse_request(layers_to_save: Any, module_addresses) -> LayerRequest:
+def parse_request(layers_to_save: Any, module_addresses: Collection[str],
+                  buffer_addresses: Collection[str] = ()) -> LayerRequest:
     """Classify each key of ``layers_to_save`` (see the module docstring)."""
     if isinstance(layers_to_save, str) and layers_to_save == "all":
         return LayerRequest(save_all=True)
@@ -39,6 +43,7 @@ def parse_request(layers_to_save: Any, module_addresses) -> LayerRequest:
     keys = [layers_to_save] if isinstance(layers_to_save, (str, int)) else list(layers_to_save)
     substrings: List[str] = []
     modules: Set[Union[str, Tuple[str, int]]] = set()
+    addresses: Set[str] = set()
     needs_labels = False
     for key in keys:
         if isinstance(key, bool) or not isinstance(key, (str, int)):
@@ -53,11 +58,13 @@ def parse_request(layers_to_save: Any, module_addresses) -> LayerRequest:
             modules.add(key)
         elif sep and base in module_addresses and pass_text.isdigit():
             modules.add((base, int(pass_text)))
+        elif "." in key or key in buffer_addresses:
+            addresses.add(key)  # labels and layer types have no '.': an input/output/buffer address
         elif "_" in key or ":" in key or key.isdigit():
             needs_labels = True
         else:
             substrings.append(key.lower())
-    return LayerRequest(False, keys, tuple(substrings), frozenset(modules), needs_labels)
+    return LayerRequest(False, keys, tuple(substrings), frozenset(modules), frozenset(addresses), needs_labels)
 
 
 def resolve_request(request: LayerRequest, history: ModelHistory) -> Set[int]:

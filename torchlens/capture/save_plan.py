@@ -12,8 +12,8 @@ class SavePlan:
     """Decides during the pass whether a tensor's activation is saved.
 
     ``raw_indices`` (positions in execution order) is used by the second pass of a two-pass
-    request; ``type_substrings`` and ``modules`` are requests that can be resolved during the
-    pass itself.
+    request; ``type_substrings``, ``modules`` and ``addresses`` (of inputs, outputs and
+    buffers) are requests that can be resolved during the pass itself.
     """
 
     def __init__(
@@ -22,6 +22,7 @@ class SavePlan:
         raw_indices: Optional[FrozenSet[int]] = None,
         type_substrings: Tuple[str, ...] = (),
         modules: FrozenSet[Union[str, Tuple[str, int]]] = frozenset(),
+        addresses: FrozenSet[str] = frozenset(),
         output_device: Union[str, torch.device] = "same",
         activation_postfunc: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         detach: bool = False,
@@ -30,16 +31,19 @@ class SavePlan:
         self.raw_indices = raw_indices or frozenset()
         self.type_substrings = type_substrings
         self.modules = modules
+        self.addresses = addresses
         self.device = None if output_device in (None, "same") else torch.device(output_device)
         self.postfunc = activation_postfunc
         self.detach = detach
 
     @property
     def saves_nothing(self) -> bool:
-        return not (self.save_all or self.raw_indices or self.type_substrings or self.modules)
+        return not (self.save_all or self.raw_indices or self.type_substrings or self.modules or self.addresses)
 
     def wants(self, entry: TensorLogEntry) -> bool:
         if self.save_all or entry.raw_index in self.raw_indices:
+            return True
+        if entry.address is not None and entry.address in self.addresses:
             return True
         layer_type = entry.layer_type
         return any(s in layer_type for s in self.type_substrings)
