@@ -5,6 +5,8 @@ Examples:
     torchlens hf:gpt2 --input 1,16 --validate
     torchlens timm:convmixer_768_32 --input 1,3,64,64
     torchlens path/to/model.py:MyNet --input 2,10 --rolled -o net.pdf
+    torchlens explore torchlens_runs/ --port 8080      # the explorer page of watched runs
+    torchlens explore RUN_DIR --export page.html       # one self-contained file
 """
 from __future__ import annotations
 
@@ -141,9 +143,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def explore_main(argv: Sequence[str]) -> int:
+    """``torchlens explore RUN_DIR [--port N] [--host H] [--export FILE]``."""
+    from .explorer import PortInUseError, explore, export_html
+    from .watch.reader import RunError
+
+    parser = argparse.ArgumentParser(prog="torchlens explore",
+                                     description="Serve the explorer page of a run written by tl.watch, "
+                                                 "or of a folder of runs.")
+    parser.add_argument("run_dir", help="a run folder (w.run_dir) or a folder holding runs")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--export", metavar="FILE", help="write one self-contained HTML file instead of serving")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.run_dir):
+        print(f"torchlens: error: no such folder: {args.run_dir}", file=sys.stderr)
+        return 2
+    try:
+        if args.export:
+            export_html(args.run_dir, args.export)
+            print(f"torchlens: wrote {args.export}")
+        else:
+            explore(args.run_dir, port=args.port, host=args.host)
+        return 0
+    except (PortInUseError, RunError, FileNotFoundError) as error:
+        print(f"torchlens: error: {error}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import torchlens as tl
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "explore":
+        return explore_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         torch.manual_seed(args.seed)

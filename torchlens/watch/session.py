@@ -23,7 +23,6 @@ from torch import nn
 from .calls import trace_calls
 from .histogram import NUM_BINS, Sampler, histograms
 from .recorder import ModelHook, StepRecorder
-from .server import RunServer
 from .store import KINDS, RunWriter
 
 BACKENDS = ("standalone",)
@@ -49,7 +48,7 @@ class Watch:
         self.url: Optional[str] = None
         self.run_dir: Optional[str] = None
         self.closed = False
-        self._server: Optional[RunServer] = None
+        self._server = None  # the explorer server, with backend="standalone"
         self._writer: Optional[RunWriter] = None
         self._root_hooks: list = []
         self._inplace_flags: list = []
@@ -67,11 +66,13 @@ class Watch:
                    "delay_log_multibackward": delay_log_multibackward}
         try:
             if "standalone" in backends:
+                from ..explorer.server import RunServer
+
                 self._server = RunServer("", host=host, port=port)  # bind first: a busy port fails early
             self.run_dir = _prepare_run_dir(run_dir, type(model).__name__)
             self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns)
             if self._server is not None:
-                self._server.run_dir = self.run_dir
+                self._server.root = self.run_dir
                 self._server.start()
                 self.url = self._server.url
         except BaseException:

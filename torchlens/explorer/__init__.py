@@ -1,0 +1,24 @@
+"""The explorer page of watched runs: served live by ``tl.watch``, after training by
+``torchlens explore RUN_DIR``, or written to one self-contained file (``export_html``)."""
+from .export import export_html
+from .server import PortInUseError, RunServer
+
+
+def explore(root: str, port: int = 8080, host: str = "127.0.0.1", block: bool = True) -> RunServer:
+    """Serve the run (or folder of runs) at ``root`` on ``http://host:port``.
+
+    With ``block=True`` (the command line) it serves until interrupted; otherwise it returns the
+    started server (``server.url``, ``server.close()``).
+    """
+    server = RunServer(root, host=host, port=port)
+    if block:
+        print(f"torchlens: serving {root} at {server.url} (Ctrl-C to stop)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        return server
+    return server.start()
+
+
+__all__ = ["explore", "export_html", "RunServer", "PortInUseError"]

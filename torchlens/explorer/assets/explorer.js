@@ -1,0 +1,686 @@
+/* torchlens explorer page: the module graph of one call on the left (click to open a node,
+ * breadcrumbs to go back up), pinned histogram panels on the right (drag a node there).
+ * Data comes from the JSON routes of torchlens/explorer/server.py, or, in an exported file,
+ * from window.TORCHLENS_EXPORT (same shapes). No library, no network beyond the page's server. */
+(function () {
+  "use strict";
+
+  const EXPORTED = window.TORCHLENS_EXPORT || null;
+  const POLL_MS = 2000;
+  const KIND_ORDER = ["io", "io_grad", "params", "params_grad"];
+  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+  const $ = (role) => document.querySelector(`[data-role="${role}"]`);
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const state = {
+    runId: null,        // id from /api/runs
+    summary: null,      // /api/run
+    view: "",           // the call whose inside is shown
+    panels: [],         // pinned call ids, in order
+    series: {},         // call id -> {seriesKey -> series}
+    lastStep: -1,
+    stride: 1,
+    numCalls: 0,
+    zoom: { k: 1, x: 0, y: 0 },
+  };
+
+  // ----- data ------------------------------------------------------------------------------
+  async function api(route, params) {
+    if (EXPORTED) return exportedAnswer(route, params || {});
+    const query = new URLSearchParams();
+    if (state.runId !== null && route !== "runs") query.set("run", state.runId);
+    for (const [k, v] of Object.entries(params || {})) query.set(k, v);
+    const response = await fetch(`/api/${route}?${query}`, { cache: "no-store" });
+    const body = await response.json().catch(() => ({ error: `bad answer from the server (${response.status})` }));
+    if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+    return body;
+  }
+
+  function exportedAnswer(route, params) {
+    const data = EXPORTED;
+    if (route === "runs") return { runs: [{ id: ".", name: data.summary.model, model: data.summary.model }] };
+    if (route === "run") return data.summary;
+    if (route === "poll") return { steps: [], stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length };
+    if (route === "layout") {
+      if (!(params.call in data.layouts)) throw new Error(`no layout for ${params.call}`);
+      return data.layouts[params.call];
+    }
+    if (route === "call_series") return data.call_series[params.call] || { call: params.call, series: [] };
+    throw new Error(`unknown route ${route}`);
+  }
+
+  function showError(message) {
+    const box = $("error");
+    box.textContent = message;
+    box.hidden = !message;
+  }
+
+  // ----- the address bar keeps the view and the panels (a reload restores them) -------------
+  function saveState() {
+    const hash = new URLSearchParams();
+    if (state.runId && state.runId !== ".") hash.set("run", state.runId);
+    if (state.view) hash.set("view", state.view);
+    if (state.panels.length) hash.set("panels", state.panels.join("|"));
+    const text = hash.toString();
+    history.replaceState(null, "", text ? `#${text}` : location.pathname + location.search);
+    try { localStorage.setItem(storageKey(), JSON.stringify({ view: state.view, panels: state.panels })); } catch (e) { /* private mode */ }
+  }
+
+  function storageKey() { return `torchlens:${location.pathname}:${state.runId}:${state.summary ? state.summary.model : ""}`; }
+
+  function loadState() {
+    const hash = new URLSearchParams(location.hash.slice(1));
+    if (hash.has("view") || hash.has("panels")) {
+      state.view = hash.get("view") || "";
+      state.panels = (hash.get("panels") || "").split("|").filter(Boolean);
+      return;
+    }
+    try {
+      const saved = JSON.parse(localStorage.getItem(storageKey()) || "null");
+      if (saved) { state.view = saved.view || ""; state.panels = saved.panels || []; }
+    } catch (e) { /* nothing saved */ }
+  }
+
+  // ----- runs --------------------------------------------------------------------------------
+  async function start() {
+    try {
+      const runs = (await api("runs")).runs;
+      if (!runs.length) throw new Error("No torchlens run in this folder yet.");
+      const wanted = new URLSearchParams(location.hash.slice(1)).get("run");
+      const picker = $("run-picker");
+      if (runs.length > 1) {
+        picker.hidden = false;
+        picker.innerHTML = "";
+        for (const r of runs) {
+          const option = document.createElement("option");
+          option.value = r.id;
+          option.textContent = `${r.name} — ${r.model || "?"}${r.error ? " (unreadable)" : ` (${r.steps} steps)`}`;
+          picker.appendChild(option);
+        }
+        picker.onchange = () => openRun(picker.value, true);
+      }
+      const first = runs.find((r) => r.id === wanted) || runs[runs.length - 1];
+      picker.value = first.id;
+      await openRun(first.id, false);
+    } catch (error) {
+      showError(error.message);
+    }
+  }
+
+  async function openRun(runId, fresh) {
+    state.runId = runId;
+    state.series = {};
+    state.summary = await api("run");
+    state.lastStep = state.summary.steps.length ? state.summary.steps[state.summary.steps.length - 1] : -1;
+    state.stride = state.summary.stride;
+    state.numCalls = Object.keys(state.summary.calls).length;
+    if (fresh) { state.view = ""; state.panels = []; } else loadState();
+    if (!(state.view in state.summary.calls)) state.view = "";
+    state.panels = state.panels.filter((c) => c in state.summary.calls);
+    showError("");
+    fillSearch();
+    updateStatus();
+    await showCall(state.view);
+    document.querySelector('[data-role="panels"]').innerHTML = "";
+    const pinned = state.panels;
+    state.panels = [];
+    for (const cid of pinned) await pin(cid);
+    renderEmptyHint();
+    saveState();
+    if (!EXPORTED && !state.polling) { state.polling = true; setTimeout(poll, POLL_MS); }
+  }
+
+  function updateStatus() {
+    const s = state.summary;
+    const n = s.steps.length;
+    const last = n ? s.steps[n - 1] : "–";
+    $("status").textContent = `${s.model} · ${n} logged step${n === 1 ? "" : "s"} (last ${last}) · ${s.status}`;
+  }
+
+  // ----- the graph ---------------------------------------------------------------------------
+  const callOf = (cid) => state.summary.calls[cid];
+
+  function displayName(cid) {
+    const call = callOf(cid);
+    if (!call) return cid;
+    if (cid === "") return state.summary.model;
+    const parts = call.address.split(".");
+    const sameModule = Object.keys(state.summary.calls).filter((c) => callOf(c).address === call.address).length;
+    return parts[parts.length - 1] + (sameModule > 1 ? ` (${cid.split(":").pop()})` : "");
+  }
+
+  async function showCall(cid) {
+    const started = performance.now();
+    state.view = cid;
+    renderCrumbs();
+    let layout;
+    try {
+      layout = await api("layout", { call: cid });
+    } catch (error) {
+      showError(error.message);
+      return;
+    }
+    drawGraph(layout);
+    fitGraph(layout);
+    saveState();
+    window.__torchlensTimings = window.__torchlensTimings || [];
+    window.__torchlensTimings.push({ call: cid, ms: performance.now() - started });
+  }
+
+  function renderCrumbs() {
+    const nav = $("breadcrumbs");
+    nav.innerHTML = "";
+    const chain = [];
+    for (let c = state.view; c !== null && c !== undefined; c = callOf(c) ? callOf(c).parent : null) chain.unshift(c);
+    chain.forEach((c, i) => {
+      if (i) { const sep = document.createElement("span"); sep.className = "sep"; sep.textContent = "›"; nav.appendChild(sep); }
+      const a = document.createElement("a");
+      a.dataset.crumb = c;
+      a.textContent = displayName(c);
+      if (i === chain.length - 1) a.className = "here";
+      a.onclick = () => showCall(c);
+      nav.appendChild(a);
+    });
+  }
+
+  function svgEl(tag, attrs, parent) {
+    const el = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+    if (parent) parent.appendChild(el);
+    return el;
+  }
+
+  function edgePath(points, spline) {
+    if (!points.length) return "";
+    let d = `M${points[0][0]},${points[0][1]}`;
+    if (spline && points.length >= 4 && (points.length - 1) % 3 === 0) {
+      for (let i = 1; i < points.length; i += 3) d += ` C${points[i]} ${points[i + 1]} ${points[i + 2]}`;
+    } else {
+      for (let i = 1; i < points.length; i++) d += ` L${points[i][0]},${points[i][1]}`;
+    }
+    return d;
+  }
+
+  function drawGraph(layout) {
+    const svg = $("graph-svg");
+    svg.innerHTML = "";
+    const defs = svgEl("defs", {}, svg);
+    const marker = svgEl("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
+    svgEl("path", { d: "M0,0 L10,5 L0,10 z", fill: "#8896a5" }, marker);
+    const root = svgEl("g", { "data-role": "graph-root" }, svg);
+    for (const e of layout.edges) svgEl("path", { class: "edge", d: edgePath(e.points, e.spline), "marker-end": "url(#arrow)", "data-edge": `${e.from}→${e.to}` }, root);
+    for (const n of layout.nodes) {
+      const g = svgEl("g", { class: `node ${n.kind}${n.has_inside ? " has-inside" : ""}`, "data-node": n.id, transform: `translate(${n.x - n.w / 2},${n.y - n.h / 2})` }, root);
+      svgEl("rect", { width: n.w, height: n.h, rx: n.kind === "call" ? 6 : 14 }, g);
+      if (n.kind === "call") {
+        svgEl("text", { x: n.w / 2, y: n.h / 2 - 8 }, g).textContent = n.label;
+        svgEl("text", { class: "cls", x: n.w / 2, y: n.h / 2 + 9 }, g).textContent = n.class_name + (n.has_inside ? " ▸" : "");
+      } else {
+        svgEl("text", { x: n.w / 2, y: n.h / 2 }, g).textContent = n.label;
+      }
+      attachNodeEvents(g, n);
+    }
+    markPinned();
+  }
+
+  function fitGraph(layout) {
+    const svg = $("graph-svg");
+    const box = svg.getBoundingClientRect();
+    const k = Math.min(1.5, Math.max(0.05, Math.min((box.width - 40) / Math.max(layout.width, 1), (box.height - 40) / Math.max(layout.height, 1))));
+    state.zoom = { k, x: (box.width - layout.width * k) / 2, y: Math.max(20, (box.height - layout.height * k) / 2) };
+    applyZoom();
+  }
+
+  function applyZoom() {
+    const g = document.querySelector('[data-role="graph-root"]');
+    if (g) g.setAttribute("transform", `translate(${state.zoom.x},${state.zoom.y}) scale(${state.zoom.k})`);
+  }
+
+  function setupZoomAndPan() {
+    const svg = $("graph-svg");
+    svg.addEventListener("wheel", (event) => {
+      event.preventDefault();
+      const box = svg.getBoundingClientRect();
+      const px = event.clientX - box.left, py = event.clientY - box.top;
+      const factor = Math.exp(-event.deltaY * 0.0015);
+      const k = Math.min(8, Math.max(0.03, state.zoom.k * factor));
+      state.zoom.x = px - (px - state.zoom.x) * (k / state.zoom.k);
+      state.zoom.y = py - (py - state.zoom.y) * (k / state.zoom.k);
+      state.zoom.k = k;
+      applyZoom();
+    }, { passive: false });
+    let pan = null;
+    svg.addEventListener("pointerdown", (event) => {
+      if (event.target.closest(".node")) return;
+      pan = { x: event.clientX, y: event.clientY, zx: state.zoom.x, zy: state.zoom.y };
+      svg.classList.add("panning");
+    });
+    window.addEventListener("pointermove", (event) => {
+      if (!pan) return;
+      state.zoom.x = pan.zx + event.clientX - pan.x;
+      state.zoom.y = pan.zy + event.clientY - pan.y;
+      applyZoom();
+    });
+    window.addEventListener("pointerup", () => { pan = null; svg.classList.remove("panning"); });
+  }
+
+  // ----- nodes: tooltip, click, drag to pin -----------------------------------------------------
+  function attachNodeEvents(g, node) {
+    g.addEventListener("mouseenter", (event) => showTooltip(node, event));
+    g.addEventListener("mousemove", (event) => placeFloating($("tooltip"), event));
+    g.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
+    g.addEventListener("pointerdown", (event) => startNodeDrag(event, node));
+  }
+
+  function panelTarget(node) {
+    // inputs and outputs of the viewed call are that call's own series
+    return node.kind === "call" ? node.id : state.view;
+  }
+
+  function startNodeDrag(event, node) {
+    event.preventDefault();
+    const start = { x: event.clientX, y: event.clientY };
+    let ghost = null;
+    const panels = $("panels");
+    const overPanels = (e) => {
+      const r = panels.getBoundingClientRect();
+      return e.clientX >= r.left && e.clientX <= r.right && e.clientY >= r.top && e.clientY <= r.bottom;
+    };
+    const move = (e) => {
+      if (!ghost && Math.hypot(e.clientX - start.x, e.clientY - start.y) > 5) {
+        ghost = document.createElement("div");
+        ghost.className = "drag-ghost";
+        ghost.textContent = node.kind === "call" ? displayName(node.id) : `${displayName(state.view)} (${node.id})`;
+        document.body.appendChild(ghost);
+        $("tooltip").hidden = true;
+      }
+      if (ghost) {
+        ghost.style.left = `${e.clientX + 8}px`;
+        ghost.style.top = `${e.clientY + 8}px`;
+        panels.classList.toggle("drop-target", overPanels(e));
+      }
+    };
+    const up = (e) => {
+      window.removeEventListener("pointermove", move);
+      window.removeEventListener("pointerup", up);
+      panels.classList.remove("drop-target");
+      if (ghost) {
+        ghost.remove();
+        if (overPanels(e)) pin(panelTarget(node));
+      } else if (node.kind === "call" && node.has_inside) {
+        showCall(node.id);
+      }
+    };
+    window.addEventListener("pointermove", move);
+    window.addEventListener("pointerup", up);
+  }
+
+  function splitTopLevel(text) {
+    const parts = [];
+    let depth = 0, current = "";
+    for (const ch of text) {
+      if ("([{".includes(ch)) depth++;
+      if (")]}".includes(ch)) depth--;
+      if (ch === "," && depth === 0) { parts.push(current.trim()); current = ""; } else current += ch;
+    }
+    if (current.trim()) parts.push(current.trim());
+    return parts;
+  }
+
+  function extraReprRows(text) {
+    return splitTopLevel(text || "").map((part) => {
+      const at = part.indexOf("=");
+      return at > 0 ? [part.slice(0, at).trim(), part.slice(at + 1).trim()] : ["-", part];
+    });
+  }
+
+  function showTooltip(node, event) {
+    const tip = $("tooltip");
+    const rows = [];
+    let title;
+    if (node.kind === "call") {
+      const call = callOf(node.id);
+      title = `${call.address} · ${call.class_name} · call ${node.id.split(":").pop()}`;
+      for (const [name, shape] of call.inputs) rows.push([name, `[${shape.join(", ")}]`]);
+      for (const [name, shape] of call.outputs) rows.push([name, `[${shape.join(", ")}]`]);
+      const extra = extraReprRows(call.extra_repr);
+      if (extra.length) rows.push(["§", "module"], ...extra);
+      if (call.params && call.params.length) rows.push(["§", "parameters"], ...call.params.map(([n, s]) => [n, `[${s.join(", ")}]`]));
+    } else {
+      title = `${node.id} of ${displayName(state.view)}`;
+      rows.push(["shape", `[${(node.shape || []).join(", ")}]`]);
+    }
+    tip.innerHTML = "";
+    const h = document.createElement("h4");
+    h.textContent = title;
+    tip.appendChild(h);
+    const table = document.createElement("table");
+    for (const [k, v] of rows) {
+      const tr = table.insertRow();
+      if (k === "§") { const td = tr.insertCell(); td.colSpan = 2; td.className = "sect"; td.textContent = v; continue; }
+      const key = tr.insertCell(); key.className = "key"; key.textContent = k;
+      tr.insertCell().textContent = v;
+    }
+    tip.appendChild(table);
+    tip.hidden = false;
+    placeFloating(tip, event);
+  }
+
+  function placeFloating(el, event) {
+    const pad = 14;
+    const w = el.offsetWidth, h = el.offsetHeight;
+    let x = event.clientX + pad, y = event.clientY + pad;
+    if (x + w > window.innerWidth) x = event.clientX - w - pad;
+    if (y + h > window.innerHeight) y = event.clientY - h - pad;
+    el.style.left = `${Math.max(0, x)}px`;
+    el.style.top = `${Math.max(0, y)}px`;
+  }
+
+  // ----- search ----------------------------------------------------------------------------------
+  function fillSearch() {
+    const list = document.getElementById("tl-addresses");
+    list.innerHTML = "";
+    const seen = new Set();
+    for (const call of Object.values(state.summary.calls)) {
+      if (!call.address || seen.has(call.address)) continue;
+      seen.add(call.address);
+      const option = document.createElement("option");
+      option.value = call.address;
+      list.appendChild(option);
+    }
+    const box = $("search");
+    box.onchange = () => findModule(box.value.trim());
+    box.onkeydown = (event) => { if (event.key === "Enter") findModule(box.value.trim()); };
+  }
+
+  async function findModule(text) {
+    if (!text) return;
+    const calls = state.summary.calls;
+    const cid = text in calls ? text : Object.keys(calls).find((c) => calls[c].address === text)
+      || Object.keys(calls).find((c) => calls[c].address.endsWith(text));
+    if (cid === undefined) { showError(`No module called '${text}' ran in this model.`); return; }
+    showError("");
+    const parent = cid === "" ? "" : calls[cid].parent;
+    if (parent !== state.view) await showCall(parent === null ? "" : parent);
+    const el = document.querySelector(`[data-node="${CSS.escape(cid)}"]`);
+    if (el) {
+      el.classList.add("found");
+      setTimeout(() => el.classList.remove("found"), 2500);
+    }
+  }
+
+  // ----- panels and heat strips ----------------------------------------------------------------
+  function colorOf(cid) {
+    let h = 0;
+    for (const ch of cid) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+    return COLORS[h % COLORS.length];
+  }
+
+  function markPinned() {
+    document.querySelectorAll(".node").forEach((el) => {
+      const id = el.dataset.node;
+      const pinned = state.panels.includes(id);
+      el.classList.toggle("pinned", pinned);
+      if (pinned) el.style.setProperty("--pin", colorOf(id)); else el.style.removeProperty("--pin");
+    });
+  }
+
+  function renderEmptyHint() {
+    const column = $("panels");
+    const hint = column.querySelector(".empty");
+    if (!state.panels.length && !hint) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "Drag a node here to see its histograms over training.";
+      column.appendChild(p);
+    } else if (state.panels.length && hint) hint.remove();
+  }
+
+  function seriesKey(s) { return `${s.kind}/${s.name}`; }
+
+  function sortSeries(list) {
+    const rank = (s) => {
+      const attached = s.kind.startsWith("io") && !/^(input|output) /.test(s.name);
+      return KIND_ORDER.indexOf(s.kind) * 2 + (attached ? 1 : 0);
+    };
+    return list.slice().sort((a, b) => rank(a) - rank(b));
+  }
+
+  async function pin(cid) {
+    if (state.panels.includes(cid) || !(cid in state.summary.calls)) return;
+    state.panels.push(cid);
+    saveState();
+    markPinned();
+    renderEmptyHint();
+    const call = callOf(cid);
+    const panel = document.createElement("div");
+    panel.className = "panel";
+    panel.dataset.panel = cid;
+    panel.style.setProperty("--pin", colorOf(cid));
+    const h = document.createElement("h3");
+    const title = document.createElement("span");
+    title.innerHTML = `<span></span> <span class="cls"></span>`;
+    title.firstChild.textContent = cid === "" ? state.summary.model : call.address + (cid.endsWith(":1") ? "" : ` (call ${cid.split(":").pop()})`);
+    title.lastChild.textContent = call.class_name;
+    const close = document.createElement("button");
+    close.className = "close";
+    close.title = "close";
+    close.textContent = "×";
+    close.onclick = () => unpin(cid);
+    h.append(title, close);
+    panel.appendChild(h);
+    $("panels").appendChild(panel);
+    try {
+      const answer = await api("call_series", { call: cid });
+      state.series[cid] = {};
+      for (const s of answer.series) state.series[cid][seriesKey(s)] = s;
+      renderPanel(cid);
+    } catch (error) {
+      const p = document.createElement("p");
+      p.textContent = `Cannot load histograms: ${error.message}`;
+      panel.appendChild(p);
+    }
+  }
+
+  function unpin(cid) {
+    state.panels = state.panels.filter((c) => c !== cid);
+    delete state.series[cid];
+    const panel = document.querySelector(`[data-panel="${CSS.escape(cid)}"]`);
+    if (panel) panel.remove();
+    markPinned();
+    renderEmptyHint();
+    saveState();
+  }
+
+  function renderPanel(cid) {
+    const panel = document.querySelector(`[data-panel="${CSS.escape(cid)}"]`);
+    if (!panel) return;
+    const list = sortSeries(Object.values(state.series[cid] || {}));
+    if (!list.length && !panel.querySelector(".none")) {
+      const p = document.createElement("p");
+      p.className = "none";
+      p.textContent = "No histograms recorded for this call yet.";
+      panel.appendChild(p);
+    }
+    for (const s of list) {
+      const key = seriesKey(s);
+      let canvas = panel.querySelector(`canvas[data-series="${CSS.escape(key)}"]`);
+      if (!canvas) {
+        const none = panel.querySelector(".none");
+        if (none) none.remove();
+        const box = document.createElement("div");
+        box.className = "strip";
+        box.innerHTML = `<div class="label"><span class="kind"></span> <span class="name"></span></div>`;
+        box.querySelector(".kind").textContent = s.kind.replace("_", " ");
+        box.querySelector(".name").textContent = s.name;
+        canvas = document.createElement("canvas");
+        canvas.dataset.series = key;
+        box.appendChild(canvas);
+        panel.appendChild(box);
+        canvas.addEventListener("mousemove", (event) => stripHover(event, canvas, cid, key));
+        canvas.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
+      }
+      drawStrip(canvas, s);
+    }
+  }
+
+  const MARGIN = { left: 52, right: 6, top: 6, bottom: 16 };
+
+  function format(v) {
+    if (v === null || v === undefined) return "–";
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e4)) return v.toExponential(2);
+    return Number(v.toPrecision(3)).toString();
+  }
+
+  function stripRange(s) {
+    let lo = Infinity, hi = -Infinity;
+    for (let i = 0; i < s.lo.length; i++) {
+      if (s.lo[i] !== null) lo = Math.min(lo, s.lo[i]);
+      if (s.hi[i] !== null) hi = Math.max(hi, s.hi[i]);
+    }
+    if (!isFinite(lo)) return [0, 1];
+    if (hi === lo) { const pad = Math.abs(lo) * 0.1 || 0.5; return [lo - pad, hi + pad]; }
+    return [lo, hi];
+  }
+
+  function drawStrip(canvas, s) {
+    const ratio = window.devicePixelRatio || 1;
+    const cssW = canvas.clientWidth || 400, cssH = canvas.clientHeight || 96;
+    canvas.width = Math.round(cssW * ratio);
+    canvas.height = Math.round(cssH * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, cssW, cssH);
+    const plotW = cssW - MARGIN.left - MARGIN.right, plotH = cssH - MARGIN.top - MARGIN.bottom;
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(MARGIN.left, MARGIN.top, plotW, plotH);
+    const n = s.steps.length;
+    const [ymin, ymax] = stripRange(s);
+    const yOf = (v) => MARGIN.top + plotH * (1 - (v - ymin) / (ymax - ymin));
+    const colW = n ? plotW / n : plotW;
+    const [r, g, b] = [31, 95, 168];
+    for (let i = 0; i < n; i++) {
+      const counts = s.counts[i];
+      const lo = s.lo[i], hi = s.hi[i];
+      if (lo === null) continue;
+      let peak = 0;
+      for (const c of counts) peak = Math.max(peak, c);
+      if (!peak) continue;
+      const bins = counts.length;
+      const width = (hi - lo) / bins;
+      const x = MARGIN.left + i * colW;
+      for (let k = 0; k < bins; k++) {
+        const c = counts[k];
+        if (c <= 0) continue;  // white: an empty bin
+        const alpha = 0.12 + 0.88 * Math.sqrt(c / peak);
+        ctx.fillStyle = `rgba(${r},${g},${b},${alpha.toFixed(3)})`;
+        let top, bottom;
+        if (width > 0) { top = yOf(lo + (k + 1) * width); bottom = yOf(lo + k * width); } else { top = yOf(lo) - 1.5; bottom = yOf(lo) + 1.5; }
+        ctx.fillRect(x, top, Math.max(colW, 1), Math.max(bottom - top, 1));
+      }
+      if (s.nonfinite[i] > 0) { ctx.fillStyle = "#d62728"; ctx.fillRect(x, MARGIN.top, Math.max(colW, 1), 3); }
+    }
+    if (ymin < 0 && ymax > 0) {
+      ctx.strokeStyle = "#555";
+      ctx.setLineDash([4, 3]);
+      ctx.beginPath();
+      ctx.moveTo(MARGIN.left, yOf(0) + 0.5);
+      ctx.lineTo(MARGIN.left + plotW, yOf(0) + 0.5);
+      ctx.stroke();
+      ctx.setLineDash([]);
+    }
+    ctx.strokeStyle = "#ccc";
+    ctx.strokeRect(MARGIN.left + 0.5, MARGIN.top + 0.5, plotW - 1, plotH - 1);
+    ctx.fillStyle = "#444";
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "top";
+    ctx.fillText(format(ymax), MARGIN.left - 4, MARGIN.top);
+    ctx.textBaseline = "bottom";
+    ctx.fillText(format(ymin), MARGIN.left - 4, MARGIN.top + plotH);
+    if (n) {  // true step numbers under evenly spread columns
+      ctx.textBaseline = "top";
+      const ticks = Math.min(n, Math.max(2, Math.floor(plotW / 60)));
+      let lastRight = -Infinity;
+      for (let t = 0; t < ticks; t++) {
+        const i = ticks === 1 ? 0 : Math.round((t * (n - 1)) / (ticks - 1));
+        const text = String(s.steps[i]);
+        const half = ctx.measureText(text).width / 2;
+        const x = Math.min(Math.max(MARGIN.left + (i + 0.5) * colW, MARGIN.left + half), MARGIN.left + plotW - half);
+        if (x - half < lastRight + 6) continue;
+        ctx.textAlign = "center";
+        ctx.fillText(text, x, MARGIN.top + plotH + 2);
+        lastRight = x + half;
+      }
+    }
+    canvas.dataset.columns = String(n);
+  }
+
+  function stripHover(event, canvas, cid, key) {
+    const s = (state.series[cid] || {})[key];
+    const tip = $("strip-tip");
+    if (!s || !s.steps.length) { tip.hidden = true; return; }
+    const box = canvas.getBoundingClientRect();
+    const plotW = box.width - MARGIN.left - MARGIN.right;
+    const i = Math.floor(((event.clientX - box.left - MARGIN.left) / plotW) * s.steps.length);
+    if (i < 0 || i >= s.steps.length) { tip.hidden = true; return; }
+    const steps = s.steps[i] === s.last_steps[i] ? `step ${s.steps[i]}` : `steps ${s.steps[i]}–${s.last_steps[i]}`;
+    const total = s.counts[i].reduce((a, b) => a + b, 0);
+    tip.textContent = `${steps} · range [${format(s.lo[i])}, ${format(s.hi[i])}] · ${Math.round(total)} values` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
+    tip.hidden = false;
+    placeFloating(tip, event);
+  }
+
+  // ----- live updates: ask what is new, fetch only new columns ---------------------------------
+  async function poll() {
+    try {
+      const news = await api("poll", { since: state.lastStep });
+      if (news.num_calls !== state.numCalls) {
+        state.summary = await api("run");
+        state.numCalls = news.num_calls;
+        fillSearch();
+        await showCall(state.view);
+      }
+      state.summary.status = news.status;
+      if (news.steps.length || news.stride !== state.stride) {
+        state.summary.steps.push(...news.steps);
+        const restart = news.stride !== state.stride;
+        state.stride = news.stride;
+        for (const cid of state.panels) await refreshPanel(cid, restart);
+        if (news.steps.length) state.lastStep = news.steps[news.steps.length - 1];
+      }
+      updateStatus();
+      showError("");
+    } catch (error) {
+      showError(`Lost contact with the run: ${error.message}. Retrying…`);
+    }
+    setTimeout(poll, POLL_MS);
+  }
+
+  async function refreshPanel(cid, restart) {
+    const known = state.series[cid] || {};
+    let since = null;
+    if (!restart) {
+      for (const s of Object.values(known)) if (s.steps.length) since = Math.max(since === null ? -Infinity : since, s.last_steps[s.last_steps.length - 1]);
+    }
+    const answer = await api("call_series", since === null ? { call: cid } : { call: cid, since });
+    const merged = restart ? {} : known;
+    for (const fresh of answer.series) {
+      const key = seriesKey(fresh);
+      const old = merged[key];
+      if (!old) { merged[key] = fresh; continue; }
+      // columns that began before the update are kept; a column that was still filling is replaced
+      const keep = old.steps.filter((st) => !fresh.steps.includes(st)).length;
+      for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite"]) {
+        old[field] = old[field].slice(0, keep).concat(fresh[field]);
+      }
+    }
+    state.series[cid] = merged;
+    renderPanel(cid);
+  }
+
+  window.addEventListener("resize", () => { for (const cid of state.panels) renderPanel(cid); });
+  setupZoomAndPan();
+  start();
+})();
