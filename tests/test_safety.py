@@ -185,3 +185,29 @@ def test_concurrent_passes_from_two_threads_are_serialised():
     assert not errors
     assert results == [["input_1_0", "linear_1_1", "relu_1_2", "output_1_3"]] * 10
     assert decorate.ACTIVE.tracer is None
+
+
+def test_lazy_modules_are_created_as_in_a_plain_forward():
+    """An uninitialised nn.LazyLinear is created by the traced pass itself: from the caller's
+    random streams (not the pass's seed), not logged as operations, reported once created."""
+
+    def make():
+        return nn.Sequential(nn.LazyLinear(4), nn.LazyBatchNorm1d(), nn.ReLU()).train()
+
+    x = torch.rand(3, 5)
+    torch.manual_seed(0)
+    plain = make()
+    plain(x)
+    for layers_to_save in ("all", ["linear_1_1"]):  # one pass, and two
+        torch.manual_seed(0)
+        model = make()
+        h = tl.log_forward_pass(model, x, layers_to_save=layers_to_save, keep_unsaved_layers=True)
+        assert h.layer_labels == ["input_1_0", "linear_1_1", "buffer_1_2", "buffer_2_3",
+                                  "batchnorm_1_4", "relu_1_5", "output_1_6"]
+        assert h["linear_1_1"].num_params == 24 and h.num_params == 32
+        assert h.param_info["0.weight"][0] == (4, 5) and h.module_types["0"] == "Linear"
+        for (key, value), expected in zip(model.state_dict().items(), plain.state_dict().values()):
+            assert torch.equal(value, expected), key  # statistics updated once, in either case
+        assert not model[0]._forward_pre_hooks and not model[1]._forward_pre_hooks
+    torch.manual_seed(0)
+    assert tl.validate_model_activations(make(), x, random_seed=1, verbose=True)

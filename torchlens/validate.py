@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .api import _as_args, log_forward_pass
 from .capture.args import replace_tensors, tensors_in
@@ -75,8 +76,15 @@ def validate_model_activations(
     report = _Report(verbose)
     rng = RngState()
     buffers = BufferSnapshot(model)
-    params = [(p, p.detach().clone()) for p in model.parameters()]
+    params: List[Tuple[torch.Tensor, torch.Tensor]] = []
     try:
+        if any(is_lazy(p) for p in model.parameters()):
+            # lazy modules (nn.LazyLinear) create their parameters first, from the caller's random
+            # streams as in a plain forward: the seeded runs below must draw the same numbers
+            with torch.no_grad():
+                model(*replace_tensors(args, torch.clone), **replace_tensors(kwargs, torch.clone))
+            buffers.restore()
+        params = [(p, p.detach().clone()) for p in model.parameters()]
         seed_everything(seed)
         expected = [t.detach().clone() for _, t in tensors_in(model(*args, **kwargs))]
         buffers.restore()

@@ -2,11 +2,15 @@
 state that tracing must leave exactly as it found it."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
+import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import is_lazy
 
 
 @dataclass
@@ -20,6 +24,7 @@ class ModelInventory:
     param_info: Dict[str, Tuple[torch.Size, int, int]]  # address -> (shape, numel, nbytes)
     buffer_addresses: Dict[int, str]
     weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
+    has_lazy: bool = False  # some parameter is not created yet (nn.LazyLinear before its first forward)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
@@ -34,13 +39,86 @@ class ModelInventory:
                 children.setdefault(parent, []).append(address)
                 children.setdefault(address, [])
         params: Dict[int, str] = {}
-        info: Dict[str, Tuple[torch.Size, int, int]] = {}
         for address, p in model.named_parameters():
             params[id(p)] = address
-            info[address] = (p.shape, p.numel(), p.numel() * p.element_size())
         buffers = {id(b): address for address, b in model.named_buffers()}
-        weighted = {address.rsplit(".", i)[0] for address in info for i in range(1, address.count(".") + 1)}
-        return cls(module_addresses, module_types, children, params, info, buffers, frozenset(weighted))
+        weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
+        has_lazy = any(is_lazy(p) for p in model.parameters())
+        inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy)
+        inventory.describe_params(model)
+        return inventory
+
+    def describe_params(self, model: nn.Module) -> None:
+        """Shapes and sizes of the parameters that exist (a lazy one has no shape yet)."""
+        self.param_info = {address: (p.shape, p.numel(), p.numel() * p.element_size())
+                           for address, p in model.named_parameters() if not is_lazy(p)}
+
+    def describe_materialised(self, model: nn.Module) -> None:
+        """After a pass that created lazy parameters: their shapes, and the modules' new types
+        (a ``LazyLinear`` becomes a ``Linear``). The objects, so their ids, are unchanged."""
+        self.describe_params(model)
+        for address, module in model.named_modules():
+            self.module_types[address] = type(module).__name__
+
+
+class RngState:
+    """The caller's random number generator states, put back after the pass."""
+
+    def __init__(self) -> None:
+        self.capture()
+
+    def capture(self) -> None:
+        """Take the generators' states as they are now."""
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+        self.torch = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+class LazyInitialisation:
+    """Lazy modules (``nn.LazyLinear``) create their parameters in their first forward call.
+
+    During a traced pass they do so as in a plain forward: from the caller's random streams (not
+    the pass's seed, which the caller's streams then advance past, as a plain forward would),
+    and without the initialisation being logged as operations of the model. Two hooks around
+    the module's own initialising pre-hook do this; ``remove`` takes them away.
+    """
+
+    def __init__(self, model: nn.Module, tracer: Any, caller_rng: RngState) -> None:
+        self.tracer = tracer
+        self.caller_rng = caller_rng
+        self.pass_rng: Any = None
+        self.handles = []
+        for module in model.modules():
+            if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+                self.handles.append(module.register_forward_pre_hook(self._before, prepend=True))
+                self.handles.append(module.register_forward_pre_hook(self._after))
+
+    def _before(self, module: nn.Module, args: Any) -> None:
+        if not module.has_uninitialized_params():
+            return
+        self.pass_rng = RngState()
+        self.caller_rng.restore()
+        self.tracer.paused = True
+
+    def _after(self, module: nn.Module, args: Any) -> None:
+        if self.pass_rng is None:
+            return
+        self.caller_rng.capture()  # the caller's streams, advanced by the initialisation
+        self.pass_rng.restore()
+        self.pass_rng = None
+        self.tracer.paused = False
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 @dataclass
@@ -70,13 +148,36 @@ class ModelState:
 
 class BufferSnapshot:
     """The model's buffers (objects and values), to undo a metadata-only pass before the pass
-    that saves: a stateful model (BatchNorm statistics, counters) then runs only once in effect."""
+    that saves: a stateful model (BatchNorm statistics, counters) then runs only once in effect.
+
+    A lazy module's buffer (``nn.LazyBatchNorm1d``) has no value until the module's first call
+    creates it; its value is taken right then, before the module's forward can update it.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.dicts = [(m, dict(m._buffers)) for m in model.modules()]
-        self.values = [(b, b.detach().clone()) for _, bs in self.dicts for b in bs.values() if b is not None]
+        self.values = [(b, b.detach().clone()) for _, bs in self.dicts for b in bs.values()
+                       if b is not None and not is_lazy(b)]
+        self.handles = []
+        for module, buffers in self.dicts:
+            lazy = [b for b in buffers.values() if b is not None and is_lazy(b)]
+            if lazy:
+                # appended after the module's own initialising hook (registered when it was built)
+                self.handles.append(module.register_forward_pre_hook(self._created(lazy)))
+
+    def _created(self, lazy: List[torch.Tensor]):
+        def take_values(module: nn.Module, args: Any) -> None:
+            if not any(is_lazy(b) for b in lazy):
+                with torch.no_grad():
+                    self.values.extend((b, b.clone()) for b in lazy)
+                lazy.clear()
+
+        return take_values
 
     def restore(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
         for module, buffers in self.dicts:
             module._buffers.clear()
             module._buffers.update(buffers)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from . import decorate
-from .modules import ModelInventory, ModelState
+from .modules import LazyInitialisation, ModelInventory, ModelState, RngState
 from .save_plan import SavePlan
 from .tracer import Tracer
 
@@ -30,23 +30,6 @@ class PassResult:
     model_name: str
     random_seed: int
     elapsed: float
-
-
-class RngState:
-    """The caller's random number generator states, put back after the pass."""
-
-    def __init__(self) -> None:
-        self.python = random.getstate()
-        self.numpy = np.random.get_state()
-        self.torch = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-
-    def restore(self) -> None:
-        random.setstate(self.python)
-        np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
 
 
 def seed_everything(seed: int) -> None:
@@ -116,6 +99,7 @@ def run_pass(
         state = ModelState.of(model)
         tracer = Tracer(inventory, plan, save_function_args, save_gradients)
         rng = RngState()
+        lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
         bound_refs = decorate.BoundReferences(table, model)
         hooks = []
         start = perf_counter()
@@ -136,7 +120,11 @@ def run_pass(
                 raise
             tracer.add_outputs(output)
             tracer.mark_buffer_writes(model)
+            if lazy is not None:
+                inventory.describe_materialised(model)
         finally:
+            if lazy is not None:
+                lazy.remove()
             decorate.ACTIVE.tracer = None
             for handle in hooks:
                 handle.remove()
