@@ -28,7 +28,7 @@ BENCH_ARGS ?=
 # Quieter pip output on CI (CI=true): no progress bars, never prompt.
 PIP_FLAGS ?= --no-input $(if $(filter true 1 yes,$(CI)),--progress-bar off,)
 
-.PHONY: venv test test-fast demo bench images clean distclean graphviz
+.PHONY: venv test test-fast demo bench images clean distclean graphviz chromium
 
 venv: $(STAMP)
 
@@ -39,6 +39,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 		$(PYTHON) -m venv "$(VENV)"; \
 	fi
 	@$(MAKE) --no-print-directory graphviz
+	@$(MAKE) --no-print-directory chromium
 	"$(VENV_PY)" -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch "$@"
 
@@ -63,6 +64,28 @@ graphviz:
 	$$SUDO apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q graphviz \
 		|| echo "WARNING: apt-get install graphviz failed; rendering tests may fail." >&2
+
+# Install Debian's Chromium when missing: the explorer page's browser tests drive it with
+# Playwright (which cannot download its own browser here). Not fatal, like graphviz: those
+# tests skip without it.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then \
+		exit 0; \
+	fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "WARNING: chromium not found and apt-get unavailable; browser tests will be skipped." >&2; \
+		exit 0; \
+	fi; \
+	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; \
+	else \
+		echo "WARNING: chromium not found; not root and no sudo, skipping its install." >&2; \
+		exit 0; \
+	fi; \
+	echo ">> installing chromium with apt-get"; \
+	$$SUDO apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+		|| echo "WARNING: apt-get install chromium failed; browser tests will be skipped." >&2
 
 test: venv
 	"$(VENV_PY)" -m pytest -q $(PYTEST_ARGS)
