@@ -168,3 +168,20 @@ def test_to_pandas(net):
                                     "mean_1_4", "linear_1_5", "output_1_6"]
     assert frame.loc[1, "num_params"] == 2 * 9 + 2
     assert frame.loc[3, "containing_module"] == "block.1"
+
+
+def test_printing_sparse_and_non_tensor_saved_values():
+    class Sparse(nn.Module):
+        def forward(self, x):
+            return (x * 2).to_sparse()
+
+    h = tl.log_forward_pass(Sparse(), torch.eye(3))
+    text = str(h["tosparse_1_2"])
+    assert "sparse_coo tensor with 3 stored values: tensor([2., 2., 2.])" in text
+    assert "sparse_coo tensor with 3 stored values" in repr(h["output"])
+    assert "4 tensors" in str(h)
+    model = nn.Linear(3, 2)
+    shapes = tl.log_forward_pass(model, torch.rand(4, 3), activation_postfunc=lambda t: t.shape)
+    assert "Size: torch.Size([4, 2])" in str(shapes["linear_1_1"]) and str(shapes)
+    means = tl.log_forward_pass(model, torch.rand(4, 3), activation_postfunc=lambda t: t.mean().item())
+    assert "float: " in repr(means["linear_1_1"]) and str(means)
