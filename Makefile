@@ -4,7 +4,7 @@
 #   make test       full test suite, slow model-zoo tests included (what CI runs)
 #   make test-fast  test suite without the slow model-zoo tests
 #   make demo       run the demo module (python -m torchlens.examples.demo)
-#   make images     draw the README's example graphs into images/
+#   make images     draw the README's example graphs and explorer screenshots into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
 #   make clean      remove build/test/demo artefacts (keeps .venv)
 #   make distclean  clean + remove .venv
@@ -98,6 +98,7 @@ demo: venv
 
 images: venv
 	"$(VENV_PY)" -m torchlens.examples.make_images images
+	"$(VENV_PY)" -m torchlens.examples.explorer_images images
 
 bench: venv
 	"$(VENV_PY)" benchmarks/overhead.py $(BENCH_ARGS)

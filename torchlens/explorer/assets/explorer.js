@@ -8,7 +8,7 @@
   const EXPORTED = window.TORCHLENS_EXPORT || null;
   const POLL_MS = 2000;
   const KIND_ORDER = ["io", "io_grad", "params", "params_grad"];
-  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#e6550d", "#bcbd22"];
   const $ = (role) => document.querySelector(`[data-role="${role}"]`);
   const SVG_NS = "http://www.w3.org/2000/svg";
 

@@ -1,0 +1,79 @@
+"""Screenshots of the explorer page for the README, taken in Debian's Chromium.
+
+Run with ``python -m torchlens.examples.explorer_images [outdir]`` (default ``images/``). Needs
+torchvision, Playwright (``pip install playwright``) and ``/usr/bin/chromium``. It trains a
+ResNet-18 for 30 small steps under ``tl.watch`` and writes:
+
+- ``explorer_resnet_block``: inside ``layer1.0`` with the panels of ``conv1`` and ``relu (2)``;
+- ``explorer_root``: the whole model's graph with the panel of ``fc``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.explorer import explore
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def train_run(run_dir: str, steps: int = 30) -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with tl.watch(model, run_dir=run_dir, backend=None, verbose=False):
+        for _ in range(steps):
+            x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+def main(outdir: str = "images") -> None:
+    from playwright.sync_api import sync_playwright
+
+    torch.set_num_threads(1)
+    os.makedirs(outdir, exist_ok=True)
+    run_dir = os.path.join(tempfile.mkdtemp(), "resnet18")
+    train_run(run_dir)
+    server = explore(run_dir, port=0, block=False)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 760})
+            page.goto(server.url)
+            page.wait_for_selector('[data-node="fc:1"]')
+            page.drag_and_drop('[data-node="fc:1"]', '[data-role="panels"]')
+            page.wait_for_selector('canvas[data-series="params_grad/weight"]')
+            page.hover('[data-node="layer2:1"]')
+            page.wait_for_timeout(300)
+            page.screenshot(path=os.path.join(outdir, "explorer_root.png"))
+            page.locator('[data-panel="fc:1"] button.close').click()
+            page.click('[data-node="layer1:1"]')
+            page.wait_for_selector('[data-node="layer1.0:1"]')
+            page.click('[data-node="layer1.0:1"]')
+            page.wait_for_selector('[data-node="layer1.0.conv1:1"]')
+            for node in ("layer1.0.conv1:1", "layer1.0.relu:2"):
+                page.drag_and_drop(f'[data-node="{node}"]', '[data-role="panels"]')
+            page.wait_for_selector('[data-panel="layer1.0.relu:2"] canvas')
+            page.hover('[data-node="layer1.0.conv1:1"]')
+            page.wait_for_timeout(300)
+            page.screenshot(path=os.path.join(outdir, "explorer_resnet_block.png"))
+            browser.close()
+    finally:
+        server.close()
+    print(f"wrote explorer_root.png and explorer_resnet_block.png into {outdir}/")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
