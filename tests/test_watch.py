@@ -353,6 +353,24 @@ def test_copies_of_a_watched_model_are_not_watched(tmp_path):
     assert torch.equal(best(torch.ones(1, 2)), model(torch.ones(1, 2)))
 
 
+def test_lazy_modules_train_as_without_watch(tmp_path):
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(1))
+
+    batches = [torch.randn(5, 3) for _ in range(3)]
+    plain, watched = make(), make()
+    train(plain, batches)
+    w = quiet_watch(watched, tmp_path)
+    train(watched, batches)
+    w.close()
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    run = tl.open_run(w.run_dir)
+    assert run.calls["0:1"].class_name in ("Linear", "LazyLinear")
+    assert run.series("2:1", "params_grad", "weight").steps.tolist() == [0, 1, 2]
+
+
 def test_attach_outside_a_watch_does_nothing():
     t = torch.ones(2)
     assert tl.attach(t, nn.Linear(2, 2), "x") is t

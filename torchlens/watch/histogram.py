@@ -120,30 +120,38 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
             result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
         return result
     device = samples[0].device
-    lengths = torch.tensor([s.numel() for s in samples], device=device)
-    segments = torch.repeat_interleave(torch.arange(len(samples), device=device), lengths)
-    values = torch.cat(list(samples))
-    nonfinite = torch.bincount(segments[~torch.isfinite(values)], minlength=len(samples))
-
-    kept = reject_outliers(samples, reject_proportion)
-    lengths = torch.tensor([s.numel() for s in kept], device=device)
-    segments = torch.repeat_interleave(torch.arange(len(kept), device=device), lengths)
-    values = torch.cat(kept)
-    finite = torch.isfinite(values)
-    values, segments = values[finite], segments[finite]
     n = len(samples)
-    lo = torch.full((n,), float("inf"), device=device).scatter_reduce(0, segments, values, "amin")
-    hi = torch.full((n,), -float("inf"), device=device).scatter_reduce(0, segments, values, "amax")
+    # No operation below needs a value on the host (no boolean masks, no bincount, whose output
+    # size depends on the data): on a GPU the whole step stays asynchronous until the one copy.
+    nonfinite = torch.zeros(n, device=device)
+    values, segments = _flatten(samples, device)
+    nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
+
+    values, segments = _flatten(reject_outliers(samples, reject_proportion), device)
+    finite = torch.isfinite(values)
+    lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
+        0, segments, torch.where(finite, values, float("inf")), "amin")
+    hi = torch.full((n,), -float("inf"), device=device).scatter_reduce(
+        0, segments, torch.where(finite, values, -float("inf")), "amax")
     width = (hi - lo)[segments]
     position = torch.where(width > 0, (values - lo[segments]) / width.clamp_min(1e-38), torch.zeros_like(values))
-    bin_index = (position * bins).floor().clamp(0, bins - 1).long()
-    counts = torch.bincount(segments * bins + bin_index, minlength=n * bins).view(n, bins)
+    bin_index = (position.nan_to_num(0.0) * bins).floor().clamp(0, bins - 1).long()
+    flat_index = torch.where(finite, segments * bins + bin_index, n * bins)  # non-finite: one spare slot
+    counts = torch.zeros(n * bins + 1, device=device).scatter_add_(0, flat_index, torch.ones_like(values))
+    counts = counts[: n * bins].view(n, bins)
     packed = torch.cat([counts.double(), lo.double()[:, None], hi.double()[:, None],
                         nonfinite.double()[:, None]], dim=1).cpu().numpy()  # the one host transfer
     lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
     empty = ~np.isfinite(lo_host)
     lo_host[empty], hi_host[empty] = np.nan, np.nan
     return Histograms(packed[:, :bins].astype(np.float32), lo_host, hi_host, packed[:, bins + 2].astype(np.int64))
+
+
+def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
+    """All samples end to end, and the index of the sample each value came from."""
+    lengths = torch.tensor([s.numel() for s in samples])
+    segments = torch.repeat_interleave(torch.arange(len(samples)), lengths).to(device, non_blocking=True)
+    return torch.cat(list(samples)), segments
 
 
 def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:

@@ -73,7 +73,7 @@ class StepRecorder:
             params: Dict[int, nn.Parameter] = {}
             for address, module in self.model.named_modules():
                 for name, p in module._parameters.items():
-                    if p is not None and p.requires_grad:
+                    if p is not None and p.requires_grad and not _is_lazy(p):
                         owners.setdefault(id(p), []).append((address, name))
                         params[id(p)] = p
             for pid, p in params.items():
@@ -132,7 +132,7 @@ class StepRecorder:
         self._tensors(module, cid, input_tensors(args, kwargs))
         if "params" in self.kinds:
             for name, p in module._parameters.items():
-                if p is not None:
+                if p is not None and not _is_lazy(p):
                     self._add((cid, "params", name), self.sampler.values(p))
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -186,6 +186,10 @@ class StepRecorder:
                     for owner in owners:
                         self.param_grads[owner] = sample  # the last backward of the step wins
         return record
+
+
+def _is_lazy(p: torch.Tensor) -> bool:
+    return isinstance(p, nn.parameter.UninitializedTensorMixin)
 
 
 __all__ = ["StepRecorder", "InplaceGradientError", "ModelHook"]
