@@ -91,11 +91,18 @@ def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[
 class Histograms:
     """Histograms of several series on the host: row ``i`` belongs to the ``i``-th sample."""
 
-    def __init__(self, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, nonfinite: np.ndarray) -> None:
+    def __init__(self, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, nonfinite: np.ndarray,
+                 sums: Optional[np.ndarray] = None, sums_of_squares: Optional[np.ndarray] = None) -> None:
         self.counts = counts  # (S, NUM_BINS) float32
         self.lo = lo  # (S,) float64: the smallest finite value (nan when there is none)
         self.hi = hi
         self.nonfinite = nonfinite  # (S,) int64: nan/inf values seen (before outlier rejection)
+        self.sums = sums if sums is not None else np.zeros(len(lo))  # of the binned values
+        self.sums_of_squares = sums_of_squares if sums_of_squares is not None else np.zeros(len(lo))
+
+    def edges(self, i: int) -> np.ndarray:
+        """Bin edges of row ``i``."""
+        return bin_edges(self.lo[i:i + 1], self.hi[i:i + 1], self.counts.shape[1])[0]
 
 
 def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int = NUM_BINS) -> Histograms:
@@ -139,12 +146,17 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
     flat_index = torch.where(finite, segments * bins + bin_index, n * bins)  # non-finite: one spare slot
     counts = torch.zeros(n * bins + 1, device=device).scatter_add_(0, flat_index, torch.ones_like(values))
     counts = counts[: n * bins].view(n, bins)
-    packed = torch.cat([counts.double(), lo.double()[:, None], hi.double()[:, None],
-                        nonfinite.double()[:, None]], dim=1).cpu().numpy()  # the one host transfer
+    exact = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+    kept = torch.where(finite, values, 0.0).to(exact)
+    sums = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept)
+    squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
+    packed = torch.cat([counts.to(exact), lo.to(exact)[:, None], hi.to(exact)[:, None], nonfinite.to(exact)[:, None],
+                        sums[:, None], squares[:, None]], dim=1).cpu().double().numpy()  # the one host transfer
     lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
     empty = ~np.isfinite(lo_host)
     lo_host[empty], hi_host[empty] = np.nan, np.nan
-    return Histograms(packed[:, :bins].astype(np.float32), lo_host, hi_host, packed[:, bins + 2].astype(np.int64))
+    return Histograms(packed[:, :bins].astype(np.float32), lo_host, hi_host, packed[:, bins + 2].astype(np.int64),
+                      packed[:, bins + 3], packed[:, bins + 4])
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:

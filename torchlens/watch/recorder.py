@@ -63,6 +63,7 @@ class StepRecorder:
         self.stack: List[str] = []
         self._module_hooks: list = []
         self._param_hooks: list = []
+        self.gate: Callable[[], bool] = lambda: True  # False while nothing may be recorded
 
     # ----- the step's life ----------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -79,11 +80,12 @@ class StepRecorder:
             for pid, p in params.items():
                 self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_recorder(owners[pid], step)))
 
-    def begin_forward(self) -> None:
-        """Hooks on every module for one forward pass; the model itself is called directly."""
+    def begin_forward(self, include_model: bool = False) -> None:
+        """Hooks on every module for one forward pass (the model itself is called directly by
+        the watch, unless ``include_model``)."""
         self.counts, self.stack = {}, []
         for module in self.model.modules():
-            if module is self.model:
+            if module is self.model and not include_model:
                 continue
             self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
             self._module_hooks.append(
@@ -117,7 +119,7 @@ class StepRecorder:
     # ----- hooks --------------------------------------------------------------------------
     def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         address = self.addresses.get(id(module))
-        if address is None:
+        if address is None or not self.gate():
             return
         n = self.counts.get(address, 0) + 1
         self.counts[address] = n
@@ -136,7 +138,7 @@ class StepRecorder:
                     self._add((cid, "params", name), self.sampler.values(p))
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self.addresses.get(id(module)) is None or not self.stack:
+        if self.addresses.get(id(module)) is None or not self.stack or not self.gate():
             return
         cid = self.stack.pop()
         if output is not None:

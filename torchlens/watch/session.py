@@ -15,7 +15,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from .histogram import NUM_BINS, Sampler, histograms
 from .recorder import ModelHook, StepRecorder
 from .store import KINDS, RunWriter
 
-BACKENDS = ("standalone",)
+BACKENDS = ("standalone", "wandb", "tensorboard")
 _WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
 _MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
 
@@ -38,13 +38,16 @@ class Watch:
                  run_dir: Optional[str], port: int, host: str, sample_n: Optional[int],
                  reject_outlier_proportion: float, disable_inplace: bool,
                  ignore_io_grad_classes: Tuple[type, ...], delay_log_multibackward: bool,
-                 max_columns: int, verbose: bool) -> None:
+                 max_columns: int, verbose: bool, manual_steps: bool = False,
+                 tensorboard_writer: Any = None, wandb_html_every: int = 50) -> None:
         self.model = model
         self.log_freq = log_freq
         self.kinds = set(log)
         self.delay = delay_log_multibackward
         self.reject = reject_outlier_proportion
         self.verbose = verbose
+        self.manual_steps = manual_steps
+        self.backends: list = []  # wandb / tensorboard
         self.url: Optional[str] = None
         self.run_dir: Optional[str] = None
         self.closed = False
@@ -61,6 +64,7 @@ class Watch:
         self._backward_seen = False
         self.recorder = StepRecorder(model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)),
                                      ignore_io_grad_classes)
+        self.recorder.gate = lambda: self._tracing is None and self._training()
         options = {"log_freq": log_freq, "log": list(log), "sample_n": sample_n,
                    "reject_outlier_proportion": reject_outlier_proportion, "disable_inplace": disable_inplace,
                    "delay_log_multibackward": delay_log_multibackward}
@@ -69,8 +73,16 @@ class Watch:
                 from ..explorer.server import RunServer
 
                 self._server = RunServer("", host=host, port=port)  # bind first: a busy port fails early
+            if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
+                from .backends import WandbBackend
+
+                self.backends.append(WandbBackend(html_every=wandb_html_every))
             self.run_dir = _prepare_run_dir(run_dir, type(model).__name__)
             self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns)
+            if "tensorboard" in backends:
+                from .backends import TensorboardBackend
+
+                self.backends.append(TensorboardBackend(self.run_dir, tensorboard_writer))
             if self._server is not None:
                 self._server.root = self.run_dir
                 self._server.start()
@@ -124,23 +136,45 @@ class Watch:
 
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._tracing is not None:
-            return
-        if not (module.training and torch.is_grad_enabled()):
+        if self._tracing is not None or not self._training():
             return  # evaluation: nothing is logged
+        if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
+            if self._logging and not self._graph_done:
+                self._trace_graph(args, kwargs)
+            return
         if not (self.delay and self._step is not None and not self._backward_seen):
-            self._finish_step()
-            self._step, self._next_step = self._next_step, self._next_step + 1
-            self._backward_seen = False
-            self._logging = self._step % self.log_freq == 0
-            if self._logging:
-                if not self._graph_done:
-                    self._trace_graph(args, kwargs)
-                self.recorder.begin_step(self._step)
+            self._start_step(self._next_step, (args, kwargs))
         if self._logging:
             self.recorder.begin_forward()
             self._forward_active = True
             self.recorder.pre(module, args, kwargs)
+
+    def _training(self) -> bool:
+        return self.model.training and torch.is_grad_enabled()
+
+    def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
+        self._finish_step()
+        self._step, self._next_step = step, step + 1
+        self._backward_seen = False
+        self._logging = step % self.log_freq == 0
+        if self._logging:
+            if not self._graph_done and call is not None:
+                self._trace_graph(*call)
+            self.recorder.begin_step(step)
+
+    def begin_step(self, step: int) -> None:
+        """With ``manual_steps=True``: training step ``step`` begins now (every forward pass
+        until the next call belongs to it). Calls with the same ``step`` continue that step."""
+        if not self.manual_steps:
+            raise RuntimeError("begin_step is for tl.watch(..., manual_steps=True); otherwise each training "
+                               "forward pass of the model is a step.")
+        if self.closed:
+            return
+        if step != self._step:
+            self._start_step(int(step))
+        self.recorder.end_forward()
+        if self._logging:
+            self.recorder.begin_forward(include_model=True)
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._tracing is not None or not self._forward_active:
@@ -203,6 +237,8 @@ class Watch:
             self._writer.add_calls(new_calls)
         h = histograms(samples, self.reject)
         self._writer.write_step(step, keys, h.counts, h.lo, h.hi, h.nonfinite)
+        for backend in self.backends:
+            backend.log_step(step, keys, h, self.run_dir)
 
     def _release(self) -> None:
         self.closed = True
@@ -221,6 +257,13 @@ class Watch:
         if self._server is not None:
             self._server.close()
             self._server = None
+        for backend in self.backends:
+            try:
+                backend.close(self.run_dir)
+            except Exception as error:  # a backend's own failure must not keep hooks on the model
+                warnings.warn(f"torchlens.watch: closing the {backend.name} backend failed: {error}",
+                              RuntimeWarning, stacklevel=3)
+        self.backends = []
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -292,6 +335,9 @@ def watch(
     host: str = "127.0.0.1",
     max_columns: int = 512,
     verbose: bool = True,
+    tensorboard_writer: Any = None,
+    wandb_html_every: int = 50,
+    manual_steps: bool = False,
 ) -> Union[Watch, _Inactive]:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
@@ -302,8 +348,11 @@ def watch(
         log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
             mode with gradients enabled), the first one included.
         log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
-        backend: ``'standalone'`` serves the run at ``http://localhost:port``; ``None`` or
-            ``()`` only writes the run database.
+        backend: one name or several: ``'standalone'`` serves the explorer page at
+            ``http://localhost:port``; ``'wandb'`` logs into the active wandb run (histograms
+            under ``torchlens/<call id>/<kind>/<name>`` and the page as ``torchlens/explorer``);
+            ``'tensorboard'`` writes the same histograms as TensorBoard events. The run database
+            is always written; ``None`` or ``()`` writes only it.
         run_dir: the run folder (default: a new folder under ``./torchlens_runs/``).
         port, host: where the standalone server listens (``port=0``: any free port).
         sample_n: values sampled per tensor (``None``: all).
@@ -313,6 +362,11 @@ def watch(
         delay_log_multibackward: several forward passes before one backward form one step.
         max_columns: columns kept per series; older ones are merged beyond that.
         verbose: print the run folder and the URL once.
+        tensorboard_writer: a ``SummaryWriter`` to log into (default: one on ``run_dir``).
+        wandb_html_every: refresh the page in wandb every this many logged steps.
+        manual_steps: steps begin when you call ``w.begin_step(n)`` (for frameworks whose
+            training step does not call the model itself, or to count optimizer steps);
+            otherwise each training forward pass of the model is a step.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -355,7 +409,8 @@ def watch(
     if _is_nonzero_rank():
         return _Inactive()
     return Watch(model, log_freq, log, backends, run_dir, port, host, sample_n, float(reject_outlier_proportion),
-                 disable_inplace, classes, delay_log_multibackward, max_columns, verbose)
+                 disable_inplace, classes, delay_log_multibackward, max_columns, verbose, manual_steps,
+                 tensorboard_writer, wandb_html_every)
 
 
 def unwatch(model: nn.Module) -> None:
