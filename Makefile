@@ -43,49 +43,35 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	"$(VENV_PY)" -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch "$@"
 
-# Install Graphviz's `dot` from Debian's packages when it is missing.
-# Not fatal where that is impossible (no apt-get, not root and no sudo):
-# only the rendering parts of torchlens need it.
-graphviz:
-	@if command -v dot >/dev/null 2>&1; then \
+# Install a Debian package when its program is missing (graphviz for `dot`; chromium for the
+# explorer page's browser tests, which Playwright drives since it cannot download its own
+# browser here). Not fatal where that is impossible (no apt-get, not root and no sudo): only
+# the drawing and browser tests need them, and they skip without them.
+define apt_install
+	@if command -v $(1) >/dev/null 2>&1; then \
 		exit 0; \
 	fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
-		echo "WARNING: graphviz 'dot' not found and apt-get unavailable; install Graphviz by hand." >&2; \
+		echo "WARNING: $(1) not found and apt-get unavailable; install $(2) by hand." >&2; \
 		exit 0; \
 	fi; \
 	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
 	elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; \
 	else \
-		echo "WARNING: graphviz 'dot' not found; not root and no sudo, skipping its install." >&2; \
+		echo "WARNING: $(1) not found; not root and no sudo, skipping the install of $(2)." >&2; \
 		exit 0; \
 	fi; \
-	echo ">> installing graphviz (dot) with apt-get"; \
+	echo ">> installing $(2) with apt-get"; \
 	$$SUDO apt-get update -q && \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q graphviz \
-		|| echo "WARNING: apt-get install graphviz failed; rendering tests may fail." >&2
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2) \
+		|| echo "WARNING: apt-get install $(2) failed; the tests that need it will fail or skip." >&2
+endef
 
-# Install Debian's Chromium when missing: the explorer page's browser tests drive it with
-# Playwright (which cannot download its own browser here). Not fatal, like graphviz: those
-# tests skip without it.
+graphviz:
+	$(call apt_install,dot,graphviz)
+
 chromium:
-	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then \
-		exit 0; \
-	fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then \
-		echo "WARNING: chromium not found and apt-get unavailable; browser tests will be skipped." >&2; \
-		exit 0; \
-	fi; \
-	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
-	elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; \
-	else \
-		echo "WARNING: chromium not found; not root and no sudo, skipping its install." >&2; \
-		exit 0; \
-	fi; \
-	echo ">> installing chromium with apt-get"; \
-	$$SUDO apt-get update -q && \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
-		|| echo "WARNING: apt-get install chromium failed; browser tests will be skipped." >&2
+	$(call apt_install,chromium,chromium)
 
 test: venv
 	"$(VENV_PY)" -m pytest -q $(PYTEST_ARGS)

@@ -12,6 +12,10 @@ interleaved (plain, not-logged, logged, plain, ...) so that all three see the sa
 
 Ratios are medians of the per-step times over the median plain step. Models: ResNet-18
 (batch 16, 64x64) and a 4-layer GPT-2 (batch 8, 64 tokens, with ``attention_mask``).
+
+With ``--backends``, ResNet-18's logged step is also measured with each backend: the run
+database alone, ``tensorboard`` and ``wandb`` (offline: nothing leaves the machine), as ratios
+against the plain step of the same run.
 Torch runs on one thread (a 2-thread pool stalls when another process holds a core).
 
     .venv/bin/python benchmarks/watch_overhead.py [--steps 40] [--models resnet18,gpt2]
@@ -62,14 +66,9 @@ def gpt2():
 MODELS: Dict[str, Callable] = {"resnet18": resnet18, "gpt2": gpt2}
 
 
-def measure(name: str, steps: int) -> Dict[str, float]:
-    torch.manual_seed(0)
-    base, loss_of = MODELS[name]()
-    variants = {"plain": copy.deepcopy(base), "not logged": copy.deepcopy(base), "logged": copy.deepcopy(base)}
+def interleaved_steps(variants: Dict[str, nn.Module], loss_of: Callable, steps: int) -> Dict[str, List[float]]:
+    """Seconds of each training step of each variant, the variants' steps interleaved."""
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in variants.items()}
-    folder = tempfile.mkdtemp()
-    watches = [tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
-               tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False)]
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for i in range(steps + 3):
         for key, model in variants.items():
@@ -80,6 +79,17 @@ def measure(name: str, steps: int) -> Dict[str, float]:
             optimizers[key].step()
             if i >= 3:  # warm-up, and the one-off graph trace of the first step
                 times[key].append(time.perf_counter() - start)
+    return times
+
+
+def measure(name: str, steps: int) -> Dict[str, float]:
+    torch.manual_seed(0)
+    base, loss_of = MODELS[name]()
+    variants = {"plain": copy.deepcopy(base), "not logged": copy.deepcopy(base), "logged": copy.deepcopy(base)}
+    folder = tempfile.mkdtemp()
+    watches = [tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
+               tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False)]
+    times = interleaved_steps(variants, loss_of, steps)
     for w in watches:
         w.close()
     plain = statistics.median(times["plain"])
@@ -89,11 +99,35 @@ def measure(name: str, steps: int) -> Dict[str, float]:
     return result
 
 
+def measure_backends(steps: int) -> Dict[str, float]:
+    import os
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    torch.manual_seed(0)
+    base, loss_of = resnet18()
+    folder = tempfile.mkdtemp()
+    wandb.init(project="torchlens-bench", dir=folder)
+    names = {"plain": None, "database only": None, "tensorboard": "tensorboard", "wandb": "wandb"}
+    variants = {k: copy.deepcopy(base) for k in names}
+    watches = [tl.watch(variants[k], log_freq=1, run_dir=f"{folder}/{i}", backend=b, verbose=False)
+               for i, (k, b) in enumerate(names.items()) if k != "plain"]
+    times = interleaved_steps(variants, loss_of, steps)
+    for w in watches:
+        w.close()
+    wandb.finish()
+    plain = statistics.median(times["plain"])
+    return {k: statistics.median(v) / plain for k, v in times.items() if k != "plain"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", default="resnet18,gpt2")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backends", action="store_true", help="also time each backend's logged step")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -106,6 +140,10 @@ def main() -> None:
             print(f"{name:<10} skipped ({error})", file=sys.stderr)
             continue
         print(f"{name:<10} {r['plain_ms']:>9.1f}ms {r['not logged']:>10.3f}x {r['logged']:>7.3f}x")
+    if args.backends:
+        print("\nResNet-18, logged step (log_freq=1) per backend, against a plain step:")
+        for key, ratio in measure_backends(args.steps).items():
+            print(f"  {key:<14} {ratio:.3f}x")
 
 
 if __name__ == "__main__":
