@@ -1,5 +1,6 @@
 """The main demo: trace a recurrent model, AlexNet and a ResNet; print what torchlens sees and
-write their drawings into ``demo_out/``.
+write their drawings into ``demo_out/``; then watch a short training run of the ResNet and
+write its explorer page (``demo_out/explorer.html``).
 
 Run with ``make demo`` or ``python -m torchlens.examples.demo [output folder]``.
 """
@@ -69,7 +70,28 @@ def main(outdir: str = "demo_out") -> None:
     written.append(_draw(history, outdir, "resnet18", vis_mode="unrolled"))
     written.append(_draw(history, outdir, "resnet18_depth1", vis_mode="unrolled", vis_nesting_depth=1))
 
-    _banner("Drawings written")
+    _banner("4. Watching a small training run: histograms of every module call over 20 steps")
+    from torchlens.explorer import export_html
+
+    run_dir = os.path.join(outdir, "resnet18_run")
+    with tl.watch(resnet, run_dir=run_dir, backend=None, log_freq=2) as w:
+        optimizer = torch.optim.SGD(resnet.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(20):
+            images, labels = torch.rand(8, 3, 32, 32), torch.randint(0, 1000, (8,))
+            loss = nn.functional.cross_entropy(resnet(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    run = tl.open_run(w.run_dir)
+    grads = run.series("layer1.0.conv1:1", "params_grad", "weight")
+    print(f"{len(run.calls)} module calls, logged steps {run.steps.tolist()}")
+    print(f"layer1.0.conv1 weight gradients, range per logged step: "
+          + ", ".join(f"[{lo:.2g}, {hi:.2g}]" for lo, hi in zip(grads.min, grads.max)))
+    written.append(export_html(run_dir, os.path.join(outdir, "explorer.html")))
+    print(f"The explorer page of this run, one file: {os.path.abspath(written[-1])}"
+          f"\n(or serve it live: torchlens explore {run_dir})")
+
+    _banner("Files written")
     for path in filter(None, written):
         print(f"  {os.path.abspath(path)}")
 
