@@ -97,7 +97,7 @@
           option.textContent = `${r.name} — ${r.model || "?"}${r.error ? " (unreadable)" : ` (${r.steps} steps)`}`;
           picker.appendChild(option);
         }
-        picker.onchange = () => openRun(picker.value, true);
+        picker.onchange = () => openRun(picker.value, true).catch((error) => showError(error.message));
       }
       const first = runs.find((r) => r.id === wanted) || runs[runs.length - 1];
       picker.value = first.id;
@@ -110,7 +110,16 @@
   async function openRun(runId, fresh) {
     state.runId = runId;
     state.series = {};
-    state.summary = await api("run");
+    try {
+      state.summary = await api("run");
+    } catch (error) {  // an unreadable run: nothing of the previous one stays on screen
+      state.summary = null;
+      state.panels = [];
+      for (const role of ["graph-svg", "breadcrumbs", "panels"]) $(role).innerHTML = "";
+      $("status").textContent = "";
+      renderEmptyHint();
+      throw error;
+    }
     state.lastStep = state.summary.steps.length ? state.summary.steps[state.summary.steps.length - 1] : -1;
     state.stride = state.summary.stride;
     state.numCalls = Object.keys(state.summary.calls).length;
@@ -634,6 +643,7 @@
 
   // ----- live updates: ask what is new, fetch only new columns ---------------------------------
   async function poll() {
+    if (!state.summary) { setTimeout(poll, POLL_MS); return; }  // the open run is unreadable
     try {
       const news = await api("poll", { since: state.lastStep });
       if (news.num_calls !== state.numCalls) {
@@ -653,7 +663,7 @@
       updateStatus();
       showError("");
     } catch (error) {
-      showError(`Lost contact with the run: ${error.message}. Retrying…`);
+      showError(`Lost contact with the run: ${error.message.replace(/\.$/, "")}. Retrying…`);
     }
     setTimeout(poll, POLL_MS);
   }
