@@ -112,9 +112,38 @@ class _Report:
         return False
 
 
+def _parts(t: torch.Tensor) -> List[torch.Tensor]:
+    """Strided tensors holding ``t``'s values: a nested tensor's components, a sparse tensor's
+    dense form (neither kind supports ``torch.equal`` or a plain ``shape``)."""
+    if t.is_nested:
+        return list(t.unbind())
+    if t.layout != torch.strided:
+        return [t.to_dense()]
+    return [t]
+
+
+def _from_parts(like: torch.Tensor, parts: List[torch.Tensor]) -> torch.Tensor:
+    """A tensor of ``like``'s kind (strided, nested, sparse) with the values of ``parts``."""
+    if like.is_nested:
+        return torch.nested.as_nested_tensor(parts, layout=like.layout)
+    if like.layout != torch.strided:
+        return parts[0].to_sparse(layout=like.layout)
+    return parts[0]
+
+
+def _random_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    parts = [torch.randn(p.shape, generator=generator).to(p.dtype) for p in _parts(t)]
+    return _from_parts(t, parts)
+
+
 def _same(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
+    if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
+        if a.is_nested != b.is_nested or a.layout != b.layout:
+            return False
+        parts_a, parts_b = _parts(a), _parts(b)
+        return len(parts_a) == len(parts_b) and all(map(_same, parts_a, parts_b))
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if torch.equal(a, b):
@@ -169,9 +198,9 @@ def _depends_on(entry: TensorLogEntry, parent: str, history: ModelHistory, gener
     """
     if _changes(entry, parent, history, generator, {}, None, entry.activation):
         return True
-    others = {p: torch.randn(history[p].activation.shape, generator=generator).to(history[p].activation.dtype)
+    others = {p: _random_like(history[p].activation, generator)
               for p in entry.parent_layers if p != parent and _is_float(history[p].activation)}
-    constants = {id(t): torch.randn(t.shape, generator=generator).to(t.dtype)
+    constants = {id(t): _random_like(t, generator)
                  for t in _tensors(entry.func_args) + _tensors(entry.func_kwargs) if _is_float(t)}
     with torch.no_grad():
         reference = _replay(entry, history, others, constants)
@@ -188,8 +217,13 @@ def _changes(entry, parent, history, generator, others, constants, reference) ->
 
 
 def _identical(a: Any, b: Any) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-            and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.is_nested != b.is_nested or a.layout != b.layout:
+        return False
+    parts_a, parts_b = _parts(a), _parts(b)
+    return len(parts_a) == len(parts_b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) for x, y in zip(parts_a, parts_b))
 
 
 def _is_float(value: Any) -> bool:
@@ -222,15 +256,19 @@ def _exempt(entry: TensorLogEntry, parent: str, history: ModelHistory) -> bool:
 
 def _perturbations(value: torch.Tensor, generator: torch.Generator):
     """Random noise, then large negative and large positive values: thresholds, signs and
-    comparisons (``x.mean() > 0``) flip for at least one of them."""
-    noise = torch.randn(value.shape, generator=generator, dtype=torch.float32).to(value.device)
-    if value.is_complex():
-        noise = noise * (1 + 1j)
-    noise = noise.to(value.dtype)
-    scale = float(value.detach().abs().max()) + 1.0
-    yield value + noise * scale
-    yield -value.abs() - (noise.abs() + 1) * scale
-    yield value.abs() + (noise.abs() + 1) * scale
+    comparisons (``x.mean() > 0``) flip for at least one of them. Nested and sparse tensors are
+    perturbed component by component and keep their kind."""
+    parts = [p.detach() for p in _parts(value)]
+    noises = []
+    for part in parts:
+        noise = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part.device)
+        if part.is_complex():
+            noise = noise * (1 + 1j)
+        noises.append(noise.to(part.dtype))
+    scale = max((float(p.abs().max()) for p in parts if p.numel()), default=0.0) + 1.0
+    for make in (lambda p, n: p + n * scale, lambda p, n: -p.abs() - (n.abs() + 1) * scale,
+                 lambda p, n: p.abs() + (n.abs() + 1) * scale):
+        yield _from_parts(value, [make(p, n) for p, n in zip(parts, noises)])
 
 
 def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, torch.Tensor],

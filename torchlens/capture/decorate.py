@@ -1,8 +1,12 @@
 """The decorator layer: which torch callables get wrapped, and installing them for one pass.
 
 The set of callables is derived from ``torch.overrides`` (everything torch lets a tensor subclass
-intercept) plus the tensor factories that ``torch.overrides`` lists as ignored. Wrappers are built
-once per process and cached; installing or removing them is a loop of ``setattr`` calls.
+intercept) plus the tensor factories that ``torch.overrides`` lists as ignored, plus the private
+functions and ``Tensor`` methods that are aten operators (``torch._weight_norm``, the fused
+``torch._transformer_encoder_layer_fwd`` that fast paths call), plus ``torch.sparse`` and
+``torch.nested``. ``torch.ops`` operators and functorch transforms are wrapped in ``opaque.py``.
+Wrappers are built once per process and cached; installing or removing them is a loop of
+``setattr`` calls.
 
 A wrapper does nothing but forward the call unless a pass is active *in the calling thread*; then
 it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
@@ -62,7 +66,8 @@ _REFLECTED = frozenset(
 _RANDOM_FUNCS = frozenset(
     """rand randn randint rand_like randn_like randint_like randperm bernoulli bernoulli_
     multinomial normal normal_ poisson uniform_ exponential_ geometric_ cauchy_ log_normal_
-    random_ rrelu rrelu_ rrelu_with_noise scaled_dot_product_attention""".split()
+    random_ rrelu rrelu_ rrelu_with_noise scaled_dot_product_attention
+    vmap grad grad_and_value vjp jvp vjp_fn""".split()  # transforms run arbitrary code
 )
 
 
@@ -74,6 +79,9 @@ class OpInfo:
     layer_type: str  # lower-cased, without underscores: "conv2d", "add", "relu"
     is_inplace: bool  # mutates its first argument
     is_property: bool = False
+    # one node whatever runs inside: the tracer is paused during the call (torch.ops operators,
+    # functorch transforms, whose insides run on wrapped tensors or below the dispatcher)
+    opaque: bool = False
 
     @property
     def is_random(self) -> bool:
@@ -154,6 +162,30 @@ def _namespaces() -> List[Tuple[Any, List[str]]]:
     return spaces
 
 
+def _whole_namespaces() -> List[Any]:
+    """Namespaces whose every public function is an operation (torch.overrides lists none of
+    them): ``torch.sparse.mm``, ``torch.nested.nested_tensor``, ``torch.nested.to_padded_tensor``."""
+    import torch.nested
+    import torch.sparse
+
+    return [torch.sparse, torch.nested]
+
+
+_NAMESPACE_HELPERS = frozenset({"as_sparse_gradcheck"})  # returns a function, not a tensor
+
+
+def aten_operator_names() -> frozenset:
+    """Names of the aten operators (``'_weight_norm'``, ``'add'``): a private torch function or
+    ``Tensor`` method of one of these names is a computation, not a utility of torch's own."""
+    return frozenset(name.split("::", 1)[1].split(".", 1)[0]
+                     for name in torch._C._dispatch_get_all_op_names() if name.startswith("aten::"))
+
+
+def _is_private_operator(name: str, orig: Any, aten: frozenset) -> bool:
+    return (name.startswith("_") and not name.startswith("__") and name in aten
+            and type(orig) is types.BuiltinFunctionType)
+
+
 class _WrappedVariableFunctions:
     """Stands in for ``torch._C._VariableFunctions`` behind ``torch._VF`` during a pass.
 
@@ -217,6 +249,7 @@ class WrapperTable:
             ):
                 wanted[id(f)] = (f, name)
 
+        aten = aten_operator_names()
         for owner, names in _namespaces():
             own = vars(owner)
             for name in names:
@@ -227,12 +260,24 @@ class WrapperTable:
                     self._add(owner, name, orig, wanted[id(orig)][1], name in own)
                 elif _is_inplace_variant(owner, name, orig, wanted):
                     self._add(owner, name, orig, name, name in own)
+                elif _is_private_operator(name, orig, aten):
+                    # reached by fast paths (torch._native_multi_head_attention), parametrizations
+                    # (torch._weight_norm), torch._VF (_pack_padded_sequence), F.interpolate
+                    self._add(owner, name, orig, name, name in own)
+        for owner in _whole_namespaces():
+            for name, orig in list(vars(owner).items()):
+                if (name.startswith("_") or name in _NAMESPACE_HELPERS or isinstance(orig, type)
+                        or type(orig) not in _FUNCTION_TYPES):
+                    continue
+                # the function's own name: torch.sparse.mm is "_sparse_mm", not torch.mm's "mm"
+                self._add(owner, name, orig, getattr(orig, "__name__", name), True)
 
         tensor_dict = vars(torch.Tensor)
         for name in dir(torch.Tensor):
             if name in _NOT_OPERATIONS or name in _TENSOR_PROPERTIES:
                 continue
-            if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+            private = name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            if private and name not in aten:
                 continue
             orig = getattr(torch.Tensor, name, None)
             if orig is None or isinstance(orig, (property, type)) or not callable(orig):
@@ -240,7 +285,8 @@ class WrapperTable:
             if type(orig).__name__ == "getset_descriptor":
                 continue
             key = id(orig)
-            if key not in wanted and not name.startswith("new_"):
+            # private aten methods: x._values(), x._indices() of sparse tensors, x._conj()
+            if key not in wanted and not name.startswith("new_") and not private:
                 continue
             self._add(torch.Tensor, name, orig, name, name in tensor_dict)
         vf_module = sys.modules.get("torch._VF")
@@ -249,6 +295,9 @@ class WrapperTable:
             self.patches.append(
                 Patch(vf_module, "vf", _WrappedVariableFunctions(real, self.by_original), real, True)
             )
+        from .opaque import opaque_patches
+
+        self.patches.extend(opaque_patches())
         bool_orig = getattr(torch.Tensor, "__bool__")
         self.patches.append(
             Patch(torch.Tensor, "__bool__", _make_bool_observer(bool_orig), bool_orig, "__bool__" in tensor_dict)

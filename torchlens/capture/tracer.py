@@ -19,6 +19,7 @@ from ..history.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
 from .decorate import OpInfo
 from .modules import ModelInventory
+from .opaque import WRAPPER_CODES
 from .save_plan import SavePlan
 
 _Tensor = torch.Tensor
@@ -76,6 +77,7 @@ class Tracer:
         self.skip_codes = set()
         self.skip_codes.add(_make_wrapper(identity, OpInfo("x", "x", False)).__code__)
         self.skip_codes.add(Tracer.on_call.__code__)
+        self.skip_codes.update(WRAPPER_CODES)
         self.stop_code = Tracer.run_model.__code__
 
     # ----- running the model ----------------------------------------------------------------
@@ -99,7 +101,14 @@ class Tracer:
             rng_state = _rng_state()  # so the operation can be replayed exactly
         try:
             start = perf_counter()
-            out = func(*args, **kwargs)
+            if info.opaque:  # one node: nothing inside is logged (see capture/opaque.py)
+                self.paused = True
+                try:
+                    out = func(*args, **kwargs)
+                finally:
+                    self.paused = False
+            else:
+                out = func(*args, **kwargs)
             elapsed = perf_counter() - start
         except BaseException:
             if self.error_context is None:
@@ -150,9 +159,13 @@ class Tracer:
         inventory_params = self.inventory.param_addresses
         condition, self.pending_condition = self.pending_condition, None
         positional = info.name in _POSITIONAL_OUTPUTS
+        output_rule = _OUTPUT_PARENTS.get(info.name) if len(outputs) > 1 else None
         for position, tensor in outputs:
             e = TensorLogEntry(len(entries), "op", info.layer_type, func, info.name)
             e.parent_refs = _matching_parents(parents, position) if positional else parents
+            if output_rule is not None and _head(position) in output_rule:
+                allowed = output_rule[_head(position)]
+                e.parent_refs = [(p, pos) for p, pos in e.parent_refs if _head(pos) in allowed]
             e.param_addresses = params
             e.module_stack = self.module_stack
             e.call_frames = frames
@@ -271,7 +284,7 @@ class Tracer:
 
     @staticmethod
     def _describe_tensor(e: TensorLogEntry, tensor: torch.Tensor) -> None:
-        e.shape = tensor.shape
+        e.shape = tensor.shape if not tensor.is_nested else nested_shape(tensor)
         e.dtype = tensor.dtype
         try:
             e.nbytes = tensor.nelement() * tensor.element_size()
@@ -376,6 +389,33 @@ class Tracer:
 
 # Functions whose i-th output is computed from the i-th tensor argument only.
 _POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
+
+
+# Multi-output functions whose output k is computed from some arguments only (output -> the
+# argument positions that feed it): jvp(f, primals, tangents) -> (f(primals), tangents out[, aux]);
+# _pack_padded_sequence(input, lengths) -> (data, batch sizes from the lengths);
+# _pad_packed_sequence(data, batch_sizes, ...) -> (padded, lengths from the batch sizes).
+_OUTPUT_PARENTS = {
+    "jvp": {0: (0,), 2: (0,)},
+    "_pack_padded_sequence": {1: (1, "lengths")},
+    "_pad_packed_sequence": {1: (1, "batch_sizes")},
+}
+
+
+def _head(position: Any) -> Any:
+    return position[0] if isinstance(position, tuple) and position else position
+
+
+def nested_shape(tensor: torch.Tensor) -> tuple:
+    """The shape of a nested tensor, ``None`` for its ragged dimensions: ``(2, None, 16)``."""
+    shape = []
+    for dim in range(tensor.dim()):
+        try:
+            size = tensor.size(dim)
+        except RuntimeError:  # strided layout: "dimension is irregular and does not have a size"
+            size = None
+        shape.append(size if type(size) is int else None)  # jagged layout: a symbolic size
+    return tuple(shape)
 
 
 def _is_out_position(position: Any) -> bool:

@@ -93,7 +93,8 @@ def shape_text(shape: Optional[Sequence[int]]) -> str:
     """``torch.Size([1, 384, 13, 13])`` -> ``'1x384x13x13'``; a 0-d shape -> ``'scalar'``."""
     if shape is None:
         return "?"
-    return "x".join(str(int(d)) for d in shape) if len(shape) else "scalar"
+    # a nested tensor's ragged dimensions are None: '2x*x16'
+    return "x".join("*" if d is None else str(int(d)) for d in shape) if len(shape) else "scalar"
 
 
 def passes_text(passes: Iterable[int]) -> str:
