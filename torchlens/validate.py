@@ -2,7 +2,8 @@
 
 Three checks (each failure is reported with the layer and the reason):
 
-1. the logged outputs equal the outputs of a plain run with the same inputs and seed;
+1. the logged outputs equal the outputs of a plain run with the same inputs and seed, and no
+   tensor came from an untraced producer (a call torchlens does not wrap);
 2. re-running each operation on the saved activations of its parents (with its saved
    non-tensor arguments and, for random operations, the generator state it ran with)
    reproduces its saved activation;
@@ -91,6 +92,7 @@ def validate_model_activations(
         history = log_forward_pass(model, list(logged_args), logged_kwargs, layers_to_save="all",
                                    save_function_args=True, detach_saved_tensors=True, random_seed=seed)
         ok = _check_outputs(history, expected, report)
+        ok = _check_untraced(history, report) and ok
         ok = _check_replays(history, report) and ok
         return ok
     finally:
@@ -161,6 +163,23 @@ def _check_outputs(history: ModelHistory, expected: List[torch.Tensor], report: 
         if not _same(entry.activation, value):
             return report.fail(f"{entry.label} differs from the output of a plain run of the model")
     return True
+
+
+def _check_untraced(history: ModelHistory, report: _Report) -> bool:
+    """An ``untraced`` node is a gap: the call that made its tensor was not logged, so nothing
+    can show the tensor is what the model computed, nor what it was computed from."""
+    ok = True
+    for entry in history:
+        if entry.kind != "untraced":
+            continue
+        where = f" inside module '{entry.containing_module}'" if entry.containing_module else ""
+        used_by = ", ".join(entry.child_layers) or "no logged layer"
+        ok = report.fail(
+            f"{entry.label}: untraced producer{where}, used by {used_by}: {entry.untraced_reason}, so "
+            "what it was computed from is unknown. Call that computation through a torch function "
+            "or a torch.library custom operator (both are logged), or report it to torchlens if "
+            "it is a torch function.")
+    return ok
 
 
 def _check_replays(history: ModelHistory, report: _Report) -> bool:

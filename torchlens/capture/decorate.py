@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.overrides
 
+from .modules import tensors_held
+
 # Tensor methods that never produce a tensor (or only act on autograd/storage bookkeeping).
 # Wrapping them would only add overhead, and a few (``requires_grad_``) end in ``_`` without
 # being computations.
@@ -381,6 +383,7 @@ class BoundReferences:
         self.table = table
         self.model = model
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
+        self.global_tensors: Dict[int, torch.Tensor] = {}  # tensors among those globals: constants
 
     def install(self) -> None:
         seen_classes, seen_globals = set(), set()
@@ -393,6 +396,7 @@ class BoundReferences:
                     if mod is not None and id(mod) not in seen_globals and not mod.__name__.startswith("torch"):
                         seen_globals.add(id(mod))
                         self._wrap_in(vars(mod), all_values=True)
+                        tensors_held(vars(mod), self.global_tensors, depth=1)
             self._wrap_in(vars(module), all_values=False)
 
     def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:

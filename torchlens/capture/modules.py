@@ -25,6 +25,9 @@ class ModelInventory:
     buffer_addresses: Dict[int, str]
     weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
     has_lazy: bool = False  # some parameter is not created yet (nn.LazyLinear before its first forward)
+    # tensors held by the modules before the pass (plain attributes, also inside lists, tuples
+    # and dicts): id -> tensor. Using one is not a gap in the trace; see Tracer.untraced.
+    constants: Dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
@@ -46,6 +49,8 @@ class ModelInventory:
         has_lazy = any(is_lazy(p) for p in model.parameters())
         inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy)
         inventory.describe_params(model)
+        for module in model.modules():
+            tensors_held(vars(module), inventory.constants)
         return inventory
 
     def describe_params(self, model: nn.Module) -> None:
@@ -59,6 +64,34 @@ class ModelInventory:
         self.describe_params(model)
         for address, module in model.named_modules():
             self.module_types[address] = type(module).__name__
+
+
+_Tensor = torch.Tensor
+# nn.Module's own attributes: parameters, buffers and submodules are inventoried, hooks are
+# functions. Leaving them out (a set difference, in C) makes the scan of a module cheap.
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+_SCALARS = frozenset((bool, int, float, str, type(None)))
+
+
+def tensors_held(namespace: Dict[str, Any], found: Dict[int, torch.Tensor], depth: int = 2) -> None:
+    """Add the tensors among ``namespace``'s values, and inside its lists, tuples and dicts
+    (``depth`` levels), to ``found``."""
+    for key in namespace.keys() - _MODULE_INTERNALS:
+        value = namespace[key]
+        if type(value) in _SCALARS:
+            continue
+        if isinstance(value, _Tensor):
+            found[id(value)] = value
+        elif depth and isinstance(value, (list, tuple, dict)) and value:
+            _held_in(value, found, depth - 1)
+
+
+def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int) -> None:
+    for value in (container.values() if isinstance(container, dict) else container):
+        if isinstance(value, _Tensor):
+            found[id(value)] = value
+        elif depth and isinstance(value, (list, tuple, dict)) and value:
+            _held_in(value, found, depth - 1)
 
 
 class RngState:

@@ -107,6 +107,7 @@ def run_pass(
             seed_everything(random_seed)
             decorate.install(table)
             bound_refs.install()
+            tracer.known = {**bound_refs.global_tensors, **inventory.constants}
             hooks.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
             hooks.append(
                 nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True)

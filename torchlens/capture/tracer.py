@@ -64,6 +64,9 @@ class Tracer:
         self.save_gradients = save_gradients
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
+        # tensors that existed before the pass (module attributes, globals of the model's
+        # files): id -> tensor. Any other unrecorded tensor was made by a call we do not trace.
+        self.known: Dict[int, torch.Tensor] = {}
         self.parent_placeholders: List[ParentRef] = []
         self.module_stack: Tuple[Tuple[str, int], ...] = ()
         self.module_frames: List[tuple] = []
@@ -251,10 +254,38 @@ class Tracer:
                 parents.append((e, position))
                 continue
             address = param_addresses.get(id(t))
-            if address is not None and address not in params:
-                params.append(address)
-            # any other tensor is a constant of this pass (e.g. a plain tensor attribute)
+            if address is not None:
+                if address not in params:
+                    params.append(address)
+            elif self.depth == 0 and self.known.get(id(t)) is not t:
+                parents.append((self.untraced(t, self._frames()), position))
+            # a known tensor is a constant of this pass (e.g. a plain tensor attribute). Inside
+            # another logged call (depth > 0) an unknown tensor is that call's own business (a
+            # tensor subclass's inner values, a cached helper tensor), not a gap in the model.
         return parents, tuple(params)
+
+    def untraced(self, tensor: torch.Tensor, frames: tuple) -> TensorLogEntry:
+        """A tensor without a record reached a logged operation, a module's output or the
+        model's output, and it did not exist before the pass: a call torchlens does not wrap
+        made it. It becomes an ``untraced`` node, so the gap is visible (and validation fails
+        naming it) instead of its consumer silently losing a parent."""
+        grad_fn = tensor.grad_fn
+        if grad_fn is not None:
+            reason = (f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens "
+                      "did not log")
+        else:
+            reason = ("no logged operation made it, and it is not an input, parameter, buffer or "
+                      "tensor attribute of the model")
+        e = TensorLogEntry(len(self.entries), "untraced", "untraced", None, "untraced")
+        e.untraced_reason = reason
+        e.module_stack = self.module_stack
+        e.call_frames = frames
+        self._add(e, tensor, track=True)
+        return e
+
+    def _is_untraced(self, tensor: torch.Tensor) -> bool:
+        """Not recorded, not a parameter, and not a tensor that existed before the pass."""
+        return id(tensor) not in self.inventory.param_addresses and self.known.get(id(tensor)) is not tensor
 
     def _placeholder(self, tensor: torch.Tensor) -> Any:
         e = self.entry_of(tensor)
@@ -327,6 +358,8 @@ class Tracer:
             self.paused = True
             for position, tensor in tensors_in(output):
                 parent = self.entry_of(tensor)
+                if parent is None and self._is_untraced(tensor):
+                    parent = self.untraced(tensor, ())
                 e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
                 e.parent_refs = [(parent, 0)] if parent is not None else []
                 e.address = "output" + _dotted(position)
@@ -379,10 +412,13 @@ class Tracer:
 
     def _pass_through(self, tensor: torch.Tensor, parent: Optional[TensorLogEntry]) -> TensorLogEntry:
         """A module returned a tensor it did not compute (``nn.Identity``): give it its own node."""
+        frames = self._walk_frames(sys._getframe(2))
+        if parent is None and self._is_untraced(tensor):
+            parent = self.untraced(tensor, frames)
         e = TensorLogEntry(len(self.entries), "op", "identity", identity, "identity")
         e.parent_refs = [(parent, 0)] if parent is not None else []
         e.module_stack = self.module_stack
-        e.call_frames = self._walk_frames(sys._getframe(2))
+        e.call_frames = frames
         self._add(e, tensor, track=id(tensor) not in self.inventory.param_addresses)
         return e
 

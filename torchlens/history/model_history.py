@@ -110,6 +110,11 @@ class ModelHistory:
         return [e.label for e in self.layer_list if e.is_buffer]
 
     @property
+    def untraced_layers(self) -> List[str]:
+        """Tensors made by calls torchlens does not trace (gaps in the graph; see the README)."""
+        return [e.label for e in self.layer_list if e.kind == "untraced"]
+
+    @property
     def internally_created_layers(self) -> List[str]:
         return [e.label for e in self.layer_list if e.created_inside_model]
 
@@ -217,6 +222,14 @@ class ModelHistory:
                 lines.extend(self._hierarchy_lines(child, depth + 1))
         return lines
 
+    def _untraced_lines(self) -> List[str]:
+        untraced = self.untraced_layers
+        if not untraced:
+            return []
+        count = "1 tensor comes" if len(untraced) == 1 else f"{len(untraced)} tensors come"
+        return [f"\tWARNING: {count} from untraced producers (calls torchlens does not trace; "
+                f"what they were computed from is unknown): {', '.join(untraced)}"]
+
     def __str__(self) -> str:
         lines = [
             f"Log of {self.model_name} forward pass:",
@@ -225,6 +238,7 @@ class ModelHistory:
             f"{self.num_tensors_saved} tensors ({human_bytes(self.saved_tensor_bytes)}) saved.",
             f"\t{self.num_param_tensors} parameter tensors, used by {self.num_param_operations} operations "
             f"({self.num_params} params total; {human_bytes(self.param_bytes)}).",
+            *self._untraced_lines(),
             f"\tRandom seed: {self.random_seed}",
             f"\tTime elapsed: {self.elapsed_time:.3f}s",
             "\tModule Hierarchy:",

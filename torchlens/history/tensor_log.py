@@ -12,7 +12,7 @@ _CAPTURE_FIELDS = (
     "func",  # the torch callable applied (None for inputs, buffers)
     "func_name",  # e.g. "conv2d", "__add__"
     "layer_type",  # e.g. "conv2d", "add", "input"
-    "kind",  # "op", "input", "output" or "buffer"
+    "kind",  # "op", "input", "output", "buffer", or "untraced" (made by a call torchlens does not trace)
     "address",  # input/output/buffer address, e.g. "input.x", "output.0", "bn.running_mean"
     "parent_refs",  # [(parent entry, position in the call's arguments)], dropped after post-processing
     "param_addresses",  # addresses of the parameters the operation used
@@ -34,6 +34,7 @@ _CAPTURE_FIELDS = (
     "branch_condition",  # first operation after a bool conversion: the condition's record/label
     "gradient",  # with save_gradients: the gradient that reached this tensor in backward
     "rng_state",  # with save_function_args, for random operations: generator states before the call
+    "untraced_reason",  # untraced nodes: why the tensor has no record (see Tracer.untraced)
 )
 
 # Fields filled by post-processing.
@@ -122,6 +123,11 @@ class TensorLogEntry:
         return self.kind == "buffer"
 
     @property
+    def is_untraced(self) -> bool:
+        """A tensor made by a call torchlens does not trace: its producer and inputs are unknown."""
+        return self.kind == "untraced"
+
+    @property
     def uses_params(self) -> bool:
         return bool(self.param_addresses)
 
@@ -195,6 +201,8 @@ class TensorLogEntry:
             )
         else:
             lines.append("\tParams: no params used")
+        if self.kind == "untraced":
+            lines.append(f"\tUntraced producer: {self.untraced_reason}; its inputs are unknown")
         if self.address:
             lines.append(f"\tAddress: {self.address}")
         if self.stored_as_buffer:
@@ -203,7 +211,9 @@ class TensorLogEntry:
         lines.append(f"\tChild Layers: {', '.join(self.child_layers) or 'no child layers'}")
         if self.func is not None:
             lines.append(f"\tFunction: {self.func_name} (grad_fn={self.grad_fn_name})")
-        if self.module_stack:
+        if self.module_stack and self.kind == "untraced":  # where it was made is unknown
+            lines.append(f"\tFirst used inside module: {self._module_text(*self.module_stack[-1])}")
+        elif self.module_stack:
             lines.append(f"\tComputed inside module: {self._module_text(*self.module_stack[-1])}")
         else:
             lines.append("\tComputed inside module: not computed inside a module")
@@ -238,6 +248,7 @@ class TensorLogEntry:
             "num_passes": self.num_passes,
             "operation_num": self.operation_num,
             "kind": self.kind,
+            "untraced_reason": self.untraced_reason,
             "address": self.address,
             "func_name": self.func_name,
             "grad_fn_name": self.grad_fn_name,

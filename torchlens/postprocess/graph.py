@@ -10,16 +10,21 @@ from typing import Dict, List
 from ..history.tensor_log import TensorLogEntry
 
 
+_SOURCES = ("input", "untraced")
+
+
 def prune(entries: List[TensorLogEntry]) -> List[TensorLogEntry]:
     """Keep inputs, outputs, everything computed from an input, and every ancestor of a kept
     record; drop the rest (e.g. a buffer update that feeds nothing, ``torch.rand`` left unused).
 
-    Also sets ``created_inside_model`` (the tensor does not depend on any input).
+    Also sets ``created_inside_model`` (the tensor does not depend on any input). An
+    ``untraced`` node counts as an input here: what made it is unknown (most likely something
+    computed from the inputs), and it and what it feeds stay in the history, visible.
     """
     n = len(entries)
     from_input = [False] * n
     for i, e in enumerate(entries):
-        if e.kind == "input" or any(from_input[p.raw_index] for p, _ in e.parent_refs):
+        if e.kind in _SOURCES or any(from_input[p.raw_index] for p, _ in e.parent_refs):
             from_input[i] = True
     keep = [from_input[i] or e.kind == "output" for i, e in enumerate(entries)]
     for i in range(n - 1, -1, -1):

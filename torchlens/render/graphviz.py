@@ -69,7 +69,7 @@ def _tensor_lines(item: Any) -> list:
 
 def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]:
     kind = item.kind
-    if kind in ("input", "output", "buffer"):
+    if kind in ("input", "output", "buffer", "untraced"):
         look = kind
     elif _any(item, "bool_used"):
         look = "bool"
@@ -86,6 +86,8 @@ def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]
         notes.append(str(first.address))
     if look == "bool":
         notes.append("used as a condition")
+    if look == "untraced":
+        notes.append("untraced producer: inputs unknown")
     lines = _tensor_lines(item)
     if item.param_shapes:
         lines.append("params: " + ", ".join(st.shape_text(s) for s in item.param_shapes))
@@ -94,6 +96,8 @@ def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]
         attrs["fillcolor"], attrs["color"] = st.COLORS[look]
     if _any(item, "created_inside_model"):
         attrs["style"] = "filled,rounded,dashed"
+    if look == "untraced":  # a gap in the trace: impossible to miss, also in grayscale
+        attrs["style"], attrs["penwidth"], attrs["shape"] = "filled,dashed,bold", "2.0", "octagon"
     return attrs
 
 

@@ -193,6 +193,8 @@ class _Builder:
     def add_item(self, item: Union[TensorLogEntry, RolledLayer]) -> None:
         self.items[item.label] = item
         chain = _chain(item, self.rolled)
+        if item.kind == "untraced" and self.depth is not None:
+            chain = chain[: self.depth]  # a gap in the trace stays visible, never folded into a box
         if self.depth is None or len(chain) <= self.depth:
             node = Node(_node_id(item.label), item, chain)
             self.place(node)

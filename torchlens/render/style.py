@@ -29,6 +29,7 @@ COLORS = {
     "output": ("#f8dcd5", "#c4806f"),
     "buffer": ("#fbf3cc", "#c2ab4c"),
     "bool": ("#e9e1f4", "#8f7bb4"),
+    "untraced": ("#fbe3e0", "#c0392b"),  # made by a call torchlens does not trace
     "module": ("#eef0f3", "#7d858f"),
 }
 EDGE_COLOR = "#6f747b"
