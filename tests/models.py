@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models_paths import paths_registry
+
 # Bound at import time, before any pass: torchlens must still trace these references.
 from torch import triu
 from torch.nn.functional import gelu
@@ -896,6 +898,8 @@ REGISTRY: List[Tuple[str, Callable[[], nn.Module], Callable[[], Tuple[tuple, dic
     ("conditional_on_tensor", _seeded(ConditionalOnTensor), _inputs(_randn(2, 3).abs())),
     ("inplace_through_view", _seeded(InplaceThroughView), _inputs(_randn(2, 3))),
 ]
+# fused fast paths, torch.ops, torch.sparse, functorch, parametrizations (models_paths.py)
+REGISTRY += paths_registry(_seeded, _inputs, _randn)
 
 REGISTRY_BY_NAME: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[tuple, dict]]]] = {
     name: (make_model, make_inputs) for name, make_model, make_inputs in REGISTRY

@@ -23,6 +23,7 @@ import torchlens as tl
 
 import models
 from models import REGISTRY, REGISTRY_BY_NAME
+from trace_holes import holes, tensors_alive
 
 SEED = 1234
 LABEL_RE = re.compile(r"^([a-z0-9]+)_(\d+)_(\d+)(?::(\d+))?$")
@@ -86,6 +87,12 @@ def torch_snapshot():
         "F.multi_head_attention_forward": F.multi_head_attention_forward,
         "torch._C._nn.linear": torch._C._nn.linear,
         "models.triu": models.triu, "models.gelu": models.gelu,
+        "torch._weight_norm": torch._weight_norm, "torch.sparse.mm": torch.sparse.mm,
+        "torch.nested.to_padded_tensor": torch.nested.to_padded_tensor,
+        "OpOverload.__call__": vars(torch._ops.OpOverload)["__call__"],
+        "OpOverloadPacket.__call__": vars(torch._ops.OpOverloadPacket)["__call__"],
+        "vmap_impl": vars(torch._functorch.apis)["vmap_impl"],
+        "grad_impl": vars(torch._functorch.eager_transforms)["grad_impl"],
     }
     for name in _TENSOR_ATTRS:
         snap[f"Tensor.{name}"] = getattr(torch.Tensor, name)
@@ -149,6 +156,7 @@ def assert_consistent_graph(h):
             assert c in h, f"{e.label}: child {c} missing"
             assert e.label in h[c].parent_layers, f"{c} does not list {e.label} as a parent"
         # kinds
+        assert not e.is_untraced, f"{e.label}: {e.untraced_reason}"
         if e.is_input or e.is_buffer:
             assert e.parent_layers == [] and e.address
             assert not e.created_inside_model
@@ -226,6 +234,29 @@ def test_generic(name):
         exact(state[key], ref_state[key])
 
     assert_consistent_graph(h)
+
+
+@pytest.fixture(scope="module")
+def built_catalogue():
+    """Every catalogue model and its inputs, then one snapshot of the tensors alive (so the
+    garbage collector is asked once, not once per model)."""
+    built = {}
+    for name, make_model, make_inputs in REGISTRY:
+        model = make_model()
+        if getattr(type(model), "expected_error", None) is None:
+            built[name] = (model, *make_inputs())
+    return built, tensors_alive()
+
+
+@pytest.mark.parametrize("name", [name for name, make_model, _ in REGISTRY
+                                  if getattr(make_model(), "expected_error", None) is None])
+def test_no_holes(name, built_catalogue):
+    """Every tensor that enters a logged operation was logged or existed before the pass: no
+    operation lost the parent it was computed from, and no untraced producer was needed."""
+    built, alive_before = built_catalogue
+    model, args, kwargs = built[name]
+    h = tl.log_forward_pass(model, list(args), kwargs or None, random_seed=SEED, save_function_args=True)
+    assert holes(h, alive_before) == []
 
 
 # ----- plain structure -------------------------------------------------------------------------

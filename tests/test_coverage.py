@@ -1,0 +1,341 @@
+"""No silent holes: every tensor a model computes is logged, or the gap is reported.
+
+* Paths beyond the public torch functions are logged: fused fast paths (private torch
+  functions), ``torch.ops`` (aten, torchvision, ``torch.library`` custom operators),
+  ``torch.sparse``, ``torch.nested``, functorch transforms, parametrizations.
+* The safety net: a tensor that reaches a logged operation, a module's output or the model's
+  output without a record, and did not exist before the pass, becomes an ``untraced`` node
+  (printed, drawn, in ``to_pandas``), and ``validate_model_activations`` returns False naming it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import torchlens as tl
+from torchlens.render import build_dot
+
+import models_paths
+from trace_holes import holes, tensors_alive
+
+NESTED_WARNING = "ignore:The PyTorch API of nested tensors:UserWarning"
+
+
+def log_checked(model, *args, **kwargs):
+    """Log with function arguments and assert the ground truth finds no hole."""
+    alive = tensors_alive()
+    h = tl.log_forward_pass(model, list(args), kwargs or None, random_seed=0, save_function_args=True)
+    assert holes(h, alive) == []
+    return h
+
+
+def types_of(h):
+    return [e.layer_type for e in h]
+
+
+def encoder(nested: bool) -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=nested).eval()
+
+
+def padded(batch=2, length=5, d=16):
+    x = torch.randn(batch, length, d, generator=torch.Generator().manual_seed(1))
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[1, -2:] = True
+    return x, padding
+
+
+# ----- fused fast paths --------------------------------------------------------------------------
+@pytest.mark.filterwarnings(NESTED_WARNING)
+@pytest.mark.parametrize("nested", [False, True])
+def test_transformer_encoder_fast_path_eval_no_grad(nested):
+    """Eval + no_grad: torch runs one fused kernel per layer. That kernel is what ran (its
+    internals never exist as tensors), so it is one node per layer, fed by the previous one."""
+    model = encoder(nested)
+    x, padding = padded()
+    with torch.no_grad():
+        h = log_checked(model, x, src_key_padding_mask=padding)
+        fused = [e for e in h if e.layer_type == "transformerencoderlayerfwd"]
+        assert len(fused) == 2
+        assert fused[0].containing_module == "layers.0" and fused[1].containing_module == "layers.1"
+        assert "layers.0.self_attn.in_proj_weight" in fused[0].param_addresses
+        assert fused[1].parent_layers[0] == fused[0].label
+        assert h[h.output_layers[0]].parent_layers  # the output is connected to the pass
+        if nested:  # padding dropped, layers on a nested tensor, padded again
+            assert "nestedtensorfrommask" in types_of(h) and "topaddedtensor" in types_of(h)
+            assert fused[0].shape == (2, None, 16)
+        assert tl.validate_model_activations(model, [x], {"src_key_padding_mask": padding}, random_seed=0,
+                                             verbose=True)
+
+
+def test_multihead_attention_fast_path():
+    torch.manual_seed(0)
+    model = nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x, _ = padded()
+    with torch.no_grad():
+        h = log_checked(model, x, x, x, need_weights=False)
+        attention = h["nativemultiheadattention_1"]
+        assert attention.parent_arg_positions == {"input_1_0": [0, 1, 2]}  # query, key, value
+        assert set(attention.param_addresses) == {"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                                  "out_proj.bias"}
+        assert tl.validate_model_activations(model, [x, x, x], {"need_weights": False}, random_seed=0)
+
+
+def test_weight_norm():
+    """``parametrizations.weight_norm`` and ``torch._weight_norm`` called directly."""
+    class Direct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.v = nn.Parameter(torch.randn(3, 4))
+            self.g = nn.Parameter(torch.rand(3, 1))
+
+        def forward(self, x):
+            return x @ torch._weight_norm(self.v, self.g, 0).t()
+
+
+    x = torch.randn(2, 4)
+    h = log_checked(Direct(), x)
+    assert h["weightnorm_1"].param_addresses == ("v", "g")
+    assert h["weightnorm_1"].child_layers == ["t_1_2"]
+
+    h = log_checked(models_paths.WeightNormLinear(), x)
+    norm = h["weightnorm_1"]
+    assert norm.param_addresses == ("fc.parametrizations.weight.original1", "fc.parametrizations.weight.original0")
+    assert norm.child_layers == ["linear_1_2"]
+    assert tl.validate_model_activations(models_paths.WeightNormLinear(), x, random_seed=0)
+
+
+def test_pack_padded_sequence():
+    """``torch._VF._pack_padded_sequence`` (a private aten function) feeds the LSTM."""
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(3, 4, batch_first=True)
+
+        def forward(self, x, lengths):
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            return nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)[0]
+
+    x, lengths = torch.randn(3, 5, 3), torch.tensor([5, 2, 4])
+    h = log_checked(Packed(), x, lengths)
+    pack = h["packpaddedsequence_1"]
+    assert h[pack.parent_layers[0]].layer_type in ("indexselect", "input")
+    assert "lstm_1" in [h[c].short_label for c in pack.child_layers]
+    batch_sizes = h["packpaddedsequence_2"]  # the second output of the same call
+    assert batch_sizes.parent_layers == [h["sort_1"].label]  # from the (sorted) lengths only
+    assert tl.validate_model_activations(Packed(), [x, lengths], random_seed=0, verbose=True)
+
+
+# ----- torch.ops ---------------------------------------------------------------------------------
+def test_roi_align_and_nms():
+    """``torch.ops.torchvision``: the box head stays connected to the backbone."""
+    model = models_paths.RoiAlignNms()
+    image, boxes = torch.rand(1, 3, 10, 10), torch.tensor([[0.0, 0, 6, 6], [1, 1, 7, 7], [4, 2, 9, 9]])
+    h = log_checked(model, image, boxes)
+    roi = h["roialign_1"]
+    assert roi.func is torch.ops.torchvision.roi_align and roi.func_name == "roi_align"
+    assert roi.parent_layers[0] == "conv2d_1_2"
+    nms = h["nms_1"]
+    assert nms.parent_layers == ["input_2_1", h["mean_1"].label] and nms.dtype == torch.int64
+    assert h.layer_labels.index(roi.label) < h.layer_labels.index(nms.label)
+    assert tl.validate_model_activations(model, [image, boxes], random_seed=0, verbose=True)
+
+
+def test_aten_operators():
+    h = log_checked(models_paths.AtenOps(), torch.randn(2, 3))
+    add = h["add_1"]
+    assert add.func is torch.ops.aten.add.Tensor
+    assert add.parent_layers == ["input_1_0", "exp_1_1"]
+    assert h["mul_1"].func is torch.ops.aten.mul and h["mul_1"].parent_layers == [add.label]
+    inplace = h["add_2"]
+    assert inplace.is_inplace and inplace.func_name == "add_" and inplace.parent_layers == ["mul_1_3"]
+    assert h["relu_1"].parent_layers == [inplace.label]
+    assert tl.validate_model_activations(models_paths.AtenOps(), torch.randn(2, 3), random_seed=0)
+
+
+def test_custom_operator_is_one_node():
+    """A ``torch.library`` operator is one node, its own kernel's operations are not logged."""
+    model = models_paths.CustomOp()
+    x = torch.randn(2, 4)
+    h = log_checked(model, x)
+    assert types_of(h) == ["input", "linear", "sin", "scaleshift", "tanh", "output"]
+    op = h["scaleshift_1"]
+    assert op.func is torch.ops.torchlens_catalogue.scale_shift.default
+    assert op.parent_layers == ["linear_1_1", "sin_1_2"]
+
+    lib = torch.library.Library("torchlens_coverage", "DEF")  # the older way to register one
+    try:
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda t: t * 2, "CompositeExplicitAutograd")
+
+        class UsesLibrary(nn.Module):
+            def forward(self, x):
+                return torch.ops.torchlens_coverage.twice(x.cos()) + 1
+
+        h = log_checked(UsesLibrary(), x)
+        assert types_of(h) == ["input", "cos", "twice", "add", "output"]
+        assert tl.validate_model_activations(UsesLibrary(), x, random_seed=0)
+    finally:
+        lib._destroy()
+    assert tl.validate_model_activations(model, x, random_seed=0)
+
+
+# ----- torch.sparse, torch.nested ----------------------------------------------------------------
+def test_sparse_mm():
+    x = torch.randn(3, 3)
+    h = log_checked(models_paths.SparseMatmul(), x)
+    mm = h["sparsemm_1"]
+    assert mm.func is torch.sparse.mm and mm.parent_layers == ["tosparse_1_3", "t_1_4"]
+    assert h["tosparse_1"].parent_layers == ["mul_1_2"]
+    assert tl.validate_model_activations(models_paths.SparseMatmul(), x, random_seed=0, verbose=True)
+
+
+@pytest.mark.filterwarnings(NESTED_WARNING)
+def test_nested_tensor_functions():
+    class Nested(nn.Module):
+        def forward(self, a, b):
+            nested = torch.nested.nested_tensor([a.relu(), b])
+            return torch.nested.to_padded_tensor(nested * 2, 0.0)
+
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    h = log_checked(Nested(), a, b)
+    assert types_of(h) == ["input", "input", "relu", "nestedtensor", "mul", "nestedtopaddedtensor", "output"]
+    assert h["nestedtensor_1"].parent_layers == ["relu_1_2", "input_2_1"]
+    assert h["nestedtensor_1"].shape == (2, None, 3)
+    assert tl.validate_model_activations(Nested(), [a, b], random_seed=0, verbose=True)
+
+
+# ----- functorch ---------------------------------------------------------------------------------
+def test_vmap_is_one_node():
+    """The vmapped function runs on batched tensors that must not escape: one node per call,
+    also for a function vmapped before the pass."""
+    model = models_paths.Vmapped()
+    x = torch.randn(4, 3)
+    h = log_checked(model, x)
+    assert types_of(h) == ["input", "linear", "vmap", "vmap", "mul", "output"]
+    assert h["vmap_1"].parent_layers == ["linear_1_1"] and h["vmap_2"].parent_layers == ["vmap_1_2"]
+    assert tl.validate_model_activations(model, x, random_seed=0)
+
+
+def test_func_transforms():
+    class Transforms(nn.Module):
+        def forward(self, x):
+            g = torch.func.grad(lambda v: (v ** 3).sum())(x)
+            out, vjp_fn = torch.func.vjp(torch.cos, x)
+            (cotangent,) = vjp_fn(torch.ones_like(out))
+            primal, tangent = torch.func.jvp(torch.exp, (x,), (torch.ones_like(x),))
+            jacobian = torch.func.jacrev(torch.sin)(x[0])
+            return g + cotangent + primal * tangent, jacobian
+
+    x = torch.randn(2, 3)
+    h = log_checked(Transforms(), x)
+    assert h["grad_1"].parent_layers == ["input_1_0"]
+    assert h["vjpfn_1"].parent_layers == ["oneslike_1_3"]
+    primal, tangent = h["jvp_1"], h["jvp_2"]
+    assert primal.parent_layers == ["input_1_0"]  # the tangents do not change f(primals)
+    assert tangent.parent_layers == ["input_1_0", "oneslike_2_5"]
+    assert "vmap" in types_of(h)  # jacrev: the vjp, then a vmap over the basis
+    assert tl.validate_model_activations(Transforms(), x, random_seed=0, verbose=True)
+
+
+# ----- the safety net ----------------------------------------------------------------------------
+class Unwrapped(nn.Module):
+    """Computes through ``torch._C._VariableFunctions``, the raw bindings behind ``torch.*``,
+    which torchlens deliberately leaves alone (models never call them; a C extension would be
+    the same case)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((3,), 2.0))
+        self.block = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+
+    def forward(self, x):
+        hidden = torch._C._VariableFunctions.exp(x * self.scale)
+        return self.block(hidden) + 1
+
+
+def test_untraced_producer_is_visible():
+    model, x = Unwrapped(), torch.randn(2, 3)
+    alive = tensors_alive()
+    h = tl.log_forward_pass(model, x, random_seed=0, save_function_args=True)
+    assert h.layer_labels == ["input_1_0", "mul_1_1", "untraced_1_2", "linear_1_3", "relu_1_4", "add_1_5",
+                              "output_1_6"]
+    gap = h["untraced_1_2"]
+    assert gap.is_untraced and gap.kind == "untraced" and h.untraced_layers == ["untraced_1_2"]
+    assert gap.parent_layers == [] and gap.child_layers == ["linear_1_3"]
+    assert h["linear_1_3"].parent_layers == ["untraced_1_2"]
+    torch.testing.assert_close(gap.activation.detach(), torch.exp(x * 2))
+    assert "ExpBackward0" in gap.untraced_reason and gap.func is None
+    assert not gap.created_inside_model and not h["linear_1_3"].created_inside_model
+    # the ground truth agrees: this is the one hole
+    assert holes(h, alive) == [f"untraced_1_2: untraced producer ({gap.untraced_reason})"]
+
+    assert "WARNING: 1 tensor comes from untraced producers" in str(h) and "untraced_1_2" in str(h)
+    assert "Untraced producer: its grad_fn ExpBackward0 was made by an operation" in str(gap)
+    assert "First used inside module: block.0" in str(gap)
+    row = h.to_pandas().set_index("label").loc["untraced_1_2"]
+    assert row["kind"] == "untraced" and "ExpBackward0" in row["untraced_reason"]
+    for depth in (None, 0):  # drawn in its own style, also when its module is collapsed
+        source = build_dot(h, vis_nesting_depth=depth).source
+        node = next(line for line in source.splitlines() if line.strip().startswith("untraced_1_2 ["))
+        assert "shape=octagon" in node and "untraced producer" in node
+
+
+def test_validate_names_the_untraced_producer(capsys):
+    x = torch.randn(2, 3)
+    assert tl.validate_model_activations(Unwrapped(), x, random_seed=0, verbose=True) is False
+    report = capsys.readouterr().out
+    assert "untraced_1_2: untraced producer inside module 'block.0', used by linear_1_3" in report
+    assert "ExpBackward0" in report and "torch.library custom operator" in report
+    with torch.no_grad():  # without autograd the reason is the tensor's unknown origin
+        assert not tl.validate_model_activations(Unwrapped(), x, random_seed=0, verbose=True)
+    assert "not an input, parameter, buffer or tensor attribute of the model" in capsys.readouterr().out
+
+
+def test_untraced_tensor_returned_by_a_module_or_the_model():
+    class Inner(nn.Module):
+        def forward(self, x):
+            return torch._C._VariableFunctions.sin(x)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x), torch._C._VariableFunctions.cos(x)
+
+    h = tl.log_forward_pass(Outer(), torch.randn(3), random_seed=0)
+    first, second = h.untraced_layers
+    assert h["inner"].layer_type == "identity" and h["inner"].parent_layers == [first]  # pass-through
+    assert h["output.1"].parent_layers == [second]
+
+
+GLOBAL_TABLE = torch.tensor([1.0, 2.0, 3.0])
+
+
+def test_tensors_that_existed_before_the_pass_are_not_gaps():
+    """Constants are no gap: module attributes (also in lists and dicts), globals of the
+    model's file, parameters, buffers, and a tensor the model cached during an earlier call."""
+    class Constants(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.tensor([0.5, 1.0, 2.0])
+            self.tables = [torch.ones(3), {"shift": torch.full((3,), 0.25)}]
+            self.register_buffer("offset", torch.zeros(3))
+            self.cache = None
+
+        def forward(self, x):
+            if self.cache is None:
+                self.cache = x.detach() * 0
+            y = x * self.table * self.tables[0] + self.tables[1]["shift"] + GLOBAL_TABLE + self.offset
+            return y + self.cache
+
+    model, x = Constants(), torch.randn(3)
+    model(x)  # fills the cache before the pass
+    h = log_checked(model, x)
+    assert h.untraced_layers == []
+    assert tl.validate_model_activations(model, x, random_seed=0)
