@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -68,7 +69,7 @@ class Run:
         self._lock = threading.Lock()
         try:
             self._db = connect(self.path)
-            meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            meta = self._meta()
         except sqlite3.DatabaseError as error:
             raise RunError(f"torchlens: the run database {self.path} is corrupted or unreadable ({error}).") from None
         if meta.get("format") != FORMAT:
@@ -77,6 +78,15 @@ class Run:
         self.model_name: str = meta.get("model", "")
         self.options: dict = json.loads(meta.get("options", "{}"))
         self.bins = int(meta["bins"])
+
+    def _meta(self, wait: float = 5.0) -> dict:
+        """The meta table; a database with no tables yet is a run being created: wait for it."""
+        deadline = time.monotonic() + wait
+        while True:
+            tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables or time.monotonic() > deadline:
+                return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            time.sleep(0.05)
 
     # ----- plumbing -----------------------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list:

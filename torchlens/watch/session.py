@@ -62,6 +62,7 @@ class Watch:
         self._logging = False  # the step in progress is logged
         self._forward_active = False
         self._backward_seen = False
+        self._steps_written = 0
         self.recorder = StepRecorder(model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)),
                                      ignore_io_grad_classes)
         self.recorder.gate = lambda: self._tracing is None and self._training()
@@ -109,7 +110,8 @@ class Watch:
     # ----- public -------------------------------------------------------------------------
     @property
     def steps_logged(self) -> int:
-        return self._writer.num_logged if self._writer is not None else 0
+        """Logged steps written to the run so far (also after ``close()``)."""
+        return self._steps_written
 
     def flush(self) -> None:
         """Write the step in progress now (it is otherwise written when the next one starts)."""
@@ -237,6 +239,7 @@ class Watch:
             self._writer.add_calls(new_calls)
         h = histograms(samples, self.reject)
         self._writer.write_step(step, keys, h.counts, h.lo, h.hi, h.nonfinite)
+        self._steps_written += 1
         for backend in self.backends:
             backend.log_step(step, keys, h, self.run_dir)
 

@@ -57,7 +57,6 @@ class RunWriter:
         self.db = connect(self.path)
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = NORMAL")  # a killed process loses nothing committed
-        self.db.executescript(_SCHEMA)
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
@@ -65,8 +64,10 @@ class RunWriter:
         meta = {"format": FORMAT, "model": model_name, "options": json.dumps(options), "bins": str(bins),
                 "stride": "1", "max_columns": str(max_columns), "created": str(time.time()),
                 "status": "running"}
-        with self.db:
-            self.db.execute("BEGIN")
+        with self.db:  # tables and meta in one transaction: a reader never sees half a run
+            self.db.execute("BEGIN IMMEDIATE")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                self.db.execute(statement)
             self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
 
     def set_status(self, status: str) -> None:
