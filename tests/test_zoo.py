@@ -4,6 +4,9 @@ For every model of the zoo:
 
 * the number of logged operations is the same in two metadata-only passes
   (``len(tl.log_forward_pass(model, ..., layers_to_save=None, random_seed=0))``);
+* no holes (``tests/trace_holes.py``): every tensor that entered a logged operation was logged
+  or alive before the pass, so no operation lost the parent it was computed from and no
+  untraced producer was needed. A hole fails the test even where validation is an xfail;
 * ``tl.validate_model_activations(model, ..., random_seed=0)`` is True: the logged outputs equal
   those of a plain run, every operation replays exactly from its saved parents, and every edge
   is a real dependency.
@@ -21,6 +24,7 @@ import torch
 
 import torchlens as tl
 
+from trace_holes import holes, tensors_alive
 from zoo_models import TV_CLASSIFICATION_LEFT_OUT, ZOO, ZooModel, tv_classification_names
 
 
@@ -52,8 +56,14 @@ def _params():
 @pytest.mark.parametrize("entry", list(_params()))
 def test_zoo_model(entry: ZooModel):
     model, args, kwargs = entry.build()
-    counts = [len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None, random_seed=0))
-              for _ in range(2)]
+    alive = tensors_alive()
+    first = tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None, random_seed=0,
+                                save_function_args=True)
+    found = holes(first, alive)
+    assert not found, f"{entry.name}: {len(found)} holes in the trace: " + "; ".join(found[:5])
+    counts = [len(first), len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None,
+                                                  random_seed=0))]
+    del alive, first
     assert counts[0] == counts[1], f"{entry.name}: {counts[0]} operations, then {counts[1]}"
     assert counts[0] > 2, f"{entry.name}: only {counts[0]} layers logged"
     # verbose: the report of a failure goes to the captured stdout, shown with the failure
