@@ -23,13 +23,13 @@ def export_html(run_dir: str, path: str, run_id: Optional[str] = None) -> str:
     """Write the explorer page of the run at ``run_dir`` to ``path``; returns ``path``.
 
     Example:
-        >>> import os, tempfile, torch, torchlens as tl
+        >>> import os, pathlib, tempfile, torch, torchlens as tl
         >>> from torchlens.explorer import export_html
         >>> model, folder = torch.nn.Linear(2, 2), tempfile.mkdtemp()
         >>> with tl.watch(model, run_dir=folder, backend=None, verbose=False):
         ...     model(torch.ones(1, 2)).sum().backward()
         >>> page = export_html(folder, os.path.join(folder, "page.html"))
-        >>> 'TORCHLENS_EXPORT' in open(page).read()
+        >>> 'TORCHLENS_EXPORT' in pathlib.Path(page).read_text()
         True
     """
     catalog = Catalog(run_dir)
