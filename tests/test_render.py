@@ -472,3 +472,72 @@ def test_backward_path_drawn_when_gradients_saved():
     source = build_dot(h).source
     assert source.count("#3b6fb6") == 3 * 2  # output->linear2->relu->linear1: 3 edges, colour + font
     assert "#3b6fb6" not in build_dot(h, show_gradients=False).source
+
+
+# ----- wide fan-in and fan-out: short labels, junctions, and dot stays fast ----------------------------
+class StackedSteps(nn.Module):
+    """A sequence model whose step outputs are stacked: every step feeds the stack, and the
+    input feeds every step (a wide fan-in and a wide fan-out, both spanning the whole chain)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.RNNCell(3, 3)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[1], 3)
+        outs = []
+        for t in range(x.shape[0]):
+            h = self.cell(x[t], h)
+            outs.append(h)
+        return torch.stack(outs)
+
+
+def _steps(n):
+    torch.manual_seed(0)
+    return tl.get_model_metadata(StackedSteps(), torch.rand(n, 2, 3), random_seed=0)
+
+
+def test_wide_fan_in_and_out_go_through_junctions():
+    from torchlens.render.fans import Junction
+    from torchlens.render.structure import build_structure
+
+    s = build_structure(_steps(20))
+    into_stack = [e for e in s.edges if e.head.id == "stack_1_4"]
+    assert len(into_stack) == 1 and isinstance(into_stack[0].tail.item, Junction)  # was 20 edges
+    assert "arg 0[0], arg 0[1], arg 0[2], ..., arg 0[19] (20 in all)" == into_stack[0].label_text(False)
+    out_of_input = [e for e in s.edges if e.tail.id == "input_1_0"]
+    assert len(out_of_input) == 1 and isinstance(out_of_input[0].head.item, Junction)
+    junctions = [n for n in s.nodes.values() if isinstance(n.item, Junction)]
+    assert len(junctions) == 40  # one per step on each side: every edge is short
+    narrow = build_structure(_steps(4))  # below the threshold nothing changes
+    assert len([e for e in narrow.edges if e.head.id == "stack_1_4"]) == 4
+    overridden = build_dot(_steps(20), edge_attrs={"color": lambda p, c: "red" if c.label == "stack_1_4" else None})
+    assert overridden.source.count("color=red") == 20  # overrides still see (parent, child)
+
+
+@needs_dot
+def test_long_sequences_draw_fast_unrolled_and_rolled():
+    import time
+
+    start = time.perf_counter()
+    svg_of(_steps(100), progress=False)  # was over 100 s in dot (200 long edges into one node)
+    assert time.perf_counter() - start < 30
+    rolled = build_dot(_steps(1500), vis_mode="rolled")  # one edge listing 1,500 positions
+    assert max(len(line) for line in rolled.source.splitlines()) < 1000
+    assert "(1500 in all)" in rolled.source
+    assert "<svg" in svg_of(_steps(1500), vis_mode="rolled")  # dot refused labels over 16,384 chars
+
+
+def test_long_labels_are_elided():
+    assert style.positions_text([(0, i) for i in range(6)]) == "arg 0[0], arg 0[1], arg 0[2], ..., arg 0[5] (6 in all)"
+    assert style.positions_text([0, 1]) == "arg 0, arg 1"
+    assert style.passes_text(range(1, 100, 2)) == "passes 1, 3, 5, ..., 99 (50 in all)"
+    assert style.clip("x" * 500).endswith("...") and len(style.clip("x" * 500)) == style.MAX_LABEL_CHARS
+
+
+@needs_dot
+def test_a_note_shows_while_dot_runs_on_large_graphs(recurrent, capsys):
+    tl_graphviz.run_dot(build_dot(recurrent), "svg")
+    assert "laying out" not in capsys.readouterr().err  # small: silent
+    tl_graphviz.run_dot(build_dot(recurrent), "svg", progress=True)
+    assert "graphviz's dot is laying out" in capsys.readouterr().err

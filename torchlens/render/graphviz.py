@@ -15,10 +15,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import shutil
 import sys
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
@@ -26,11 +28,12 @@ import graphviz
 from ..history.format import human_bytes
 from ..history.rolled import RolledLayer
 from . import style as st
+from .fans import Junction
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
 
 AttrValue = Union[str, int, float, Callable[..., Any]]
 AttrOverrides = Optional[Mapping[str, AttrValue]]
-PROGRESS_THRESHOLD = 500  # show a progress bar while building graphs with more nodes than this
+PROGRESS_THRESHOLD = 500  # graphs with more nodes than this show progress while built and while dot runs
 
 INSTALL_HELP = (
     "Drawing the graph needs Graphviz's `dot` program, which was not found on the PATH "
@@ -148,6 +151,8 @@ def _param_numels(node: Node) -> Iterable:
     item = node.item
     if isinstance(item, CollapsedModule):
         return item.param_numels.items()
+    if isinstance(item, Junction):
+        return ()
     out = []
     for address, shape in zip(item.param_addresses or (), item.param_shapes or ()):
         n = 1
@@ -162,6 +167,9 @@ def _emit(structure: GraphStructure, cluster: Cluster, graph: graphviz.Digraph, 
     rolled = structure.rolled
     for node in cluster.nodes:
         item = node.item
+        if isinstance(item, Junction):  # not the user's node: no overrides
+            graph.node(node.id, **st.JUNCTION)
+            continue
         if isinstance(item, CollapsedModule):
             attrs = _module_node_look(item, rolled)
         else:
@@ -183,9 +191,11 @@ def _emit(structure: GraphStructure, cluster: Cluster, graph: graphviz.Digraph, 
             attrs.update(st.IF_EDGE)
         label = edge.label_text(rolled)
         if label:
-            attrs["label"] = label.replace("\n", "\\n")  # DOT's own line break escape
+            attrs["label"] = st.clip(label).replace("\n", "\\n")  # DOT's own line break escape
         attrs.update(edge.attrs)
-        attrs.update(_overrides(opts["edge_attrs"], edge.tail.item, edge.head.item))
+        tail, head = edge.ends or (edge.tail.item, edge.head.item)
+        if not isinstance(tail, Junction) and not isinstance(head, Junction):
+            attrs.update(_overrides(opts["edge_attrs"], tail, head))
         graph.edge(edge.tail.id, edge.head.id, **attrs)
 
 
@@ -228,7 +238,8 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
             callable returning None keeps the default.
         extra_edges: ``(tail label, head label, attributes)`` drawn in addition to the data
             edges (the hook for e.g. backward edges).
-        progress: show a tqdm progress bar while building; default: when > 500 nodes.
+        progress: show a tqdm progress bar while building (and, in ``render_graph`` and
+            ``svg_of``, the elapsed time while ``dot`` lays the graph out); default: when > 500 nodes.
         inline_single_op_modules: draw no box for a module that holds a single operation (its
             output, plus buffers it reads, e.g. a ``Conv2d`` or ``BatchNorm2d``); the node
             names the module in italics instead. False: a box for every module.
@@ -274,14 +285,50 @@ def backward_edges(history: Any) -> List[ExtraEdge]:
 
 
 # ----- running dot --------------------------------------------------------------------------------
-def run_dot(dot: graphviz.Digraph, fileformat: str) -> bytes:
-    """The drawing as bytes in ``fileformat``; ``GraphvizNotFoundError`` if ``dot`` is missing."""
+def run_dot(dot: graphviz.Digraph, fileformat: str, progress: Optional[bool] = None) -> bytes:
+    """The drawing as bytes in ``fileformat``; ``GraphvizNotFoundError`` if ``dot`` is missing.
+
+    While ``dot`` lays out a large graph (more than ``PROGRESS_THRESHOLD`` nodes, or when
+    ``progress`` is True) a line on stderr says what it is doing and for how long so far.
+    """
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError()
+    edges = sum(1 for line in dot.body if " -> " in line)
+    nodes = sum(1 for line in dot.body if " -> " not in line and line.startswith("\t") and " [" in line
+                and not line.lstrip().startswith(("graph ", "node ", "edge ")))
+    show = progress if progress is not None else nodes > PROGRESS_THRESHOLD
     try:
-        return dot.pipe(format=fileformat)
+        with _DotTimer(nodes, edges) if show else contextlib.nullcontext():
+            return dot.pipe(format=fileformat)
     except graphviz.ExecutableNotFound as error:
         raise GraphvizNotFoundError() from error
+
+
+class _DotTimer:
+    """A tqdm line with the elapsed time, refreshed from a thread while ``dot`` runs."""
+
+    def __init__(self, nodes: int, edges: int) -> None:
+        self.desc = (f"torchlens: graphviz's dot is laying out {nodes:,} nodes and {edges:,} edges (large graphs "
+                     "take a while; vis_mode='rolled' or vis_nesting_depth draw fewer nodes)")
+        self.done = threading.Event()
+
+    def __enter__(self) -> "_DotTimer":
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", leave=True)
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+        self.thread.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self.done.wait(0.5):
+            self.bar.refresh()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+        self.bar.refresh()
+        self.bar.close()
 
 
 def in_notebook() -> bool:
@@ -312,7 +359,7 @@ def svg_of(history: Any, **options: Any) -> str:
         >>> svg_of(h, vis_mode="rolled").lstrip().startswith("<?xml")
         True
     """
-    return run_dot(build_dot(history, **options), "svg").decode("utf-8")
+    return run_dot(build_dot(history, **options), "svg", options.get("progress")).decode("utf-8")
 
 
 def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
@@ -340,7 +387,7 @@ def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Op
         raise ValueError(f"fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
     dot = build_dot(history, vis_mode, vis_nesting_depth, direction, graph_attrs, node_attrs, edge_attrs,
                     module_attrs, extra_edges, progress, inline_single_op_modules, show_gradients)
-    data = run_dot(dot, fileformat)
+    data = run_dot(dot, fileformat, progress)
     path = f"{outpath}.{fileformat}"
     folder = os.path.dirname(path)
     if folder:

@@ -30,6 +30,7 @@ import torch
 
 from ..history.rolled import RolledLayer
 from ..history.tensor_log import TensorLogEntry
+from .fans import Junction, group_wide_fans
 from .style import COMMUTATIVE_TYPES, passes_text, positions_text
 
 ClusterKey = Tuple[Tuple[str, Optional[int]], ...]  # ((address, pass or None), ...) outermost first
@@ -64,7 +65,7 @@ class CollapsedModule:
         return sum(self.param_numels.values())
 
 
-Item = Union[TensorLogEntry, RolledLayer, CollapsedModule]
+Item = Union[TensorLogEntry, RolledLayer, CollapsedModule, Junction]
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Edge:
 
     tail: Node
     head: Node
-    kind: str  # 'data', 'if' or 'extra'
+    kind: str  # 'data', 'if', 'extra', or 'bus' (between the junctions of a wide fan, see fans.py)
     positions: List[Any] = field(default_factory=list)
     show_positions: bool = False
     child_passes: Set[int] = field(default_factory=set)
@@ -91,6 +92,7 @@ class Edge:
     parent_total: int = 1
     attrs: Dict[str, str] = field(default_factory=dict)
     cluster: ClusterKey = ()
+    ends: Optional[Tuple[Any, Any]] = None  # (parent, child) items of an edge rerouted through a junction
 
     def label_text(self, rolled: bool) -> Optional[str]:
         """Argument positions and, in rolled mode, the passes the edge belongs to (if not all)."""
@@ -185,6 +187,11 @@ class _Builder:
         self.s.clusters[key] = made
         parent.children.append(key)
         return made
+
+    def junction(self, node_id: str, cluster: ClusterKey) -> Node:
+        node = Node(node_id, Junction(node_id), cluster)
+        self.place(node)
+        return node
 
     def place(self, node: Node) -> None:
         self.s.nodes[node.id] = node
@@ -372,8 +379,36 @@ def build_structure(history: Any, vis_mode: str = "unrolled", vis_nesting_depth:
             if b.key_of(label) not in b.visible:
                 raise ValueError(f"extra_edges: {label!r} is not a layer label of this history.")
         b.add_edge(tail, head, "extra", attrs=attrs)
-    for edge in b.edges.values():
+    edges = group_wide_fans(list(b.s.nodes.values()), list(b.edges.values()), b.junction, _derived_edge,
+                            _common_cluster)
+    for edge in edges:
         edge.cluster = _common_prefix(edge.tail.cluster, edge.head.cluster)
         b.s.clusters[edge.cluster].edges.append(edge)
         b.s.edges.append(edge)
     return b.s
+
+
+def _common_cluster(keys: List[ClusterKey]) -> ClusterKey:
+    common = keys[0]
+    for key in keys[1:]:
+        common = _common_prefix(common, key)
+    return common
+
+
+def _derived_edge(tail: Node, head: Node, like: Optional[Edge] = None, kind: str = "data",
+                  positions: Optional[List[Any]] = None, show_positions: Optional[bool] = None,
+                  **attrs: str) -> Edge:
+    """An edge of a junction (fans.py), copying what ``like`` shows."""
+    edge = Edge(tail, head, kind)
+    if like is not None:
+        edge.attrs = dict(like.attrs)
+        edge.positions, edge.show_positions = list(like.positions), like.show_positions
+        edge.child_passes, edge.child_total = like.child_passes, like.child_total
+        edge.parent_passes, edge.parent_total = like.parent_passes, like.parent_total
+        edge.ends = like.ends or (like.tail.item, like.head.item)
+    if positions is not None:
+        edge.positions = positions
+    if show_positions is not None:
+        edge.show_positions = show_positions
+    edge.attrs.update(attrs)
+    return edge

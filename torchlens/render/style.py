@@ -86,6 +86,10 @@ CLUSTER_DEFAULTS = {
     "labeljust": "l",
     "margin": "10",
 }
+MAX_LABEL_CHARS = 200
+# where the edges of a wide fan-in or fan-out meet (fans.py): a dot on the edges' line
+JUNCTION = {"shape": "point", "width": "0.04", "height": "0.04", "color": EDGE_COLOR, "fillcolor": EDGE_COLOR,
+            "label": ""}
 IF_EDGE = {"style": "dashed", "color": IF_EDGE_COLOR, "fontcolor": IF_EDGE_COLOR, "label": "if"}
 
 
@@ -98,8 +102,9 @@ def shape_text(shape: Optional[Sequence[int]]) -> str:
     return "x".join("*" if d is None else str(int(d)) for d in shape) if len(shape) else "scalar"
 
 
-def passes_text(passes: Iterable[int]) -> str:
-    """``{2, 3, 4}`` -> ``'passes 2-4'``; ``{1}`` -> ``'pass 1'``; ``{1, 3, 4}`` -> ``'passes 1, 3-4'``."""
+def passes_text(passes: Iterable[int], limit: int = 4) -> str:
+    """``{2, 3, 4}`` -> ``'passes 2-4'``; ``{1}`` -> ``'pass 1'``; ``{1, 3, 4}`` -> ``'passes 1, 3-4'``;
+    past ``limit`` runs the middle is elided: ``'passes 1, 3, 5, ..., 99 (50 in all)'``."""
     nums = sorted(set(passes))
     runs: List[str] = []
     start = prev = nums[0]
@@ -110,6 +115,8 @@ def passes_text(passes: Iterable[int]) -> str:
         runs.append(str(start) if start == prev else f"{start}-{prev}")
         if n is not None:
             start = prev = n
+    if len(runs) > limit:
+        runs = runs[: limit - 1] + ["...", runs[-1] + f" ({len(nums)} in all)"]
     return ("pass " if len(nums) == 1 else "passes ") + ", ".join(runs)
 
 
@@ -123,9 +130,19 @@ def position_text(position: Any) -> str:
     return str(position)
 
 
-def positions_text(positions: Iterable[Any]) -> str:
-    """Several positions of one parent, in order, without repeats."""
-    return ", ".join(dict.fromkeys(position_text(p) for p in positions))
+def positions_text(positions: Iterable[Any], limit: int = 4) -> str:
+    """Several positions of one parent, in order, without repeats; past ``limit`` the middle is
+    elided (a stack of 1,500 steps is one edge: ``'arg 0[0], arg 0[1], arg 0[2], ..., arg 0[1499]
+    (1500 in all)'``)."""
+    texts = list(dict.fromkeys(position_text(p) for p in positions))
+    if len(texts) > limit:
+        texts = texts[: limit - 1] + ["...", f"{texts[-1]} ({len(texts)} in all)"]
+    return ", ".join(texts)
+
+
+def clip(text: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """A label cut to ``limit`` characters (``dot`` rejects quoted strings over 16,384)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def params_text(count: int) -> str:
