@@ -288,8 +288,9 @@ def backward_edges(history: Any) -> List[ExtraEdge]:
 def run_dot(dot: graphviz.Digraph, fileformat: str, progress: Optional[bool] = None) -> bytes:
     """The drawing as bytes in ``fileformat``; ``GraphvizNotFoundError`` if ``dot`` is missing.
 
-    While ``dot`` lays out a large graph (more than ``PROGRESS_THRESHOLD`` nodes, or when
-    ``progress`` is True) a line on stderr says what it is doing and for how long so far.
+    While ``dot`` lays out a large graph (more than ``PROGRESS_THRESHOLD`` nodes) for more than a
+    second, a line on stderr says what it is doing and for how long so far; ``progress=True``
+    shows it at once, ``progress=False`` never.
     """
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError()
@@ -298,37 +299,44 @@ def run_dot(dot: graphviz.Digraph, fileformat: str, progress: Optional[bool] = N
                 and not line.lstrip().startswith(("graph ", "node ", "edge ")))
     show = progress if progress is not None else nodes > PROGRESS_THRESHOLD
     try:
-        with _DotTimer(nodes, edges) if show else contextlib.nullcontext():
+        with _DotTimer(nodes, edges, 0.0 if progress else 1.0) if show else contextlib.nullcontext():
             return dot.pipe(format=fileformat)
     except graphviz.ExecutableNotFound as error:
         raise GraphvizNotFoundError() from error
 
 
 class _DotTimer:
-    """A tqdm line with the elapsed time, refreshed from a thread while ``dot`` runs."""
+    """A tqdm line with the elapsed time, refreshed from a thread while ``dot`` runs; it appears
+    only once ``dot`` has run for ``delay`` seconds (quick layouts stay silent)."""
 
-    def __init__(self, nodes: int, edges: int) -> None:
+    def __init__(self, nodes: int, edges: int, delay: float = 1.0) -> None:
         self.desc = (f"torchlens: graphviz's dot is laying out {nodes:,} nodes and {edges:,} edges (large graphs "
                      "take a while; vis_mode='rolled' or vis_nesting_depth draw fewer nodes)")
+        self.delay = delay
         self.done = threading.Event()
+        self.bar: Any = None
 
     def __enter__(self) -> "_DotTimer":
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", leave=True)
         self.thread = threading.Thread(target=self._tick, daemon=True)
         self.thread.start()
         return self
 
     def _tick(self) -> None:
+        if self.done.wait(self.delay):
+            return
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", leave=True,
+                        initial=0, miniters=0)
         while not self.done.wait(0.5):
             self.bar.refresh()
 
     def __exit__(self, *exc: Any) -> None:
         self.done.set()
         self.thread.join()
-        self.bar.refresh()
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.refresh()
+            self.bar.close()
 
 
 def in_notebook() -> bool:
