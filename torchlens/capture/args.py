@@ -2,12 +2,23 @@
 
 A position is an ``int`` (positional argument), a ``str`` (keyword argument), or a tuple path
 into nested lists/tuples/dicts, e.g. ``(1, 0)`` for ``args[1][0]`` or ``('hx', 1)``.
+
+Inputs and outputs of models and modules (``tensors_in``) are also searched inside objects
+that hold tensors: types registered with ``torch.utils._pytree``, dataclasses, and plain
+objects' attributes (a HuggingFace ``DynamicCache`` passed as ``past_key_values`` holds the past
+keys at ``('past_key_values', 'layers', 0, 'keys')``). That walk is bounded: at most
+``_MAX_DEPTH`` levels and ``_MAX_VISITS`` values, each object once; modules, classes and
+functions are not entered, and parameters found inside objects are left to be parameters.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Tuple, Union
+import dataclasses
+import types
+from typing import Any, Iterable, List, Tuple, Union
 
 import torch
+import torch.utils._pytree as pytree
+from torch import nn
 
 Position = Union[int, str, Tuple[Union[int, str], ...]]
 
@@ -49,22 +60,101 @@ def tensors_in_call(args: tuple, kwargs: dict) -> List[Tuple[Position, torch.Ten
 
 
 def tensors_in(value: Any) -> List[Tuple[Position, torch.Tensor]]:
-    """Every tensor in a (possibly nested) value; a bare tensor has position ``()``."""
+    """Every tensor in a (possibly nested) value, also inside objects that hold tensors (see the
+    module docstring); a bare tensor has position ``()``.
+
+    Example:
+        >>> import dataclasses, torch
+        >>> class Layer:
+        ...     def __init__(self):
+        ...         self.keys, self.values = torch.zeros(1), torch.ones(1)
+        >>> @dataclasses.dataclass
+        ... class Cache:
+        ...     layers: list
+        >>> [position for position, _ in tensors_in({"past": Cache([Layer()]), "x": torch.zeros(2)})]
+        [('past', 'layers', 0, 'keys'), ('past', 'layers', 0, 'values'), 'x']
+    """
     if isinstance(value, _Tensor):
         return [((), value)]
     found: List[Tuple[Position, torch.Tensor]] = []
-    if isinstance(value, (list, tuple, dict)):
-        _walk_top(value, found)
-    elif hasattr(value, "__dataclass_fields__"):
-        for name in value.__dataclass_fields__:
-            _walk(getattr(value, name, None), (name,), found, 1)
+    if type(value) in _SCALARS:
+        return found
+    _ObjectWalk(found).walk(value, (), 0)
     return found
 
 
-def _walk_top(value: Any, found: list) -> None:
-    items: Iterator = iter(value.items()) if isinstance(value, dict) else enumerate(value)
-    for key, item in items:
-        _walk(item, (key,), found, 1)
+_SCALARS = frozenset({int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size})
+_MAX_VISITS = 10_000
+# never entered: a module's attributes are its parameters and buffers, not data it was given
+_OPAQUE = (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+class _ObjectWalk:
+    def __init__(self, found: list) -> None:
+        self.found = found
+        self.seen: set = set()
+        self.visits = _MAX_VISITS
+
+    def walk(self, value: Any, path: tuple, depth: int, from_object: bool = False) -> None:
+        if isinstance(value, _Tensor):
+            if not (from_object and isinstance(value, nn.Parameter)):
+                self.found.append((path[0] if len(path) == 1 else path, value))
+            return
+        cls = type(value)
+        if cls in _SCALARS:
+            return
+        self.visits -= 1
+        if depth >= _MAX_DEPTH or self.visits <= 0:
+            return
+        if cls is tuple or cls is list:  # the common case first; the depth limit stops cycles
+            items, is_object = enumerate(value), False
+        elif cls is dict:
+            items, is_object = value.items(), False
+        else:
+            if id(value) in self.seen:
+                return
+            self.seen.add(id(value))
+            items, is_object = _children(value)
+        for key, item in items:
+            self.walk(item, path + (key,), depth + 1, is_object)
+
+
+def _children(value: Any) -> Tuple[Iterable[Tuple[Any, Any]], bool]:
+    """(key, child) pairs of a container or an object that may hold tensors, and whether it is
+    an object (not a list, tuple or dict)."""
+    if isinstance(value, dict):
+        return value.items(), False
+    if isinstance(value, (list, tuple)):
+        return enumerate(value), False
+    if isinstance(value, _OPAQUE):
+        return (), True
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None:
+        return _pytree_children(value, node), True
+    if dataclasses.is_dataclass(value):
+        return ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)), True
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        return list(attributes.items()), True
+    return (), True
+
+
+def _pytree_children(value: Any, node: Any) -> List[Tuple[Any, Any]]:
+    try:
+        if node.flatten_with_keys_fn is not None:
+            pairs, _ = node.flatten_with_keys_fn(value)
+            return [(_key_name(key, i), child) for i, (key, child) in enumerate(pairs)]
+        children, _ = node.flatten_fn(value)
+        return list(enumerate(children))
+    except Exception:  # a user's flatten function failed: no tensors from it rather than no trace
+        return []
+
+
+def _key_name(key: Any, index: int) -> Any:
+    for attribute in ("name", "key", "idx"):  # GetAttrKey, MappingKey, SequenceKey
+        if hasattr(key, attribute):
+            return getattr(key, attribute)
+    return index
 
 
 def position_text(position: Position) -> str:
