@@ -58,6 +58,8 @@ def parse_request(layers_to_save: Any, module_addresses: Collection[str],
             modules.add(key)
         elif sep and base in module_addresses and pass_text.isdigit():
             modules.add((base, int(pass_text)))
+        elif sep and base in module_addresses and pass_text.partition(".")[0].isdigit():
+            needs_labels = True  # one output of a module call ('lstm:1.0'): found by key after a first pass
         elif "." in key or key in buffer_addresses:
             addresses.add(key)  # labels and layer types have no '.': an input/output/buffer address
         elif "_" in key or ":" in key or key.isdigit():

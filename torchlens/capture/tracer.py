@@ -73,6 +73,8 @@ class Tracer:
         self.module_pass_counts: Dict[str, int] = {}
         # (address, pass) -> how many call_frames lie above the module's forward
         self.module_frame_depths: Dict[Tuple[str, int], int] = {}
+        # (address, pass) -> [(position in the module's output, record)], for keys like 'lstm:1.0'
+        self.module_outputs: Dict[Tuple[str, int], List[Tuple[Any, TensorLogEntry]]] = {}
         self.caller_frame = None
         self.frames_cache: Optional[tuple] = None
         self.error_context: Optional[str] = None
@@ -399,11 +401,12 @@ class Tracer:
             self.error_context = f"inside module '{address}'" + _raise_site(sys.exc_info()[1])
         self.paused = True
         try:
-            for _, tensor in tensors_in(output):
+            for position, tensor in tensors_in(output):
                 e = self.entry_of(tensor)
                 if e is None or e.raw_index < start:
                     e = self._pass_through(tensor, e)
                 e.output_of_modules.append((address, n))
+                self.module_outputs.setdefault((address, n), []).append((position, e))
                 if e.activation is None and self.plan.wants_module(address, n):
                     e.activation = self.plan.copy(tensor)
         finally:

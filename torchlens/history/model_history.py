@@ -71,9 +71,10 @@ class ModelHistory:
         if isinstance(found, TensorLogEntry):
             return found
         if found is not None:  # Ambiguous
+            shown = ", ".join(repr(k) for k in found.suggestions[:6]) + (", ..." if len(found.suggestions) > 6 else "")
             raise KeyError(
                 f"{key!r} names several layers ({found.what}): {', '.join(found.labels)}. "
-                "Add the pass to pick one, e.g. " + repr(found.labels[0])
+                f"Pick one with a key that names it alone: {shown}."
             )
         raise KeyError(self._unknown_key_message(key))
 
@@ -245,7 +246,7 @@ class ModelHistory:
             *self._hierarchy_lines(),
             "\tLayers:",
         ]
-        lines.extend(f"\t\t{i}: {label}" for i, label in enumerate(self.layer_labels))
+        lines.extend(f"\t\t{i}: {e.label}{e.call_note()}" for i, e in enumerate(self.layer_list))
         return "\n".join(lines)
 
     def __repr__(self) -> str:

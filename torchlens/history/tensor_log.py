@@ -57,6 +57,8 @@ _DERIVED_FIELDS = (
     "operation_num",  # ordinal in the history's layer list
     "num_operations",
     "module_passes",  # {address: num passes} of the history, for printing
+    "module_output_positions",  # {(module address, pass): where this tensor sat in that call's output}
+    "call_outputs",  # labels of all outputs of this tensor's call, when the function returned several
 )
 
 
@@ -181,6 +183,21 @@ class TensorLogEntry:
         passes = (self.module_passes or {}).get(address, 1)
         return address if passes == 1 else f"{address}:{pass_num}"
 
+    def call_note(self) -> str:
+        """``' (output 2 of 3 of one lstm call)'`` for an output of a multi-output call, else ``''``."""
+        if not self.call_outputs or self.label not in self.call_outputs:
+            return ""
+        return (f" (output {self.call_outputs.index(self.label) + 1} of {len(self.call_outputs)} "
+                f"of one {self.func_name} call)")
+
+    def _module_output_text(self, address: str, pass_num: int) -> str:
+        """``'lstm'``, or ``'lstm (output 1.0)'`` when the call returned a container of tensors."""
+        position = (self.module_output_positions or {}).get((address, pass_num), ())
+        if position == ():
+            return self._module_text(address, pass_num)
+        path = ".".join(map(str, position if isinstance(position, tuple) else (position,)))
+        return f"{self._module_text(address, pass_num)} (output {path})"
+
     def __str__(self) -> str:
         shape = tuple(self.shape) if self.shape is not None else None
         lines = [f"Layer {self.label}, operation {self.operation_num + 1}/{self.num_operations}:"]
@@ -210,7 +227,9 @@ class TensorLogEntry:
         lines.append(f"\tParent Layers: {', '.join(self.parent_layers) or 'no parent layers'}")
         lines.append(f"\tChild Layers: {', '.join(self.child_layers) or 'no child layers'}")
         if self.func is not None:
-            lines.append(f"\tFunction: {self.func_name} (grad_fn={self.grad_fn_name})")
+            lines.append(f"\tFunction: {self.func_name} (grad_fn={self.grad_fn_name}){self.call_note()}")
+        if self.call_outputs:
+            lines.append(f"\tOutputs of the same call: {', '.join(self.call_outputs)}")
         if self.module_stack and self.kind == "untraced":  # where it was made is unknown
             lines.append(f"\tFirst used inside module: {self._module_text(*self.module_stack[-1])}")
         elif self.module_stack:
@@ -219,7 +238,7 @@ class TensorLogEntry:
             lines.append("\tComputed inside module: not computed inside a module")
         lines.append(f"\tTime elapsed: {self.elapsed:.3E}s")
         if self.output_of_modules:
-            outs = ", ".join(self._module_text(a, p) for a, p in self.output_of_modules)
+            outs = ", ".join(self._module_output_text(a, p) for a, p in self.output_of_modules)
             lines.append(f"\tOutput of modules: {outs}")
             lines.append(f"\tOutput of bottom-level module: {self._module_text(*self.output_of_modules[0])}")
         else:

@@ -8,7 +8,7 @@ from ..capture.run import PassResult
 from ..history.model_history import ModelHistory, ModuleInfo
 from ..history.tensor_log import TensorLogEntry
 from .graph import children_of, prune
-from .labels import assign_labels, build_lookup
+from .labels import assign_labels, build_lookup, link_call_outputs
 from .passes import group_passes
 
 
@@ -19,6 +19,11 @@ def build_history(result: PassResult) -> ModelHistory:
     entries = prune(tracer.entries)
     layers = group_passes(entries, tracer.module_frame_depths)
     assign_labels(layers)
+    link_call_outputs(tracer.entries, entries)
+    for (address, pass_num), outputs in tracer.module_outputs.items():
+        for position, e in outputs:
+            positions = e.module_output_positions = e.module_output_positions or {}
+            positions.setdefault((address, pass_num), position)
     _link(entries)
     for ref in tracer.parent_placeholders:
         ref.label = ref.label.label  # the placeholder held the parent's record until now

@@ -1,7 +1,7 @@
 """Labels (``conv2d_3_7``, ``linear_1_1:2``) and the keys that find each entry."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple, Union
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from ..history.tensor_log import TensorLogEntry
 
@@ -9,13 +9,15 @@ Key = Union[str, int]
 
 
 class Ambiguous:
-    """A key that names several entries (a layer's passes, or a module's several passes)."""
+    """A key that names several entries (a layer's passes, a module's passes or outputs), with
+    more specific keys that each name one of them."""
 
-    __slots__ = ("what", "labels")
+    __slots__ = ("what", "labels", "suggestions")
 
-    def __init__(self, what: str, labels: List[str]) -> None:
+    def __init__(self, what: str, labels: List[str], suggestions: Sequence[Key] = ()) -> None:
         self.what = what
         self.labels = labels
+        self.suggestions = list(suggestions)
 
 
 def assign_labels(layers: List[List[TensorLogEntry]]) -> None:
@@ -33,10 +35,17 @@ def assign_labels(layers: List[List[TensorLogEntry]]) -> None:
             e.label = layer_label if len(passes) == 1 else f"{layer_label}:{pass_num}"
 
 
+def output_key(address: str, pass_num: int, position: Any) -> str:
+    """The key of one output of one module call: ``'lstm:1.0'`` (first output of the first call),
+    ``'lstm:1.1.0'`` (``output[1][0]``), ``'block:2.hidden'`` (a dict's ``'hidden'``)."""
+    path = position if isinstance(position, tuple) else (position,)
+    return f"{address}:{pass_num}." + ".".join(map(str, path))
+
+
 def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Dict[Key, object]:
     """Every key form of every entry -> the entry, or ``Ambiguous`` when a key names several.
 
-    Also sets ``lookup_keys`` (what ``print(entry)`` lists) and the entries' ordinals.
+    Also sets ``lookup_keys`` (what ``print(entry)`` lists).
     """
     lookup: Dict[Key, object] = {}
     shared: Dict[str, Tuple[str, List[str]]] = {}
@@ -45,7 +54,9 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         lookup[key] = e
 
     def add_shared(key: str, what: str, e: TensorLogEntry) -> None:
-        shared.setdefault(key, (what, []))[1].append(e.label)
+        labels = shared.setdefault(key, (what, []))[1]
+        if e.label not in labels:  # a module may return the same tensor twice
+            labels.append(e.label)
 
     total = len(entries)
     for i, e in enumerate(entries):
@@ -64,24 +75,77 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         else:
             add_shared(e.layer_label, f"layer {e.layer_label} has {e.num_passes} passes", e)
             add_shared(e.short_label, f"layer {e.layer_label} has {e.num_passes} passes", e)
+        for (address, pass_num), position in (e.module_output_positions or {}).items():
+            if position != ():
+                add(output_key(address, pass_num, position), e)
         for address, pass_num in e.output_of_modules:
             with_pass = f"{address}:{pass_num}"
-            add_shared(with_pass, f"module {with_pass} has several output tensors", e)
-            add_shared(address, f"module {address} has {module_passes.get(address, 1)} passes or outputs", e)
-            keys.extend([address, with_pass] if module_passes.get(address, 1) == 1 else [with_pass])
+            passes = module_passes.get(address, 1)
+            add_shared(with_pass, f"module call {with_pass} returned several tensors", e)
+            add_shared(address, f"module {address} has {passes} passes" if passes > 1
+                       else f"module {address} returned several tensors", e)
+            keys.extend([address, with_pass] if passes == 1 else [with_pass])
         if e.address:
             add(e.address, e)
             keys.append(e.address)
-        e.lookup_keys = _sorted_keys(keys)
+        e.lookup_keys = keys
     by_label = {e.label: e for e in entries}
     for key, (what, labels) in shared.items():
         if key in lookup:
             continue
         lookup[key] = by_label[labels[0]] if len(labels) == 1 else Ambiguous(what, labels)
-    # a module key that names exactly one entry is listed without ambiguity
+    for key, found in lookup.items():
+        if isinstance(found, Ambiguous):
+            found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]
     for e in entries:
-        e.lookup_keys = [k for k in e.lookup_keys if lookup.get(k) is e]
+        module_keys = [output_key(a, p, pos) for (a, p), pos in (e.module_output_positions or {}).items()
+                       if pos != ()]
+        e.lookup_keys = [k for k in _sorted_keys(e.lookup_keys + module_keys) if lookup.get(k) is e]
     return lookup
+
+
+def _specific_key(lookup: Dict[Key, object], e: TensorLogEntry, key: Key) -> Key:
+    """A key that names ``e`` alone, as close to the ambiguous ``key`` as possible: the module
+    call (``'fc:2'``), one output of it (``'lstm:1.0'``), else the label (``'linear_1_1:2'``)."""
+    address = key.split(":")[0] if isinstance(key, str) else None
+    candidates: List[Key] = []
+    for (a, pass_num), position in (e.module_output_positions or {}).items():
+        if a == address:
+            candidates.append(f"{a}:{pass_num}")
+            if position != ():
+                candidates.append(output_key(a, pass_num, position))
+    candidates.append(e.label)
+    return next(k for k in candidates if lookup.get(k) is e)
+
+
+def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry]) -> None:
+    """The outputs of one call of a multi-output function (``torch.lstm`` -> output, h, c;
+    ``torch.max(x, 1)`` -> values, indices) learn about each other: ``call_outputs`` lists
+    their labels, so printing and drawing can say they come from one call.
+
+    The tracer records a call's outputs one after the other, with the same function and the same
+    call stack, each at a different ``output_index``.
+    """
+    alive = {id(e) for e in kept}
+    group: List[TensorLogEntry] = []
+
+    def close() -> None:
+        members = [e for e in group if id(e) in alive]
+        if len(members) > 1:
+            labels = [e.label for e in members]
+            for e in members:
+                e.call_outputs = labels
+
+    for e in records:
+        same_call = (group and e.output_index is not None and e.func is group[-1].func
+                     and e.call_frames is group[-1].call_frames and e.raw_index == group[-1].raw_index + 1
+                     and all(e.output_index != g.output_index for g in group))
+        if not same_call:
+            close()
+            group = []
+        if e.kind == "op" and e.output_index is not None:
+            group.append(e)
+    close()
 
 
 def _sorted_keys(keys: List[Key]) -> List[Key]:
