@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 from .capture.modules import BufferSnapshot
 from .capture.run import run_pass
 from .capture.save_plan import SavePlan
+from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
@@ -74,6 +76,7 @@ def log_forward_pass(
             f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
             "Wrap a plain function in an nn.Module whose forward calls it."
         )
+    model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
     if vis_mode not in ("none", None, "unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
     if output_device not in ("same", None):
@@ -91,29 +94,33 @@ def log_forward_pass(
         return SavePlan(output_device=output_device, activation_postfunc=activation_postfunc,
                         detach=detach_saved_tensors, **which)
 
-    if request.needs_labels:
-        buffers = BufferSnapshot(model)
-        first = build_history(run_pass(model, args, kwargs, plan(), seed))
-        buffers.restore()
-        chosen = frozenset(resolve_request(request, first))
-        result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args,
-                          save_gradients)
-        history = build_history(result)
-        if history.layer_labels != first.layer_labels:
-            raise RuntimeError(
-                "layers_to_save: the model ran differently in the second pass needed to resolve "
-                "labels and positions (its operations depend on something other than the inputs "
-                "and the random seed). Use layers_to_save='all' or module addresses/substrings."
+    with eager_only():  # compiled submodules run eagerly, so their operations are seen
+        if request.needs_labels:
+            buffers = BufferSnapshot(model)
+            first = build_history(run_pass(model, args, kwargs, plan(), seed))
+            buffers.restore()
+            chosen = frozenset(resolve_request(request, first))
+            result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args,
+                              save_gradients)
+            history = build_history(result)
+            if history.layer_labels != first.layer_labels:
+                raise RuntimeError(
+                    "layers_to_save: the model ran differently in the second pass needed to resolve "
+                    "labels and positions (its operations depend on something other than the inputs "
+                    "and the random seed). Use layers_to_save='all' or module addresses/substrings."
+                )
+        else:
+            result = run_pass(
+                model, args, kwargs,
+                plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
+                     addresses=request.addresses),
+                seed, save_function_args, save_gradients,
             )
-    else:
-        result = run_pass(
-            model, args, kwargs,
-            plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
-                 addresses=request.addresses),
-            seed, save_function_args, save_gradients,
-        )
-        history = build_history(result)
-        resolve_request(request, history)  # unknown keys raise, with close matches
+            history = build_history(result)
+            resolve_request(request, history)  # unknown keys raise, with close matches
+    for note in notes:
+        print(f"torchlens: note: {note}", file=sys.stderr)
+    history.notes.extend(notes)
     history = history if keep_unsaved_layers else drop_unsaved(history)
     if vis_mode in ("unrolled", "rolled"):
         from .render import GraphvizNotFoundError, render_graph

@@ -53,6 +53,7 @@ class ModelHistory:
         self.pass_time = pass_time
         self.postprocess_time = postprocess_time
         self._rolled: Optional[Dict[str, RolledLayer]] = None
+        self.notes: List[str] = []  # what the user should know about this trace (printed in the summary)
 
     # ----- container protocol ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -240,6 +241,7 @@ class ModelHistory:
             f"\t{self.num_param_tensors} parameter tensors, used by {self.num_param_operations} operations "
             f"({self.num_params} params total; {human_bytes(self.param_bytes)}).",
             *self._untraced_lines(),
+            *(f"\tNote: {note}" for note in self.notes),
             f"\tRandom seed: {self.random_seed}",
             f"\tTime elapsed: {self.elapsed_time:.3f}s",
             "\tModule Hierarchy:",

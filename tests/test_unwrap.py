@@ -1,0 +1,57 @@
+"""TorchScript models are refused; torch.compile'd models and submodules are traced eagerly
+(torchlens.capture.unwrap)."""
+import time
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.capture.unwrap import TorchScriptModelError
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+X = torch.rand(2, 3)
+no_jit_deprecation = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+
+
+@no_jit_deprecation
+def test_torchscript_model_is_refused_with_what_to_do():
+    scripted = torch.jit.script(_net())
+    with pytest.raises(TypeError, match="Pass the original eager nn.Module") as info:
+        tl.log_forward_pass(scripted, X)
+    assert isinstance(info.value, TorchScriptModelError) and "torch.jit.script" in str(info.value)
+
+
+def test_compiled_model_traces_its_original_module_quickly_and_says_so(capsys):
+    model = _net()
+    eager = tl.log_forward_pass(model, X, random_seed=0)
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = tl.log_forward_pass(torch.compile(model), X, random_seed=0)
+    assert time.perf_counter() - start < 5  # was 18 s of Dynamo compiling our wrappers
+    assert not caught, [str(w.message) for w in caught]  # no Dynamo warnings about torchlens internals
+    assert h.layer_labels == eager.layer_labels and h.model_name == "Sequential"
+    assert torch.equal(h["output"].activation, eager["output"].activation)
+    assert h.notes and "model._orig_mod" in h.notes[0]
+    assert f"Note: {h.notes[0]}" in str(h)
+    assert "torchlens: note: torch.compile" in capsys.readouterr().err
+
+
+@no_jit_deprecation
+def test_compiled_and_scripted_submodules():
+    model = nn.Sequential(torch.compile(nn.Linear(3, 3)), nn.ReLU())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = tl.log_forward_pass(model, X)
+    assert not caught, [str(w.message) for w in caught]
+    assert [e.layer_type for e in h] == ["input", "linear", "relu", "output"] and not h.notes
+    mixed = nn.Sequential(torch.jit.script(nn.Linear(3, 3)), nn.ReLU())
+    h = tl.log_forward_pass(mixed, X)
+    assert len(h.notes) == 1 and "TorchScript submodules (0)" in h.notes[0]
