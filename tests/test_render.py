@@ -541,3 +541,34 @@ def test_a_note_shows_while_dot_runs_on_large_graphs(recurrent, capsys):
     assert "laying out" not in capsys.readouterr().err  # small: silent
     tl_graphviz.run_dot(build_dot(recurrent), "svg", progress=True)
     assert "graphviz's dot is laying out" in capsys.readouterr().err
+
+
+# ----- one set of option names: those of log_forward_pass ---------------------------------------------
+@needs_dot
+def test_vis_names_everywhere_and_the_older_names_as_aliases(tmp_path, recurrent):
+    out = tmp_path / "new"
+    render_graph(recurrent, vis_outpath=str(out), vis_fileformat="svg", vis_save_only=True, vis_direction="topdown")
+    assert (tmp_path / "new.svg").exists()
+    render_graph(recurrent, outpath=str(tmp_path / "old"), fileformat="svg", save_only=True)  # still accepted
+    assert (tmp_path / "old.svg").exists()
+    show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_outpath=str(tmp_path / "shown"), vis_fileformat="svg",
+                     vis_save_only=True)
+    assert (tmp_path / "shown.svg").exists()
+    assert build_dot(recurrent, vis_direction="topdown").source == build_dot(recurrent, direction="topdown").source
+    assert "rankdir=TB" in build_dot(recurrent, vis_direction="topdown").source
+    tl.log_forward_pass(SimpleRecurrent(), torch.rand(2, 5), vis_mode="rolled", vis_outpath=str(tmp_path / "log"),
+                        vis_fileformat="svg", vis_save_only=True, vis_direction="leftright")
+    assert (tmp_path / "log.svg").exists()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda h: render_graph(h, vis_outpath="a", outpath="b"), "got both vis_outpath= and outpath="),
+    (lambda h: render_graph(h, vis_save_only=True, save_only=True), "pass only vis_save_only="),
+    (lambda h: build_dot(h, vis_direction="topdown", direction="topdown"), "got both vis_direction="),
+    (lambda h: show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_fileformat="svg", fileformat="png"),
+     "got both vis_fileformat="),
+    (lambda h: render_graph(h, out_path="x"), "unexpected keyword argument 'out_path'"),
+])
+def test_both_spellings_of_an_option_are_a_type_error(recurrent, call, message):
+    with pytest.raises(TypeError, match=message):
+        call(recurrent)

@@ -126,8 +126,8 @@ def log_forward_pass(
         from .render import GraphvizNotFoundError, render_graph
 
         try:
-            render_graph(history, vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, direction=vis_direction,
-                         outpath=vis_outpath, fileformat=vis_fileformat, save_only=vis_save_only)
+            render_graph(history, vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=vis_direction,
+                         vis_outpath=vis_outpath, vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
         except GraphvizNotFoundError as error:
             error.history = history  # the trace is not lost: error.history
             raise

@@ -212,7 +212,7 @@ def _draw(history: Any, args: argparse.Namespace) -> None:
     if fileformat not in ("svg", "png", "pdf"):
         raise CliError(f"-o must end in .svg, .png or .pdf, not '{ext}'")
     render_graph(history, vis_mode="rolled" if args.rolled else "unrolled", vis_nesting_depth=args.depth,
-                 outpath=root, fileformat=fileformat, save_only=True)
+                 vis_outpath=root, vis_fileformat=fileformat, vis_save_only=True)
     print(f"\nDrawing written to {root}.{fileformat}")
 
 

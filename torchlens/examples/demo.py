@@ -24,7 +24,7 @@ def _banner(title: str) -> None:
 def _draw(history: tl.ModelHistory, outdir: str, name: str, **options) -> str:
     path = os.path.join(outdir, name)
     try:
-        tl.render_graph(history, outpath=path, fileformat="svg", save_only=True, **options)
+        tl.render_graph(history, vis_outpath=path, vis_fileformat="svg", vis_save_only=True, **options)
     except tl.GraphvizNotFoundError as error:
         print(f"(drawing skipped: {error})")
         return ""

@@ -95,8 +95,8 @@ def make_images(outdir: str = "images") -> List[str]:
         start = time.perf_counter()
         history = tl.get_model_metadata(model, x, random_seed=0)
         out = os.path.join(outdir, name)
-        render_graph(history, outpath=out, fileformat="png", save_only=True, graph_attrs={"dpi": PNG_DPI}, **options)
-        render_graph(history, outpath=out, fileformat="svg", save_only=True, **options)
+        render_graph(history, vis_outpath=out, vis_fileformat="png", vis_save_only=True, graph_attrs={"dpi": PNG_DPI}, **options)
+        render_graph(history, vis_outpath=out, vis_fileformat="svg", vis_save_only=True, **options)
         written += [out + ".png", out + ".svg"]
         print(f"{out}.png/.svg: {len(history.layer_list)} tensors, {time.perf_counter() - start:.1f} s")
     return written

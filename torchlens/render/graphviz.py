@@ -9,7 +9,7 @@ Example:
     >>> from torchlens.render import build_dot
     >>> block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
     >>> h = tl.log_forward_pass(torch.nn.Sequential(block), torch.ones(1, 3), random_seed=0)
-    >>> dot = build_dot(h, direction="topdown")
+    >>> dot = build_dot(h, vis_direction="topdown")
     >>> "subgraph cluster_0 {" in dot.source, "input_1_0 -> linear_1_1" in dot.source
     (True, True)
 """
@@ -207,6 +207,27 @@ def _progress_bar(items: list) -> Iterable:
     return tqdm(items, desc="torchlens: building graph", unit="node", leave=False)
 
 
+# One set of names everywhere (those of log_forward_pass); the older short names still work.
+VIS_DEFAULTS = {"vis_direction": "bottomup", "vis_outpath": "graph", "vis_fileformat": "pdf", "vis_save_only": False}
+OLD_NAMES = {"direction": "vis_direction", "outpath": "vis_outpath", "fileformat": "vis_fileformat",
+             "save_only": "vis_save_only"}
+
+
+def resolve_names(function: str, old_names: Dict[str, Any], **given: Any) -> Dict[str, Any]:
+    """The ``vis_*`` options of ``given`` (None: not given), with values passed under their older
+    names (``outpath=``) moved over and defaults filled in; unknown names and both spellings of
+    one option raise ``TypeError``."""
+    values = dict(given)
+    for old, value in old_names.items():
+        new = OLD_NAMES.get(old)
+        if new is None or new not in values:
+            raise TypeError(f"{function}() got an unexpected keyword argument {old!r}")
+        if values[new] is not None:
+            raise TypeError(f"{function}() got both {new}= and {old}= (its older name); pass only {new}=.")
+        values[new] = value
+    return {name: VIS_DEFAULTS[name] if value is None else value for name, value in values.items()}
+
+
 def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: str) -> None:
     if vis_mode not in ("unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'unrolled' or 'rolled', not {vis_mode!r}.")
@@ -214,14 +235,15 @@ def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: s
                                           or vis_nesting_depth < 0):
         raise ValueError(f"vis_nesting_depth must be None or an int >= 0, not {vis_nesting_depth!r}.")
     if direction not in st.DIRECTIONS:
-        raise ValueError(f"direction must be one of {', '.join(map(repr, st.DIRECTIONS))}, not {direction!r}.")
+        raise ValueError(f"vis_direction must be one of {', '.join(map(repr, st.DIRECTIONS))}, not {direction!r}.")
 
 
 def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-              direction: str = "bottomup", graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
-              edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
+              vis_direction: Optional[str] = None, graph_attrs: AttrOverrides = None,
+              node_attrs: AttrOverrides = None, edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
               extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-              inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None) -> graphviz.Digraph:
+              inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None,
+              **old_names: Any) -> graphviz.Digraph:
     """The graph of ``history`` as a ``graphviz.Digraph`` (DOT source only; ``dot`` is not run).
 
     Args:
@@ -231,7 +253,8 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
         vis_nesting_depth: ``None`` draws every module box; ``N`` keeps the boxes of modules
             at most ``N`` levels deep and collapses each module one level deeper into a single
             node (``0``: each top-level module is one node).
-        direction: ``'bottomup'``, ``'topdown'`` or ``'leftright'``.
+        vis_direction: ``'bottomup'`` (default), ``'topdown'`` or ``'leftright'``. The older
+            name ``direction=`` is accepted too (not both).
         graph_attrs, node_attrs, edge_attrs, module_attrs: graphviz attributes that override the
             defaults. Values are strings or callables: ``node_attrs`` callables receive the
             node's ``TensorLogEntry`` / ``RolledLayer`` / ``CollapsedModule``; ``edge_attrs``
@@ -255,6 +278,7 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
         >>> 'fillcolor=pink' in dot.source
         True
     """
+    direction = resolve_names("build_dot", old_names, vis_direction=vis_direction)["vis_direction"]
     _check_options(vis_mode, vis_nesting_depth, direction)
     if show_gradients is None:
         show_gradients = any(getattr(e, "gradient", None) is not None for e in history.layer_list)
@@ -373,28 +397,36 @@ def svg_of(history: Any, **options: Any) -> str:
 
 
 def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-                 direction: str = "bottomup", outpath: str = "graph", fileformat: str = "pdf",
-                 save_only: bool = False, graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
+                 vis_direction: Optional[str] = None, vis_outpath: Optional[str] = None,
+                 vis_fileformat: Optional[str] = None, vis_save_only: Optional[bool] = None,
+                 graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
                  edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
                  extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-                 inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None) -> graphviz.Digraph:
-    """Draw ``history`` to ``outpath + '.' + fileformat`` and return the ``graphviz.Digraph``.
+                 inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None,
+                 **old_names: Any) -> graphviz.Digraph:
+    """Draw ``history`` to ``vis_outpath + '.' + vis_fileformat`` and return the ``graphviz.Digraph``.
 
-    Options are those of ``build_dot``, plus ``outpath`` (no extension), ``fileformat``
-    (``'pdf'``, ``'png'``, ``'svg'`` or another format ``dot`` knows) and ``save_only``: when
-    False the drawing is shown too -- inline in a notebook, otherwise in the system viewer if
-    there is one (no viewer is not an error).
+    Options are those of ``build_dot``, plus ``vis_outpath`` (no extension; default ``'graph'``),
+    ``vis_fileformat`` (``'pdf'`` (default), ``'png'``, ``'svg'`` or another format ``dot`` knows)
+    and ``vis_save_only``: when False (default) the drawing is shown too -- inline in a notebook,
+    otherwise in the system viewer if there is one (no viewer is not an error). The names are
+    those of ``log_forward_pass``; the older ``outpath``, ``fileformat``, ``save_only`` and
+    ``direction`` are accepted too (a ``TypeError`` if both spellings are given).
 
     Example:
         >>> import os, tempfile, torch, torchlens as tl
         >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
         >>> out = os.path.join(tempfile.mkdtemp(), "linear")
-        >>> _ = render_graph(h, outpath=out, fileformat="svg", save_only=True)
+        >>> _ = render_graph(h, vis_outpath=out, vis_fileformat="svg", vis_save_only=True)
         >>> os.path.exists(out + ".svg")
         True
     """
+    names = resolve_names("render_graph", old_names, vis_direction=vis_direction, vis_outpath=vis_outpath,
+                          vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
+    direction, outpath = names["vis_direction"], names["vis_outpath"]
+    fileformat, save_only = names["vis_fileformat"], names["vis_save_only"]
     if fileformat not in graphviz.FORMATS:
-        raise ValueError(f"fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
+        raise ValueError(f"vis_fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
     dot = build_dot(history, vis_mode, vis_nesting_depth, direction, graph_attrs, node_attrs, edge_attrs,
                     module_attrs, extra_edges, progress, inline_single_op_modules, show_gradients)
     data = run_dot(dot, fileformat, progress)
