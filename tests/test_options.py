@@ -185,3 +185,23 @@ def test_printing_sparse_and_non_tensor_saved_values():
     assert "Size: torch.Size([4, 2])" in str(shapes["linear_1_1"]) and str(shapes)
     means = tl.log_forward_pass(model, torch.rand(4, 3), activation_postfunc=lambda t: t.mean().item())
     assert "float: " in repr(means["linear_1_1"]) and str(means)
+
+
+def test_summary_of_a_subset_describes_the_whole_pass(net):
+    full = tl.log_forward_pass(net, X, random_seed=0)
+    h = tl.log_forward_pass(net, X, layers_to_save=["fc"], random_seed=0)
+    assert len(h) == 1 and h.num_tensors == len(full) == 7
+    assert h.tensor_bytes == full.tensor_bytes and h.num_param_operations == full.num_param_operations == 3
+    text = str(h)
+    assert f"7 tensors ({tl.history.format.human_bytes(full.tensor_bytes)}) computed in forward pass; " \
+           "1 tensors" in text
+    assert "used by 3 operations" in text and "Layers (1 of 7 kept" in text
+    assert "Layer linear_1_5, operation 6/7:" in str(h["linear_1_5"])  # its place in the pass, as in full
+
+
+def test_operation_num_is_the_printed_one_based_position(net):
+    h = tl.log_forward_pass(net, X)
+    frame = h.to_pandas()
+    assert list(frame["operation_num"]) == list(range(1, 8))
+    for e, number in zip(h, frame["operation_num"]):
+        assert str(e).startswith(f"Layer {e.label}, operation {number}/7:")

@@ -22,6 +22,29 @@ class ModuleInfo:
     passes: Dict[str, int]  # how many times each module ran in this pass (absent: never)
 
 
+@dataclass
+class PassStats:
+    """Facts about the whole forward pass, kept when a ``layers_to_save`` subset drops entries."""
+
+    num_tensors: int
+    tensor_bytes: int
+    num_param_operations: int
+    max_passes: int
+    is_branching: bool
+    has_conditional_branching: bool
+
+    @classmethod
+    def of(cls, entries: List[TensorLogEntry]) -> "PassStats":
+        return cls(
+            num_tensors=len(entries),
+            tensor_bytes=sum(e.nbytes or 0 for e in entries),
+            num_param_operations=sum(1 for e in entries if e.param_addresses),
+            max_passes=max((e.num_passes or 1 for e in entries), default=1),
+            is_branching=any(len(e.child_layers or ()) > 1 for e in entries),
+            has_conditional_branching=any(e.bool_used for e in entries),
+        )
+
+
 class ModelHistory:
     """The log of one forward pass: one ``TensorLogEntry`` per tensor, in execution order.
 
@@ -53,6 +76,7 @@ class ModelHistory:
         self.pass_time = pass_time
         self.postprocess_time = postprocess_time
         self._rolled: Optional[Dict[str, RolledLayer]] = None
+        self.pass_stats = PassStats.of(entries)  # the whole pass, even if entries are dropped later
         self.notes: List[str] = []  # what the user should know about this trace (printed in the summary)
 
     # ----- container protocol ---------------------------------------------------------------
@@ -134,7 +158,8 @@ class ModelHistory:
 
     @property
     def num_tensors(self) -> int:
-        return len(self.layer_list)
+        """Tensors computed in the forward pass (``len(history)`` counts those kept here)."""
+        return self.pass_stats.num_tensors
 
     @property
     def num_tensors_saved(self) -> int:
@@ -142,7 +167,8 @@ class ModelHistory:
 
     @property
     def tensor_bytes(self) -> int:
-        return sum(e.nbytes or 0 for e in self.layer_list)
+        """Bytes of all tensors computed in the forward pass."""
+        return self.pass_stats.tensor_bytes
 
     @property
     def saved_tensor_bytes(self) -> int:
@@ -163,11 +189,11 @@ class ModelHistory:
 
     @property
     def num_param_operations(self) -> int:
-        return sum(1 for e in self.layer_list if e.param_addresses)
+        return self.pass_stats.num_param_operations
 
     @property
     def max_passes(self) -> int:
-        return max((e.num_passes for e in self.layer_list), default=1)
+        return self.pass_stats.max_passes
 
     @property
     def is_recurrent(self) -> bool:
@@ -175,12 +201,12 @@ class ModelHistory:
 
     @property
     def is_branching(self) -> bool:
-        return any(len(e.child_layers) > 1 for e in self.layer_list)
+        return self.pass_stats.is_branching
 
     @property
     def has_conditional_branching(self) -> bool:
         """Some tensor was converted to a Python bool that steered control flow."""
-        return any(e.bool_used for e in self.layer_list)
+        return self.pass_stats.has_conditional_branching
 
     @property
     def conditional_layers(self) -> List[str]:
@@ -246,7 +272,8 @@ class ModelHistory:
             f"\tTime elapsed: {self.elapsed_time:.3f}s",
             "\tModule Hierarchy:",
             *self._hierarchy_lines(),
-            "\tLayers:",
+            "\tLayers:" if len(self) == self.num_tensors else
+            f"\tLayers ({len(self)} of {self.num_tensors} kept: the saved ones; keep_unsaved_layers=True keeps all):",
         ]
         lines.extend(f"\t\t{i}: {e.label}{e.call_note()}" for i, e in enumerate(self.layer_list))
         return "\n".join(lines)

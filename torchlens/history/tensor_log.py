@@ -54,8 +54,8 @@ _DERIVED_FIELDS = (
     "param_bytes",
     "created_inside_model",
     "lookup_keys",
-    "operation_num",  # ordinal in the history's layer list
-    "num_operations",
+    "operation_num",  # 1-based position in the forward pass (as printed: "operation 8/24")
+    "num_operations",  # tensors in the forward pass
     "module_passes",  # {address: num passes} of the history, for printing
     "module_output_positions",  # {(module address, pass): where this tensor sat in that call's output}
     "call_outputs",  # labels of all outputs of this tensor's call, when the function returned several
@@ -200,7 +200,7 @@ class TensorLogEntry:
 
     def __str__(self) -> str:
         shape = tuple(self.shape) if self.shape is not None else None
-        lines = [f"Layer {self.label}, operation {self.operation_num + 1}/{self.num_operations}:"]
+        lines = [f"Layer {self.label}, operation {self.operation_num}/{self.num_operations}:"]
         lines.append(f"\tOutput tensor: shape={shape}, dtype={self.dtype}, size={self.tensor_size_text}")
         if self.activation is not None:
             lines.append("\t\t" + tensor_preview(self.activation).replace("\n", "\n\t\t"))

@@ -29,6 +29,8 @@ def build_history(result: PassResult) -> ModelHistory:
         ref.label = ref.label.label  # the placeholder held the parent's record until now
     _describe_params(entries, inventory.param_info)
 
+    for number, e in enumerate(entries, 1):  # positions in the whole pass, kept if entries are dropped
+        e.operation_num, e.num_operations = number, len(entries)
     module_passes = dict(tracer.module_pass_counts)
     lookup = build_lookup(entries, module_passes)
     modules = ModuleInfo(

@@ -45,7 +45,7 @@ def output_key(address: str, pass_num: int, position: Any) -> str:
 def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Dict[Key, object]:
     """Every key form of every entry -> the entry, or ``Ambiguous`` when a key names several.
 
-    Also sets ``lookup_keys`` (what ``print(entry)`` lists).
+    Also sets ``lookup_keys`` (what ``print(entry)`` lists); ordinals index ``entries``.
     """
     lookup: Dict[Key, object] = {}
     shared: Dict[str, Tuple[str, List[str]]] = {}
@@ -60,7 +60,6 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
 
     total = len(entries)
     for i, e in enumerate(entries):
-        e.operation_num, e.num_operations = i, total
         e.module_passes = module_passes
         keys: List[Key] = [i - total, i, e.label]
         add(i, e)
