@@ -205,3 +205,19 @@ def test_operation_num_is_the_printed_one_based_position(net):
     assert list(frame["operation_num"]) == list(range(1, 8))
     for e, number in zip(h, frame["operation_num"]):
         assert str(e).startswith(f"Layer {e.label}, operation {number}/7:")
+
+
+def test_slices_and_numpy_integers_as_keys(net):
+    np = pytest.importorskip("numpy")
+    h = tl.log_forward_pass(net, X, random_seed=0)
+    assert [e.label for e in h[2:5]] == h.layer_labels[2:5] and h[::-3] == h.layer_list[::-3]
+    assert h[np.int64(3)] is h[3] and h[np.int32(-1)] is h[-1] and np.int64(2) in h
+    assert h[torch.tensor(1)] is h[1]
+    with pytest.raises(TypeError, match="ints or slices"):
+        h[1.0]
+    with pytest.raises(TypeError):
+        h[np.bool_(True)]
+    assert True not in h and 1.5 not in h
+    saved = tl.log_forward_pass(net, X, layers_to_save=[np.int64(1), "fc"], random_seed=0)
+    assert saved.layer_labels == ["conv2d_1_1", "linear_1_5"]
+    assert tl.log_forward_pass(net, X, layers_to_save=np.int64(-2), random_seed=0).layer_labels == ["linear_1_5"]

@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Collection, FrozenSet, List, Set, Tuple, Union
 
-from .history.model_history import ModelHistory
+from .history.model_history import ModelHistory, as_key
 from .history.tensor_log import TensorLogEntry
 
 LayerKey = Union[str, int]
@@ -40,16 +40,19 @@ def parse_request(layers_to_save: Any, module_addresses: Collection[str],
         return LayerRequest(save_all=True)
     if layers_to_save is None or (isinstance(layers_to_save, str) and layers_to_save == "none"):
         return LayerRequest()
-    keys = [layers_to_save] if isinstance(layers_to_save, (str, int)) else list(layers_to_save)
+    keys = [layers_to_save] if isinstance(layers_to_save, str) or not hasattr(layers_to_save, "__iter__") \
+        else list(layers_to_save)
     substrings: List[str] = []
     modules: Set[Union[str, Tuple[str, int]]] = set()
     addresses: Set[str] = set()
     needs_labels = False
-    for key in keys:
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
+    for i, key in enumerate(keys):
+        try:
+            key = keys[i] = as_key(key)  # numpy integers are positions too
+        except TypeError:
             raise TypeError(
                 f"layers_to_save entries must be layer labels, module addresses, substrings or ints; got {key!r}"
-            )
+            ) from None
         if isinstance(key, int):
             needs_labels = True
             continue

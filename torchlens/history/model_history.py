@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import difflib
+import operator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import torch
 
@@ -87,11 +88,23 @@ class ModelHistory:
         return iter(self.layer_list)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, (str, int)) and not isinstance(key, bool) and key in self._lookup
+        try:
+            return as_key(key) in self._lookup
+        except TypeError:
+            return False
 
-    def __getitem__(self, key: Union[str, int]) -> TensorLogEntry:
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
-            raise TypeError(f"ModelHistory keys are layer labels, module addresses or ints, not {type(key).__name__}")
+    @overload
+    def __getitem__(self, key: slice) -> List[TensorLogEntry]: ...
+
+    @overload
+    def __getitem__(self, key: Union[str, int]) -> TensorLogEntry: ...
+
+    def __getitem__(self, key: Union[str, int, slice]) -> Union[TensorLogEntry, List[TensorLogEntry]]:
+        """An entry by key (see the class docstring); a slice gives a list of entries in order
+        (``history[2:5]``); any integer type works as a position (``history[np.int64(3)]``)."""
+        if isinstance(key, slice):
+            return self.layer_list[key]
+        key = as_key(key)
         found = self._lookup.get(key)
         if isinstance(found, TensorLogEntry):
             return found
@@ -304,6 +317,20 @@ class ModelHistory:
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""
         return self._lookup.get(address) if isinstance(self._lookup.get(address), TensorLogEntry) else None
+
+
+def as_key(key: Any) -> Union[str, int]:
+    """A lookup key: a string, or an int from any integer type (``numpy.int64``, a 0-d integer
+    tensor); bools and other types raise ``TypeError``."""
+    if isinstance(key, str) or (type(key) is int):
+        return key
+    if not isinstance(key, (bool, float)) and type(key).__name__ not in ("bool_", "bool"):
+        try:
+            return operator.index(key)
+        except TypeError:
+            pass
+    raise TypeError(f"ModelHistory keys are layer labels, module addresses, ints or slices, not "
+                    f"{type(key).__name__} ({key!r})")
 
 
 def _wrap(items: List[str], indent: str, width: int = 100) -> List[str]:
