@@ -221,3 +221,18 @@ def test_slices_and_numpy_integers_as_keys(net):
     saved = tl.log_forward_pass(net, X, layers_to_save=[np.int64(1), "fc"], random_seed=0)
     assert saved.layer_labels == ["conv2d_1_1", "linear_1_5"]
     assert tl.log_forward_pass(net, X, layers_to_save=np.int64(-2), random_seed=0).layer_labels == ["linear_1_5"]
+
+
+def test_raising_activation_postfunc_gets_a_note_naming_the_layer(net):
+    def only_flat(t):
+        if t.dim() == 4 and t.shape[1] == 2:  # the first conv's output (the input has 1 channel)
+            raise ValueError("cannot summarise 4-d tensors")
+        return t.mean()
+
+    with pytest.raises(ValueError, match="cannot summarise") as info:  # the function's own error type
+        tl.log_forward_pass(net, X, activation_postfunc=only_flat)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "activation_postfunc" in notes and "only_flat" in notes
+    assert "layer 'conv2d' (operation #2 of the pass, inside module 'conv'" in notes
+    assert "shape (1, 2, 5, 5)" in notes and "model's own error" not in notes
+    assert tl.log_forward_pass(net, X, activation_postfunc=lambda t: t.sum())["conv2d_1_1"].activation.dim() == 0

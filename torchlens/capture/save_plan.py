@@ -35,6 +35,7 @@ class SavePlan:
         self.device = None if output_device in (None, "same") else torch.device(output_device)
         self.postfunc = activation_postfunc
         self.detach = detach
+        self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
 
     @property
     def saves_nothing(self) -> bool:
@@ -51,10 +52,40 @@ class SavePlan:
     def wants_module(self, address: str, pass_num: int) -> bool:
         return address in self.modules or (address, pass_num) in self.modules
 
-    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy that later in-place operations cannot change."""
+    def copy(self, tensor: torch.Tensor, entry: Optional[TensorLogEntry] = None) -> torch.Tensor:
+        """A copy that later in-place operations cannot change (``entry``: whose it is, named
+        in the note added to an error of ``activation_postfunc``)."""
         source = tensor.detach() if self.detach else tensor
         saved = source.clone() if self.device is None else source.to(self.device, copy=True)
         if self.postfunc is not None:
-            saved = self.postfunc(saved)
+            try:
+                saved = self.postfunc(saved)
+            except Exception as error:  # the user's function: keep its error, say where it failed
+                self.postfunc_error = error
+                add_note(error, self._postfunc_note(error, tensor, entry))
+                raise
         return saved
+
+    def _postfunc_note(self, error: BaseException, tensor: torch.Tensor, entry: Optional[TensorLogEntry]) -> str:
+        name = getattr(self.postfunc, "__qualname__", None) or repr(self.postfunc)
+        what = "a saved tensor"
+        if entry is not None:
+            what = f"layer '{entry.layer_type}' (operation #{entry.raw_index + 1} of the pass"
+            if entry.module_stack:
+                what += f", inside module '{entry.module_stack[-1][0]}'"
+            if entry.call_frames:
+                code, line, _ = entry.call_frames[-1]
+                what += f", called at {code.co_filename}:{line}"
+            what += ")"
+        return (f"torchlens: activation_postfunc {name} raised {type(error).__name__} on the output of {what}, "
+                f"a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}. The model itself ran fine up "
+                "to there: fix the function (it receives a copy of every saved activation) or pass "
+                "activation_postfunc=None.")
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``; on Python < 3.11, appended to the message."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    elif error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]

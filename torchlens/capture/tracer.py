@@ -219,7 +219,7 @@ class Tracer:
         self._describe_tensor(e, tensor)
         self.entries.append(e)
         if self.plan.wants(e):
-            e.activation = self.plan.copy(tensor)
+            e.activation = self.plan.copy(tensor, e)
         if self.save_gradients and tensor.requires_grad:
             _record_gradient(tensor, e)
         if track:
@@ -408,7 +408,7 @@ class Tracer:
                 e.output_of_modules.append((address, n))
                 self.module_outputs.setdefault((address, n), []).append((position, e))
                 if e.activation is None and self.plan.wants_module(address, n):
-                    e.activation = self.plan.copy(tensor)
+                    e.activation = self.plan.copy(tensor, e)
         finally:
             self.module_stack = outer_stack
             self.paused = False
