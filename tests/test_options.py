@@ -236,3 +236,9 @@ def test_raising_activation_postfunc_gets_a_note_naming_the_layer(net):
     assert "layer 'conv2d' (operation #2 of the pass, inside module 'conv'" in notes
     assert "shape (1, 2, 5, 5)" in notes and "model's own error" not in notes
     assert tl.log_forward_pass(net, X, activation_postfunc=lambda t: t.sum())["conv2d_1_1"].activation.dim() == 0
+
+
+def test_detached_copies_and_gradients_are_refused_before_the_pass(net):
+    with pytest.raises(ValueError, match="detach_saved_tensors=True and save_gradients=True cannot be combined"):
+        tl.log_forward_pass(net, X, detach_saved_tensors=True, save_gradients=True)
+    assert net.calls == 0  # refused up front: the model did not run

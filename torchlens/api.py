@@ -79,6 +79,13 @@ def log_forward_pass(
     model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
     if vis_mode not in ("none", None, "unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
+    if detach_saved_tensors and save_gradients:
+        raise ValueError(
+            "detach_saved_tensors=True and save_gradients=True cannot be combined: gradients are recorded when "
+            "you call .backward() through the saved activations (e.g. history[history.output_layers[0]]"
+            ".activation.sum().backward()), and detached copies have no autograd graph to carry them. Use "
+            "save_gradients=True alone (the saved copies then keep their graph), or detach_saved_tensors=True alone."
+        )
     if output_device not in ("same", None):
         torch.device(output_device)  # a bad device name fails here, before the pass
     args = _as_args(input_args)
