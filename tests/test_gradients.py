@@ -102,3 +102,36 @@ def test_histories_with_save_gradients_are_freed():
     assert sum(ref() is not None for ref in saved) == 0
     assert not x._backward_hooks  # the hooks of dead histories are removed from the input
     assert all(p.grad is not None for p in model.parameters())
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, use_reentrant):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.block = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+        self.b = nn.Linear(3, 2)
+        self.use_reentrant = use_reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.b(checkpoint(self.block, self.a(x), use_reentrant=self.use_reentrant))
+
+
+def test_layers_inside_a_reentrant_checkpoint_say_they_get_no_gradient():
+    from torchlens.render import build_dot
+
+    torch.manual_seed(0)
+    h = tl.log_forward_pass(Checkpointed(True), torch.rand(2, 3, requires_grad=True), save_gradients=True)
+    h[h.output_layers[0]].activation.sum().backward()
+    inside = ["linear_2_2", "relu_1_3"]
+    assert [e.label for e in h if e.gradient is None] == inside
+    assert [e.label for e in h if e.gradient_note] == inside
+    assert "use_reentrant=True" in h["relu_1_3"].gradient_note and "Gradient: none" in str(h["relu_1_3"])
+    assert len(h.notes) == 1 and "2 layers ran inside torch.utils.checkpoint" in h.notes[0]
+    assert "use_reentrant=False" in str(h) and h.to_pandas()["gradient_note"].notna().sum() == 2
+    assert "no gradient (reentrant checkpoint)" in build_dot(h).source
+    plain = tl.log_forward_pass(Checkpointed(False), torch.rand(2, 3, requires_grad=True), save_gradients=True)
+    plain[plain.output_layers[0]].activation.sum().backward()
+    assert all(e.gradient is not None for e in plain) and not plain.notes  # non-reentrant: recorded
+    assert not tl.log_forward_pass(Checkpointed(True), torch.rand(2, 3)).notes  # no gradients asked: no note

@@ -59,6 +59,7 @@ _DERIVED_FIELDS = (
     "module_passes",  # {address: num passes} of the history, for printing
     "module_output_positions",  # {(module address, pass): where this tensor sat in that call's output}
     "call_outputs",  # labels of all outputs of this tensor's call, when the function returned several
+    "gradient_note",  # with save_gradients: why no gradient can reach this tensor (reentrant checkpoint)
 )
 
 
@@ -210,6 +211,8 @@ class TensorLogEntry:
             lines.append(f"\tGradient: shape={tuple(self.gradient.shape)}, dtype={self.gradient.dtype}, "
                          f"size={human_bytes(self.grad_nbytes)}")
             lines.append("\t\t" + tensor_preview(self.gradient).replace("\n", "\n\t\t"))
+        elif self.gradient_note:
+            lines.append(f"\tGradient: {self.gradient_note}")
         if self.param_addresses:
             shapes = ", ".join(str(tuple(s)) for s in self.param_shapes)
             lines.append(
@@ -278,6 +281,7 @@ class TensorLogEntry:
             "has_gradient": self.has_gradient,
             "grad_shape": tuple(self.gradient.shape) if self.gradient is not None else None,
             "grad_nbytes": self.grad_nbytes,
+            "gradient_note": self.gradient_note,
             "parent_layers": list(self.parent_layers),
             "child_layers": list(self.child_layers),
             "param_addresses": list(self.param_addresses),

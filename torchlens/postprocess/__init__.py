@@ -41,7 +41,8 @@ def build_history(result: PassResult) -> ModelHistory:
     )
     for e in entries:
         e.parent_refs = []
-    return ModelHistory(
+    no_gradient = _in_reentrant_checkpoint(entries) if tracer.save_gradients else []
+    history = ModelHistory(
         model_name=result.model_name,
         entries=entries,
         lookup=lookup,
@@ -52,6 +53,14 @@ def build_history(result: PassResult) -> ModelHistory:
         pass_time=result.elapsed,
         postprocess_time=perf_counter() - start,
     )
+    if no_gradient:
+        shown = ", ".join(no_gradient[:5]) + (", ..." if len(no_gradient) > 5 else "")
+        history.notes.append(
+            f"{len(no_gradient)} layers ran inside torch.utils.checkpoint(..., use_reentrant=True) ({shown}) and get "
+            "no gradient: reentrant checkpointing runs them without autograd and recomputes them during backward. "
+            "Use use_reentrant=False to record their gradients."
+        )
+    return history
 
 
 def drop_unsaved(history: ModelHistory) -> ModelHistory:
@@ -76,6 +85,29 @@ def _link(entries: List[TensorLogEntry]) -> None:
         if e.branch_condition is not None:  # the condition may have been pruned
             condition = e.branch_condition
             e.branch_condition = condition.label if condition.raw_index in children else None
+
+
+def _reentrant_checkpoint_code():
+    try:
+        from torch.utils.checkpoint import CheckpointFunction
+
+        return CheckpointFunction.forward.__code__
+    except (ImportError, AttributeError):  # another torch version: nothing to detect
+        return None
+
+
+def _in_reentrant_checkpoint(entries: List[TensorLogEntry]) -> List[str]:
+    """Labels of operations run inside a reentrant ``torch.utils.checkpoint`` (its forward runs
+    under ``no_grad``, so no gradient reaches them); each gets ``gradient_note``."""
+    code = _reentrant_checkpoint_code()
+    if code is None:
+        return []
+    found = []
+    for e in entries:
+        if e.kind == "op" and any(c is code for c, _, _ in e.call_frames):
+            e.gradient_note = "none: computed inside torch.utils.checkpoint(use_reentrant=True)"
+            found.append(e.label)
+    return found
 
 
 def _describe_params(entries: List[TensorLogEntry], param_info) -> None:

@@ -89,6 +89,8 @@ def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]
         notes.append(str(first.address))
     if look == "bool":
         notes.append("used as a condition")
+    if getattr(first, "gradient_note", None):
+        notes.append("no gradient (reentrant checkpoint)")
     if getattr(first, "call_outputs", None) and first.label in first.call_outputs:  # one call, several outputs
         notes.append(f"output {first.call_outputs.index(first.label) + 1} of {len(first.call_outputs)} of one call")
     if look == "untraced":
