@@ -5,6 +5,7 @@ Examples:
     torchlens hf:gpt2 --input 1,16 --validate
     torchlens timm:convmixer_768_32 --input 1,3,64,64
     torchlens path/to/model.py:MyNet --input 2,10 --rolled -o net.pdf
+    torchlens path/to/lm.py:build_model --input 1,12 --dtype long   # a function returning a module
     torchlens explore torchlens_runs/ --port 8080      # the explorer page of watched runs
     torchlens explore RUN_DIR --export page.html       # one self-contained file
 """
@@ -15,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,6 +25,15 @@ from torch import nn
 
 class CliError(Exception):
     """A problem with what was asked on the command line (printed without a traceback)."""
+
+
+class ModelError(Exception):
+    """The user's model (or its file) raised: printed as one message with its notes, exit code 1."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(what)
+        self.what = what
+        self.error = error
 
 
 def _require(package: str, extra: str) -> Any:
@@ -66,7 +77,9 @@ def _hf_model(name: str) -> nn.Module:
 
 
 def _file_model(spec: str) -> nn.Module:
-    path, _, class_name = spec.rpartition(":")
+    """``FILE.py:NAME``: NAME is a module class (built with no arguments), a module instance, or
+    a function returning a module."""
+    path, _, name = spec.rpartition(":")
     if not os.path.isfile(path):
         raise CliError(f"no such file: {path}")
     module_spec = importlib.util.spec_from_file_location(f"torchlens_cli_{abs(hash(path))}", path)
@@ -74,14 +87,27 @@ def _file_model(spec: str) -> nn.Module:
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         module_spec.loader.exec_module(module)
+    except Exception as error:
+        raise ModelError(f"running {path} failed", error) from error
     finally:
         sys.path.pop(0)
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise CliError(f"{path} has no attribute '{class_name}'")
-    model = cls()
+    if not hasattr(module, name):
+        raise CliError(f"{path} has no attribute '{name}'")
+    obj = getattr(module, name)
+    if isinstance(obj, nn.Module):
+        return obj
+    if not callable(obj):
+        raise CliError(f"{path}:{name} is a {type(obj).__name__}, not a torch.nn.Module, a module class or a "
+                       "function returning a module")
+    try:
+        model = obj()
+    except TypeError as error:
+        raise CliError(f"{path}:{name}() needs arguments ({error}); give the name of a module instance, or of a "
+                       "class or function that needs none") from error
+    except Exception as error:
+        raise ModelError(f"building {path}:{name}() failed", error) from error
     if not isinstance(model, nn.Module):
-        raise CliError(f"{path}:{class_name} is not a torch.nn.Module")
+        raise CliError(f"{path}:{name}() returned a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
@@ -111,16 +137,39 @@ def parse_shape(text: str) -> Tuple[int, ...]:
     return shape
 
 
-def make_inputs(model: nn.Module, kind: str, shape: Tuple[int, ...]) -> Tuple[List[Any], Dict[str, Any]]:
-    """Random images, or random token ids (``input_ids=``) for language models."""
+DTYPES = {"float": torch.float32, "float32": torch.float32, "float64": torch.float64, "double": torch.float64,
+          "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "long": torch.int64,
+          "int64": torch.int64, "int": torch.int32, "int32": torch.int32, "bool": torch.bool}
+
+
+def make_inputs(model: nn.Module, kind: str, shape: Tuple[int, ...], dtype: Optional[str] = None,
+                high: Optional[int] = None) -> Tuple[List[Any], Dict[str, Any]]:
+    """Random images, random token ids (``input_ids=``) for language models, or one random tensor
+    of ``dtype``: floats in [0, 1), integers in [0, ``high``) (default: the smallest
+    ``nn.Embedding`` of the model, else 2), bools.
+
+    Example:
+        >>> import torch
+        >>> args, _ = make_inputs(torch.nn.Embedding(7, 2), "file", (2, 3), dtype="long")
+        >>> args[0].dtype, int(args[0].max()) < 7
+        (torch.int64, True)
+    """
     if kind == "language":
         vocab = getattr(getattr(model, "config", None), "vocab_size", 1000) or 1000
-        ids = torch.randint(0, vocab, shape)
+        ids = torch.randint(0, high or vocab, shape)
         kwargs: Dict[str, Any] = {"input_ids": ids}
         if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
             kwargs["decoder_input_ids"] = ids
         return [], kwargs
-    return [torch.rand(shape)], {}
+    torch_dtype = DTYPES[dtype or "float"]
+    if torch_dtype == torch.bool:
+        return [torch.rand(shape) < 0.5], {}
+    if torch_dtype.is_floating_point:
+        return [torch.rand(shape, dtype=torch_dtype)], {}
+    if high is None:
+        sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
+        high = min(sizes) if sizes else 2
+    return [torch.randint(0, high, shape, dtype=torch_dtype)], {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,16 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("Examples:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", help="torchvision:NAME, timm:NAME, hf:TYPE or path/to/file.py:CLASS")
+    parser.add_argument("model", help="torchvision:NAME, timm:NAME, hf:TYPE or path/to/file.py:NAME (a module "
+                                      "class, a module instance, or a function returning a module)")
     parser.add_argument("--input", default=None,
                         help="input shape, e.g. 1,3,224,224 (token ids shape for hf: models; default "
                              "1,3,224,224 for images, 1,16 for language models)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="dtype of the random input of file models (default float; long for token ids)")
+    parser.add_argument("--high", type=int, default=None,
+                        help="integer inputs are drawn from [0, HIGH) (default: the vocabulary size for hf: "
+                             "models; the smallest nn.Embedding of a file model, else 2)")
     parser.add_argument("-o", "--output", help="write the drawing here (.svg, .png or .pdf)")
     parser.add_argument("--rolled", action="store_true", help="draw one node per layer (passes folded)")
     parser.add_argument("--depth", type=int, default=None, help="collapse modules deeper than this")
     parser.add_argument("--validate", action="store_true", help="check the saved activations by replaying them")
     parser.add_argument("--seed", type=int, default=0, help="random seed for inputs and the pass (default 0)")
     parser.add_argument("--layer", action="append", default=[], help="also print this layer (repeatable)")
+    parser.add_argument("--traceback", action="store_true", help="on an error of the model, print the full traceback")
     return parser
 
 
@@ -179,18 +235,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return explore_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        fileformat = _output_format(args.output)  # before the trace, which may take long
         torch.manual_seed(args.seed)
         model, kind = load_model(args.model)
         model.eval()
+        if args.dtype and kind != "file":
+            raise CliError(f"--dtype is for file models; {kind} models get "
+                           + ("token ids" if kind == "language" else "float images"))
         shape = parse_shape(args.input) if args.input else ((1, 16) if kind == "language" else (1, 3, 224, 224))
-        input_args, input_kwargs = make_inputs(model, kind, shape)
-        history = tl.log_forward_pass(model, input_args, input_kwargs, layers_to_save="all", random_seed=args.seed)
+        input_args, input_kwargs = make_inputs(model, kind, shape, args.dtype, args.high)
+        try:
+            history = tl.log_forward_pass(model, input_args, input_kwargs, layers_to_save="all",
+                                          random_seed=args.seed)
+        except Exception as error:
+            raise ModelError(f"tracing {args.model} with an input of shape {tuple(shape)} failed", error) from error
         print(history)
         for key in args.layer:
             print()
             print(history[key])
         if args.output:
-            _draw(history, args)
+            _draw(history, args, fileformat)
         if args.validate:
             ok = tl.validate_model_activations(model, input_args, input_kwargs, random_seed=args.seed, verbose=True)
             print(f"\nvalidate_model_activations: {'passed' if ok else 'FAILED'}")
@@ -202,15 +266,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyError as error:
         print(f"torchlens: error: {error.args[0] if error.args else error}", file=sys.stderr)
         return 2
+    except ModelError as error:
+        _print_model_error(error, args.traceback)
+        return 1
 
 
-def _draw(history: Any, args: argparse.Namespace) -> None:
-    from .render import render_graph
+def _print_model_error(error: ModelError, full: bool) -> None:
+    """The model's error as its type, message and notes (torchlens says which operation failed),
+    without torchlens's and torch's frames unless --traceback."""
+    cause = error.error
+    print(f"torchlens: error: {error.what}:", file=sys.stderr)
+    lines = traceback.format_exception(type(cause), cause, cause.__traceback__) if full else \
+        traceback.format_exception_only(type(cause), cause)
+    print("".join(lines).rstrip(), file=sys.stderr)
+    if not full:
+        print("(add --traceback for the full traceback)", file=sys.stderr)
 
-    root, ext = os.path.splitext(args.output)
+
+def _output_format(output: Optional[str]) -> Optional[str]:
+    if not output:
+        return None
+    ext = os.path.splitext(output)[1]
     fileformat = ext.lstrip(".").lower() or "svg"
     if fileformat not in ("svg", "png", "pdf"):
         raise CliError(f"-o must end in .svg, .png or .pdf, not '{ext}'")
+    return fileformat
+
+
+def _draw(history: Any, args: argparse.Namespace, fileformat: str) -> None:
+    from .render import render_graph
+
+    root = os.path.splitext(args.output)[0]
     render_graph(history, vis_mode="rolled" if args.rolled else "unrolled", vis_nesting_depth=args.depth,
                  vis_outpath=root, vis_fileformat=fileformat, vis_save_only=True)
     print(f"\nDrawing written to {root}.{fileformat}")
