@@ -10,12 +10,16 @@ from .api import get_model_metadata, log_forward_pass
 from .history.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
+from .storage import HistoryFileError, UnsavedValuesWarning, load
 from .render import GraphvizNotFoundError, render_graph, show_model_graph
 from .validate import validate_model_activations
 from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
 __all__ = [
     "log_forward_pass",
+    "load",
+    "HistoryFileError",
+    "UnsavedValuesWarning",
     "get_model_metadata",
     "validate_model_activations",
     "show_model_graph",

@@ -36,13 +36,17 @@ class FuncCallLocation:
     @property
     def code_line(self) -> str:
         """The source line of the call, stripped."""
-        return linecache.getline(self.file, self.line_number).strip()
+        return self._line(self.line_number).strip()
+
+    def _line(self, number: int) -> str:
+        """Source line ``number`` of the file (a loaded history reads the text it stored)."""
+        return linecache.getline(self.file, number)
 
     def source_lines(self, context: Optional[int] = None) -> List[str]:
         """Source lines around the call, the call marked with ``--->``."""
         context = self._context if context is None else context
         numbers = range(max(1, self.line_number - context), self.line_number + context + 1)
-        texts = [(n, linecache.getline(self.file, n).rstrip()) for n in numbers]
+        texts = [(n, self._line(n).rstrip()) for n in numbers]
         while texts and not texts[-1][1].strip():  # no trailing blank lines
             texts.pop()
         body = textwrap.dedent("\n".join(t for _, t in texts)).split("\n") if texts else []

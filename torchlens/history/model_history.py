@@ -176,7 +176,7 @@ class ModelHistory:
 
     @property
     def num_tensors_saved(self) -> int:
-        return sum(1 for e in self.layer_list if e.activation is not None)
+        return sum(1 for e in self.layer_list if e.has_saved_activation)
 
     @property
     def tensor_bytes(self) -> int:
@@ -185,8 +185,7 @@ class ModelHistory:
 
     @property
     def saved_tensor_bytes(self) -> int:
-        return sum(e.activation.nelement() * e.activation.element_size()
-                   for e in self.layer_list if isinstance(e.activation, torch.Tensor))
+        return sum(e.saved_nbytes for e in self.layer_list)
 
     @property
     def num_params(self) -> int:
@@ -313,6 +312,25 @@ class ModelHistory:
         except ImportError as error:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from error
         return pd.DataFrame([e.to_row() for e in self.layer_list])
+
+    def save(self, path: str, overwrite: bool = False) -> str:
+        """Write this history to the folder ``path``: ``torchlens.json`` (structure, metadata,
+        call stacks with their source text) and ``tensors-*.safetensors`` (activations,
+        gradients, saved function arguments). No pickle; ``torchlens.load(path)`` opens it
+        lazily. Values that cannot be stored as they are (arbitrary objects among function
+        arguments, non-tensor ``activation_postfunc`` results) are kept as placeholders and
+        named in an ``UnsavedValuesWarning``. Returns ``path``.
+
+        Example:
+            >>> import tempfile, torch, torchlens as tl
+            >>> h = tl.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
+            >>> folder = h.save(tempfile.mkdtemp() + "/run")
+            >>> torch.equal(tl.load(folder)['linear_1_1'].activation, h['linear_1_1'].activation)
+            True
+        """
+        from ..storage.save import save_history
+
+        return save_history(self, path, overwrite=overwrite)
 
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""

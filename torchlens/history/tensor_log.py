@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
+
 from .format import human_bytes, tensor_preview
 from .func_call import FuncCallLocation
 
@@ -35,6 +37,7 @@ _CAPTURE_FIELDS = (
     "gradient",  # with save_gradients: the gradient that reached this tensor in backward
     "rng_state",  # with save_function_args, for random operations: generator states before the call
     "untraced_reason",  # untraced nodes: why the tensor has no record (see Tracer.untraced)
+    "intervened",  # the activation was replaced (log_forward_pass(intervene=...), rerun): how, as text
 )
 
 # Fields filled by post-processing.
@@ -112,6 +115,12 @@ class TensorLogEntry:
     @property
     def has_saved_activation(self) -> bool:
         return self.activation is not None
+
+    @property
+    def saved_nbytes(self) -> int:
+        """Bytes of the saved activation (0 when not saved or not a tensor)."""
+        a = self.activation
+        return a.nelement() * a.element_size() if isinstance(a, torch.Tensor) else 0
 
     @property
     def is_input(self) -> bool:
@@ -252,6 +261,8 @@ class TensorLogEntry:
             lines.append(f"\tFlags: {', '.join(flags)}")
         if self.branch_condition:
             lines.append(f"\tStarts a branch chosen by: {self.branch_condition}")
+        if self.intervened:
+            lines.append(f"\tIntervened: {self.intervened}")
         lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys)}")
         return "\n".join(lines)
 
@@ -279,7 +290,7 @@ class TensorLogEntry:
             "nbytes": self.nbytes,
             "has_saved_activation": self.has_saved_activation,
             "has_gradient": self.has_gradient,
-            "grad_shape": tuple(self.gradient.shape) if self.gradient is not None else None,
+            "grad_shape": tuple(self.grad_shape) if self.has_gradient else None,
             "grad_nbytes": self.grad_nbytes,
             "gradient_note": self.gradient_note,
             "parent_layers": list(self.parent_layers),
@@ -296,5 +307,6 @@ class TensorLogEntry:
             "stored_as_buffer": self.stored_as_buffer,
             "branch_condition": self.branch_condition,
             "elapsed": self.elapsed,
+            "intervened": self.intervened,
         }
 

@@ -1,0 +1,285 @@
+"""history.save / tl.load: round trips, lazy reading, and a clear error for every broken file."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.render import build_dot
+from torchlens.storage.codec import Unsaved
+from torchlens.storage.shards import TensorStore
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        z = y + torch.sigmoid(y)
+        return self.fc(z.mean((2, 3))), z.sum()
+
+
+class Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.fc(x) + 1
+        return x * 2
+
+
+class Kinds(nn.Module):
+    """Activations safetensors has no plain dtype or layout for."""
+
+    def forward(self, x):
+        s = x.to_sparse()
+        c = x.to(torch.complex128) * 2
+        b = x.to(torch.bfloat16) + 1
+        n = x > 0.5
+        return s * 2, c, b, n, x.t()  # x.t(): a non-contiguous view
+
+
+def _same_text(a: tl.ModelHistory, b: tl.ModelHistory) -> None:
+    assert str(a) == str(b)
+    for x, y in zip(a, b):
+        assert str(x) == str(y)
+        assert [repr(f) for f in x.func_call_stack] == [repr(f) for f in y.func_call_stack]
+
+
+def _bitwise(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        if a.layout != torch.strided:
+            a, b = a.to_dense(), b.to_dense()
+        a, b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+        return a.dtype == b.dtype and bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    return a == b
+
+
+@pytest.mark.parametrize("model,x", [(Branchy(), torch.rand(2, 3, 6, 6)), (Loop(), torch.rand(2, 3))])
+def test_round_trip_is_identical(tmp_path, model, x):
+    h = tl.log_forward_pass(model, x, save_function_args=True, random_seed=1)
+    loaded = tl.load(h.save(tmp_path / "h"))
+    assert loaded.layer_labels == h.layer_labels
+    _same_text(h, loaded)
+    assert h.to_pandas().equals(loaded.to_pandas())
+    assert build_dot(h).source == build_dot(loaded).source
+    assert build_dot(h, vis_mode="rolled").source == build_dot(loaded, vis_mode="rolled").source
+    assert set(h._lookup) == set(loaded._lookup)
+    for key in h._lookup:
+        if key in h and not isinstance(h._lookup[key], type(None)):
+            try:
+                expected = h[key].label
+            except KeyError as error:
+                with pytest.raises(KeyError) as found:
+                    loaded[key]
+                assert str(found.value) == str(error)
+                continue
+            assert loaded[key].label == expected
+    for a, b in zip(h, loaded):
+        assert (a.activation is None) == (b.activation is None)
+        if a.activation is not None:
+            assert _bitwise(a.activation, b.activation) and a.activation.shape == b.activation.shape
+    with pytest.raises(KeyError, match="Did you mean"):
+        loaded["lineer_1_1"]
+
+
+def test_unusual_tensors_are_bitwise_equal(tmp_path):
+    h = tl.log_forward_pass(Kinds(), torch.rand(3, 4), random_seed=0)
+    loaded = tl.load(h.save(tmp_path / "k"))
+    for a, b in zip(h, loaded):
+        assert _bitwise(a.activation, b.activation), a.label
+        assert a.activation.layout == b.activation.layout
+
+
+def test_gradients_round_trip(tmp_path):
+    h = tl.log_forward_pass(Branchy(), torch.rand(2, 3, 6, 6), save_gradients=True, random_seed=0)
+    h[h.output_layers[0]].activation.sum().backward()
+    loaded = tl.load(h.save(tmp_path / "g"))
+    grads = [e for e in h if e.gradient is not None]
+    assert grads
+    for a in grads:
+        b = loaded[a.label]
+        assert b.has_gradient and b.grad_shape == a.grad_shape and b.grad_nbytes == a.grad_nbytes
+        assert torch.equal(a.gradient, b.gradient)
+    _same_text(h, loaded)
+    assert build_dot(h).source == build_dot(loaded).source
+
+
+def test_source_text_is_stored(tmp_path, monkeypatch):
+    source = tmp_path / "mymodel.py"
+    source.write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+                      "        return torch.tanh(x)  # the call\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    module = importlib.import_module("mymodel")
+    h = tl.log_forward_pass(module.M(), torch.rand(2), random_seed=0)
+    folder = h.save(tmp_path / "s")
+    source.write_text("# rewritten\n" * 10)  # the model file changes after the save
+    import linecache
+
+    linecache.clearcache()
+    loc = tl.load(folder)["tanh_1_1"].func_call_stack[-1]
+    assert loc.code_line == "return torch.tanh(x)  # the call"
+    assert loc.function == "forward" and loc.file == str(source) and loc.line_number == 5
+    last = repr(loc).splitlines()[-1]
+    assert last.lstrip().startswith("--->") and last.endswith("return torch.tanh(x)  # the call")
+
+
+def test_loading_reads_no_tensor_until_used(tmp_path, monkeypatch):
+    h = tl.log_forward_pass(Branchy(), torch.rand(2, 3, 6, 6), save_function_args=True, random_seed=0)
+    folder = h.save(tmp_path / "lazy")
+    reads = []
+    original = TensorStore.dense
+    monkeypatch.setattr(TensorStore, "dense", lambda self, key, record: reads.append(key) or original(self, key, record))
+    loaded = tl.load(folder)
+    str(loaded), loaded.to_pandas(), build_dot(loaded), loaded.num_tensors_saved, loaded.saved_tensor_bytes
+    assert reads == []
+    assert loaded.saved_tensor_bytes == h.saved_tensor_bytes
+    loaded["relu_1_5"].activation
+    assert len(reads) == 1
+
+
+def test_postfunc_results_are_stored_safely(tmp_path):
+    h = tl.log_forward_pass(Loop(), torch.rand(2, 3), random_seed=0,
+                            activation_postfunc=lambda t: {"mean": t.mean(), "shape": t.shape, "n": (1, 2.5, None)})
+    loaded = tl.load(h.save(tmp_path / "p"))
+    for a, b in zip(h, loaded):
+        assert set(a.activation) == set(b.activation)
+        assert torch.equal(a.activation["mean"], b.activation["mean"])
+        assert b.activation["shape"] == a.activation["shape"] and b.activation["n"] == (1, 2.5, None)
+
+
+class Opaque:
+    def __repr__(self) -> str:
+        return "Opaque()"
+
+
+def test_unsaveable_values_are_named_not_dropped(tmp_path):
+    h = tl.log_forward_pass(Loop(), torch.rand(2, 3), random_seed=0, activation_postfunc=lambda t: Opaque())
+    with pytest.warns(tl.UnsavedValuesWarning, match=r"input_1_0\.activation: .*Opaque"):
+        folder = h.save(tmp_path / "u")
+    loaded = tl.load(folder)
+    value = loaded["linear_1_1:1"].activation
+    assert isinstance(value, Unsaved) and value.text == "Opaque()" and value.type_name.endswith("Opaque")
+    assert any("could not be saved" in note for note in loaded.notes)
+    assert "could not be saved" in str(loaded)
+
+
+def test_saved_files_are_json_and_safetensors_only(tmp_path):
+    from safetensors import safe_open
+
+    h = tl.log_forward_pass(Branchy(), torch.rand(2, 3, 6, 6), save_function_args=True, random_seed=0)
+    folder = h.save(tmp_path / "f")
+    names = sorted(os.listdir(folder))
+    assert names[0] == "tensors-00000.safetensors" and names[-1] == "torchlens.json"
+    assert all(n.endswith(".safetensors") for n in names[:-1])
+    index = json.load(open(os.path.join(folder, "torchlens.json")))
+    assert index["format_version"] == 1
+    record = index["tensors"][0]
+    with safe_open(os.path.join(folder, record["file"]), framework="pt") as f:  # plain safetensors
+        assert f.get_tensor(record["name"]).shape == tuple(record["shape"])
+
+
+def test_existing_folders_are_not_overwritten_by_accident(tmp_path):
+    h = tl.log_forward_pass(Loop(), torch.rand(2, 3), random_seed=0)
+    folder = h.save(tmp_path / "o")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        h.save(folder)
+    h.save(folder, overwrite=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a saved torchlens history"):
+        h.save(other, overwrite=True)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+# ----- broken files: every error names the file ---------------------------------------------------
+@pytest.fixture
+def saved(tmp_path):
+    h = tl.log_forward_pass(Branchy(), torch.rand(2, 3, 6, 6), random_seed=0)
+    return h.save(tmp_path / "b")
+
+
+def test_missing_index(saved):
+    os.remove(os.path.join(saved, "torchlens.json"))
+    with pytest.raises(tl.HistoryFileError, match=r"torchlens\.json: missing"):
+        tl.load(saved)
+
+
+def test_truncated_index(saved):
+    path = os.path.join(saved, "torchlens.json")
+    text = open(path).read()
+    open(path, "w").write(text[: len(text) // 2])
+    with pytest.raises(tl.HistoryFileError, match=r"torchlens\.json: truncated or corrupted") as error:
+        tl.load(saved)
+    assert error.value.path == path
+
+
+def test_newer_format_version(saved):
+    path = os.path.join(saved, "torchlens.json")
+    index = json.load(open(path))
+    index["format_version"] = 99
+    json.dump(index, open(path, "w"))
+    with pytest.raises(tl.HistoryFileError, match=r"torchlens\.json: written in format version 99.*upgrade"):
+        tl.load(saved)
+
+
+def test_not_a_history(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "torchlens.json").write_text('{"hello": 1}')
+    with pytest.raises(tl.HistoryFileError, match="not a torchlens history"):
+        tl.load(folder)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        tl.load(tmp_path / "nowhere")
+
+
+def test_missing_tensor_file(saved):
+    os.remove(os.path.join(saved, "tensors-00000.safetensors"))
+    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: the tensor file is missing"):
+        tl.load(saved)
+
+
+def test_truncated_tensor_file(saved):
+    path = os.path.join(saved, "tensors-00000.safetensors")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: the tensor file is truncated"):
+        tl.load(saved)
+
+
+def test_corrupted_tensor_bytes(saved):
+    path = os.path.join(saved, "tensors-00000.safetensors")
+    with open(path, "r+b") as f:
+        header = struct.unpack("<Q", f.read(8))[0]
+        f.seek(8 + header + 5)
+        byte = f.read(1)
+        f.seek(8 + header + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    loaded = tl.load(saved)  # opening reads no tensor data
+    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: tensor 't0' is corrupted"):
+        loaded[0].activation
+
+
+def test_corrupted_tensor_header(saved):
+    path = os.path.join(saved, "tensors-00000.safetensors")
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(b"#garbage#")
+    loaded = tl.load(saved)
+    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: not a readable safetensors file"):
+        loaded[1].activation

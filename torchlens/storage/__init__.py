@@ -1,0 +1,39 @@
+"""Saving and loading histories: a folder of JSON and safetensors files, no pickle.
+
+Layout of a saved folder::
+
+    torchlens.json            format and version, every entry's fields, call stacks with their
+                              source text, the tensor index (file, name, dtype, shape, CRC-32)
+    tensors-00000.safetensors activations, gradients and tensors among saved function arguments
+    tensors-00001.safetensors ... (a new shard about every GiB)
+"""
+from __future__ import annotations
+
+import os
+from typing import Union
+
+from ..history.model_history import ModelHistory
+from .errors import HistoryFileError
+from .load import load_history
+from .save import FORMAT_VERSION, UnsavedValuesWarning
+
+
+def load(path: Union[str, "os.PathLike[str]"]) -> ModelHistory:
+    """Open a history saved with ``history.save(path)`` (or traced with ``save_to=path``).
+
+    Opening reads only ``torchlens.json``: activations, gradients and saved function arguments
+    are read (memory-mapped) when first used, so a large history opens at once. Nothing in the
+    folder is executed. A missing, truncated or corrupted file, or a format newer than this
+    torchlens reads, raises ``HistoryFileError`` naming the file.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> h = tl.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()), torch.ones(1, 3))
+        >>> loaded = tl.load(h.save(tempfile.mkdtemp() + "/run"))
+        >>> loaded.layer_labels == h.layer_labels, loaded['relu_1_2'].parent_layers
+        (True, ['linear_1_1'])
+    """
+    return load_history(os.fspath(path))
+
+
+__all__ = ["load", "HistoryFileError", "UnsavedValuesWarning", "FORMAT_VERSION"]

@@ -1,0 +1,241 @@
+"""Tensors on disk: safetensors shards written one tensor at a time, read back lazily.
+
+A shard is a standard safetensors file (any safetensors reader opens it). It is written as a
+stream so that a tensor can go to disk the moment it exists (``save_to=``): the header space is
+reserved at the start of the file (the format allows a header padded with spaces), tensor bytes
+are appended as they come, and the header is filled in when the shard is closed. A shard closes
+when its header space or its byte budget is full.
+
+Tensors safetensors has no dtype for (``complex128``, ``uint1``...) are stored as their raw
+bytes (``U8``) with the real dtype kept in torchlens's index; every tensor's CRC-32 is kept
+too and checked when it is first read, so a corrupted file is reported, not silently used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .errors import HistoryFileError
+
+# safetensors dtype names (the ones every safetensors >= 0.4 reader knows)
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_HEADER_RESERVE = 64 * 1024  # bytes of header per shard: room for a few hundred tensors
+_SHARD_BYTES = 1 << 30  # a new shard after about 1 GiB
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``'float32'``."""
+    return str(dtype).replace("torch.", "")
+
+
+def dtype_of(name: str, where: str) -> torch.dtype:
+    """The torch dtype called ``name``; a clear error (naming ``where``) for anything else."""
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(value, torch.dtype):
+        raise HistoryFileError(where, f"unknown tensor dtype {name!r} (written by a newer torch?)")
+    return value
+
+
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a dense tensor, in row-major order, as a flat CPU ``uint8`` tensor."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+
+
+class ShardWriter:
+    """Appends dense tensors to numbered safetensors files in ``folder``.
+
+    Example:
+        >>> import tempfile, torch
+        >>> folder = tempfile.mkdtemp()
+        >>> writer = ShardWriter(folder)
+        >>> ref = writer.add(torch.arange(3.0))
+        >>> writer.close()
+        >>> ref["file"], ref["shape"], ref["dtype"]
+        ('tensors-00000.safetensors', [3], 'float32')
+    """
+
+    def __init__(self, folder: str, shard_bytes: int = _SHARD_BYTES) -> None:
+        self.folder = folder
+        self.shard_bytes = shard_bytes
+        self.files: Dict[str, int] = {}  # finished shard -> its size in bytes
+        self.bytes_written = 0
+        self._count = 0
+        self._file = None
+        self._name = ""
+        self._header: Dict[str, Any] = {}
+        self._header_len = 0
+        self._offset = 0
+
+    def _open(self) -> None:
+        self._name = f"tensors-{len(self.files):05d}.safetensors"
+        self._file = open(os.path.join(self.folder, self._name), "wb")
+        self._file.seek(8 + _HEADER_RESERVE)
+        self._header = {"__metadata__": {"format": "pt", "written_by": "torchlens"}}
+        self._header_len = len(json.dumps(self._header)) + 2
+        self._offset = 0
+
+    def add(self, tensor: torch.Tensor) -> Dict[str, Any]:
+        """Write one dense tensor now; returns its index record (file, name, dtype, shape, crc)."""
+        data = tensor_bytes(tensor)
+        native = _ST_DTYPES.get(tensor.dtype)
+        shape = list(tensor.shape)
+        name = f"t{self._count}"
+        entry = {"dtype": native or "U8", "shape": shape if native else [data.numel()],
+                 "data_offsets": [self._offset, self._offset + data.numel()]}
+        entry_len = len(json.dumps({name: entry})) + 1
+        if self._file is not None and (self._header_len + entry_len > _HEADER_RESERVE
+                                       or self._offset + data.numel() > self.shard_bytes and self._offset):
+            self._close_shard()
+        if self._file is None:
+            self._open()
+            entry["data_offsets"] = [0, data.numel()]
+        array = data.numpy()
+        self._file.write(memoryview(array))
+        self._header[name] = entry
+        self._header_len += entry_len
+        self._offset += data.numel()
+        self._count += 1
+        self.bytes_written += data.numel()
+        return {"file": self._name, "name": name, "dtype": dtype_name(tensor.dtype), "shape": shape,
+                "crc": zlib.crc32(array)}
+
+    def _close_shard(self) -> None:
+        header = json.dumps(self._header, separators=(",", ":")).encode()
+        if len(header) > _HEADER_RESERVE:  # cannot happen: add() closes the shard before
+            raise RuntimeError("torchlens: safetensors header overflow")
+        self._file.seek(0)
+        self._file.write(struct.pack("<Q", _HEADER_RESERVE) + header.ljust(_HEADER_RESERVE, b" "))
+        self._file.close()
+        self.files[self._name] = 8 + _HEADER_RESERVE + self._offset
+        self._file = None
+
+    def close(self) -> None:
+        """Finish the open shard (its header is written now)."""
+        if self._file is not None:
+            self._close_shard()
+
+    def abort(self) -> None:
+        """Close without finishing (after an error); the folder is left incomplete."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TensorStore:
+    """Reads tensors of a saved history lazily: each shard is opened (memory-mapped by
+    safetensors) on first use, each tensor read and checked when first asked for."""
+
+    def __init__(self, folder: str, files: Dict[str, int]) -> None:
+        self.folder = folder
+        self.files = files
+        self._open: Dict[str, Any] = {}
+        self._cache: Dict[int, torch.Tensor] = {}
+
+    def check_files(self) -> None:
+        """Every shard exists and has the size recorded at save time (cheap: one stat each)."""
+        for name, size in self.files.items():
+            path = os.path.join(self.folder, name)
+            try:
+                found = os.path.getsize(path)
+            except OSError:
+                raise HistoryFileError(path, "the tensor file is missing (the saved folder is incomplete)") from None
+            if found != size:
+                what = "truncated" if found < size else "longer than written"
+                raise HistoryFileError(path, f"the tensor file is {what}: {found} bytes, {size} expected")
+
+    def _shard(self, name: str):
+        handle = self._open.get(name)
+        if handle is None:
+            from safetensors import safe_open
+
+            path = os.path.join(self.folder, name)
+            if name not in self.files:
+                raise HistoryFileError(path, "a tensor refers to a file the index does not list")
+            try:
+                handle = self._open[name] = safe_open(path, framework="pt")
+            except FileNotFoundError:
+                raise HistoryFileError(path, "the tensor file is missing") from None
+            except Exception as error:  # safetensors raises its own error types
+                raise HistoryFileError(path, f"not a readable safetensors file ({error})") from None
+        return handle
+
+    def dense(self, key: int, record: Dict[str, Any]) -> torch.Tensor:
+        """The dense tensor of index record ``record`` (cached: one object per tensor)."""
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        path = os.path.join(self.folder, str(record.get("file")))
+        try:
+            raw = self._shard(record["file"]).get_tensor(record["name"])
+        except HistoryFileError:
+            raise
+        except Exception as error:
+            raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
+        flat = raw.reshape(-1)
+        data = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+        if zlib.crc32(data.numpy()) != record["crc"]:
+            raise HistoryFileError(path, f"tensor {record['name']!r} is corrupted (its checksum does not match)")
+        dtype = dtype_of(record["dtype"], path)
+        tensor = raw if raw.dtype == dtype else data.view(dtype)
+        tensor = tensor.reshape(record["shape"])
+        self._cache[key] = tensor
+        return tensor
+
+
+def encode_tensor(tensor: torch.Tensor, writer: ShardWriter) -> Optional[Dict[str, Any]]:
+    """The index record of any tensor: dense, sparse (its components) or nested (its pieces);
+    ``None`` if its kind cannot be stored (quantized, a subclass without dense data)."""
+    layout = tensor.layout
+    try:
+        if tensor.is_nested:
+            return {"kind": "nested", "parts": [writer.add(t) for t in tensor.detach().unbind()]}
+        if layout == torch.sparse_coo:
+            t = tensor.detach().coalesce()
+            return {"kind": "sparse_coo", "size": list(t.shape), "indices": writer.add(t._indices()),
+                    "values": writer.add(t._values())}
+        if layout in (torch.sparse_csr, torch.sparse_csc):
+            t = tensor.detach()
+            rows, cols = (t.crow_indices(), t.col_indices()) if layout == torch.sparse_csr \
+                else (t.ccol_indices(), t.row_indices())
+            return {"kind": str(layout).replace("torch.", ""), "size": list(t.shape),
+                    "compressed": writer.add(rows), "plain": writer.add(cols), "values": writer.add(t.values())}
+        if layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+            return None
+        record = writer.add(tensor)
+        record["kind"] = "dense"
+        return record
+    except (RuntimeError, TypeError, NotImplementedError):  # a subclass or layout without plain data
+        return None
+
+
+def decode_tensor(record: Dict[str, Any], store: TensorStore, key: int, where: str) -> torch.Tensor:
+    """The tensor an index record describes (the inverse of ``encode_tensor``)."""
+    kind = record.get("kind")
+    if kind == "dense":
+        return store.dense(key, record)
+    if kind == "nested":
+        return torch.nested.nested_tensor([store.dense(_sub(key, i), p) for i, p in enumerate(record["parts"])])
+    if kind == "sparse_coo":
+        indices = store.dense(_sub(key, 0), record["indices"])
+        values = store.dense(_sub(key, 1), record["values"])
+        # invariants checked: the indices come from a file and must not crash torch if damaged
+        return torch.sparse_coo_tensor(indices, values, record["size"], check_invariants=True).coalesce()
+    if kind in ("sparse_csr", "sparse_csc"):
+        parts = [store.dense(_sub(key, i), record[n]) for i, n in enumerate(("compressed", "plain", "values"))]
+        make = torch.sparse_csr_tensor if kind == "sparse_csr" else torch.sparse_csc_tensor
+        return make(*parts, size=record["size"], check_invariants=True)
+    raise HistoryFileError(where, f"unknown tensor kind {kind!r} (written by a newer torchlens?)")
+
+
+def _sub(key: int, i: int) -> int:
+    return -(key * 8 + i + 1)  # cache keys of a sparse or nested tensor's pieces: negative, distinct
