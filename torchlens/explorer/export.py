@@ -2,21 +2,10 @@
 opens from disk with no server and no network, e.g. to mail a run to a colleague."""
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
 
+from .assets_inline import inline_page
 from .data import Catalog
-from .server import ASSETS_DIR
-
-
-def _read(name: str) -> str:
-    with open(os.path.join(ASSETS_DIR, name), encoding="utf-8") as f:
-        return f.read()
-
-
-def _inline_script(text: str) -> str:
-    return text.replace("</", "<\\/")  # nothing inside may close the <script> element
 
 
 def export_html(run_dir: str, path: str, run_id: Optional[str] = None) -> str:
@@ -41,11 +30,7 @@ def export_html(run_dir: str, path: str, run_id: Optional[str] = None) -> str:
     finally:
         catalog.close()
     data = {"summary": summary, "layouts": layouts, "call_series": call_series}
-    page = _read("index.html")
-    page = page.replace('<link rel="stylesheet" href="/assets/explorer.css">', f"<style>\n{_read('explorer.css')}</style>")
-    script = (f"<script>window.TORCHLENS_EXPORT = {_inline_script(json.dumps(data, separators=(',', ':')))};</script>\n"
-              f"<script>\n{_inline_script(_read('explorer.js'))}</script>")
-    page = page.replace('<script src="/assets/explorer.js"></script>', script)
+    page = inline_page("index.html", data, "TORCHLENS_EXPORT")  # every asset inline, data first
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return path

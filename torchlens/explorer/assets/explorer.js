@@ -1,7 +1,8 @@
 /* torchlens explorer page: the module graph of one call on the left (click to open a node,
  * breadcrumbs to go back up), pinned histogram panels on the right (drag a node there).
  * Data comes from the JSON routes of torchlens/explorer/server.py, or, in an exported file,
- * from window.TORCHLENS_EXPORT (same shapes). No library, no network beyond the page's server. */
+ * from window.TORCHLENS_EXPORT (same shapes). Shared helpers come from common.js (window.TorchlensUI).
+ * No library, no network beyond the page's server. */
 (function () {
   "use strict";
 
@@ -10,7 +11,7 @@
   const KIND_ORDER = ["io", "io_grad", "params", "params_grad"];
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#e6550d", "#bcbd22"];
   const $ = (role) => document.querySelector(`[data-role="${role}"]`);
-  const SVG_NS = "http://www.w3.org/2000/svg";
+  const UI = window.TorchlensUI;  // common.js, shared with the graph page
 
   const state = {
     runId: null,        // id from /api/runs
@@ -192,40 +193,20 @@
     });
   }
 
-  function svgEl(tag, attrs, parent) {
-    const el = document.createElementNS(SVG_NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-    if (parent) parent.appendChild(el);
-    return el;
-  }
-
-  function edgePath(points, spline) {
-    if (!points.length) return "";
-    let d = `M${points[0][0]},${points[0][1]}`;
-    if (spline && points.length >= 4 && (points.length - 1) % 3 === 0) {
-      for (let i = 1; i < points.length; i += 3) d += ` C${points[i]} ${points[i + 1]} ${points[i + 2]}`;
-    } else {
-      for (let i = 1; i < points.length; i++) d += ` L${points[i][0]},${points[i][1]}`;
-    }
-    return d;
-  }
-
   function drawGraph(layout) {
     const svg = $("graph-svg");
     svg.innerHTML = "";
-    const defs = svgEl("defs", {}, svg);
-    const marker = svgEl("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
-    svgEl("path", { d: "M0,0 L10,5 L0,10 z", fill: "#8896a5" }, marker);
-    const root = svgEl("g", { "data-role": "graph-root" }, svg);
-    for (const e of layout.edges) svgEl("path", { class: "edge", d: edgePath(e.points, e.spline), "marker-end": "url(#arrow)", "data-edge": `${e.from}→${e.to}` }, root);
+    UI.arrowMarker(svg, "arrow", "#8896a5");
+    const root = UI.svgEl("g", { "data-role": "graph-root" }, svg);
+    for (const e of layout.edges) UI.svgEl("path", { class: "edge", d: UI.edgePath(e.points, e.spline), "marker-end": "url(#arrow)", "data-edge": `${e.from}→${e.to}` }, root);
     for (const n of layout.nodes) {
-      const g = svgEl("g", { class: `node ${n.kind}${n.has_inside ? " has-inside" : ""}`, "data-node": n.id, transform: `translate(${n.x - n.w / 2},${n.y - n.h / 2})` }, root);
-      svgEl("rect", { width: n.w, height: n.h, rx: n.kind === "call" ? 6 : 14 }, g);
+      const g = UI.svgEl("g", { class: `node ${n.kind}${n.has_inside ? " has-inside" : ""}`, "data-node": n.id, transform: `translate(${n.x - n.w / 2},${n.y - n.h / 2})` }, root);
+      UI.svgEl("rect", { width: n.w, height: n.h, rx: n.kind === "call" ? 6 : 14 }, g);
       if (n.kind === "call") {
-        svgEl("text", { x: n.w / 2, y: n.h / 2 - 8 }, g).textContent = n.label;
-        svgEl("text", { class: "cls", x: n.w / 2, y: n.h / 2 + 9 }, g).textContent = n.class_name + (n.has_inside ? " ▸" : "");
+        UI.svgEl("text", { x: n.w / 2, y: n.h / 2 - 8 }, g).textContent = n.label;
+        UI.svgEl("text", { class: "cls", x: n.w / 2, y: n.h / 2 + 9 }, g).textContent = n.class_name + (n.has_inside ? " ▸" : "");
       } else {
-        svgEl("text", { x: n.w / 2, y: n.h / 2 }, g).textContent = n.label;
+        UI.svgEl("text", { x: n.w / 2, y: n.h / 2 }, g).textContent = n.label;
       }
       attachNodeEvents(g, n);
     }
@@ -233,50 +214,18 @@
   }
 
   function fitGraph(layout) {
-    const svg = $("graph-svg");
-    const box = svg.getBoundingClientRect();
-    const k = Math.min(1.5, Math.max(0.05, Math.min((box.width - 40) / Math.max(layout.width, 1), (box.height - 40) / Math.max(layout.height, 1))));
-    state.zoom = { k, x: (box.width - layout.width * k) / 2, y: Math.max(20, (box.height - layout.height * k) / 2) };
-    applyZoom();
-  }
-
-  function applyZoom() {
-    const g = document.querySelector('[data-role="graph-root"]');
-    if (g) g.setAttribute("transform", `translate(${state.zoom.x},${state.zoom.y}) scale(${state.zoom.k})`);
+    state.view2d.fit(layout.width, layout.height, { minK: 0.05 });
   }
 
   function setupZoomAndPan() {
-    const svg = $("graph-svg");
-    svg.addEventListener("wheel", (event) => {
-      event.preventDefault();
-      const box = svg.getBoundingClientRect();
-      const px = event.clientX - box.left, py = event.clientY - box.top;
-      const factor = Math.exp(-event.deltaY * 0.0015);
-      const k = Math.min(8, Math.max(0.03, state.zoom.k * factor));
-      state.zoom.x = px - (px - state.zoom.x) * (k / state.zoom.k);
-      state.zoom.y = py - (py - state.zoom.y) * (k / state.zoom.k);
-      state.zoom.k = k;
-      applyZoom();
-    }, { passive: false });
-    let pan = null;
-    svg.addEventListener("pointerdown", (event) => {
-      if (event.target.closest(".node")) return;
-      pan = { x: event.clientX, y: event.clientY, zx: state.zoom.x, zy: state.zoom.y };
-      svg.classList.add("panning");
-    });
-    window.addEventListener("pointermove", (event) => {
-      if (!pan) return;
-      state.zoom.x = pan.zx + event.clientX - pan.x;
-      state.zoom.y = pan.zy + event.clientY - pan.y;
-      applyZoom();
-    });
-    window.addEventListener("pointerup", () => { pan = null; svg.classList.remove("panning"); });
+    state.view2d = UI.zoomPan($("graph-svg"), () => document.querySelector('[data-role="graph-root"]'), state.zoom,
+      (target) => target.closest(".node"));
   }
 
   // ----- nodes: tooltip, click, drag to pin -----------------------------------------------------
   function attachNodeEvents(g, node) {
     g.addEventListener("mouseenter", (event) => showTooltip(node, event));
-    g.addEventListener("mousemove", (event) => placeFloating($("tooltip"), event));
+    g.addEventListener("mousemove", (event) => UI.placeFloating($("tooltip"), event));
     g.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
     g.addEventListener("pointerdown", (event) => startNodeDrag(event, node));
   }
@@ -359,30 +308,9 @@
       title = `${node.id} of ${displayName(state.view)}`;
       rows.push(["shape", `[${(node.shape || []).join(", ")}]`]);
     }
-    tip.innerHTML = "";
-    const h = document.createElement("h4");
-    h.textContent = title;
-    tip.appendChild(h);
-    const table = document.createElement("table");
-    for (const [k, v] of rows) {
-      const tr = table.insertRow();
-      if (k === "§") { const td = tr.insertCell(); td.colSpan = 2; td.className = "sect"; td.textContent = v; continue; }
-      const key = tr.insertCell(); key.className = "key"; key.textContent = k;
-      tr.insertCell().textContent = v;
-    }
-    tip.appendChild(table);
+    UI.fillTable(tip, title, rows);
     tip.hidden = false;
-    placeFloating(tip, event);
-  }
-
-  function placeFloating(el, event) {
-    const pad = 14;
-    const w = el.offsetWidth, h = el.offsetHeight;
-    let x = event.clientX + pad, y = event.clientY + pad;
-    if (x + w > window.innerWidth) x = event.clientX - w - pad;
-    if (y + h > window.innerHeight) y = event.clientY - h - pad;
-    el.style.left = `${Math.max(0, x)}px`;
-    el.style.top = `${Math.max(0, y)}px`;
+    UI.placeFloating(tip, event);
   }
 
   // ----- search ----------------------------------------------------------------------------------
@@ -535,12 +463,7 @@
 
   const MARGIN = { left: 52, right: 6, top: 6, bottom: 16 };
 
-  function format(v) {
-    if (v === null || v === undefined) return "–";
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e4)) return v.toExponential(2);
-    return Number(v.toPrecision(3)).toString();
-  }
+  const format = UI.formatNumber;
 
   function stripRange(s) {
     let lo = Infinity, hi = -Infinity;
@@ -638,7 +561,7 @@
     const total = s.counts[i].reduce((a, b) => a + b, 0);
     tip.textContent = `${steps} · range [${format(s.lo[i])}, ${format(s.hi[i])}] · ${Math.round(total)} values` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
     tip.hidden = false;
-    placeFloating(tip, event);
+    UI.placeFloating(tip, event);
   }
 
   // ----- live updates: ask what is new, fetch only new columns ---------------------------------
