@@ -461,27 +461,15 @@ FAST = frozenset("""
     nn.Transformer
 """.split())
 
-# Known failures of validate_model_activations. The tracer bugs and validator gaps found while
-# building the zoo (writes through views, empty_like compared, zero weights hiding a dependency,
-# in-place random fills, x.to(other), empty results) are fixed; what remains is legitimate: the
-# result does not depend on the parent's values *for these inputs*, so no perturbation can show
-# the edge is real.
-BUGS: Dict[str, str] = {
-    "degenerate": (
-        "validate: the result legitimately ignores the parent's values for these inputs "
-        "(clamp(min=k, max=k) in MultiScaleRoIAlign's LevelMapper with one level; float "
-        "equality (keypoints == box edge) that no perturbation makes true; the attention "
-        "softmax over a single token of LeViT / MobileViT at 64 x 64)"),
-}
+# Known failures of validate_model_activations: bug key -> description. Empty: the last five
+# (a result that legitimately ignores a parent's values for the zoo's inputs: clamp(min=k, max=k)
+# in MultiScaleRoIAlign's LevelMapper, a float equality no perturbation makes true, a softmax over
+# a single token in LeViT / MobileViT) were false alarms of a perturbation check on recorded
+# parents, which validation no longer makes (see torchlens/validate.py).
+BUGS: Dict[str, str] = {}
 
 # entry -> keys of BUGS: strict xfail (raises=ValidationFailed) in tests/test_zoo.py
-XFAIL: Dict[str, Tuple[str, ...]] = {
-    "tv.fasterrcnn_mobilenet_v3_large_320_fpn.eval": ("degenerate",),
-    "tv.fasterrcnn_mobilenet_v3_large_320_fpn.train": ("degenerate",),
-    "tv.keypointrcnn_resnet50_fpn.train": ("degenerate",),
-    "timm.levit_128s.64px": ("degenerate",),
-    "timm.mobilevit_xxs.64px": ("degenerate",),
-}
+XFAIL: Dict[str, Tuple[str, ...]] = {}
 
 
 ZOO: List[ZooModel] = _zoo()

@@ -13,6 +13,7 @@ from .capture.run import run_pass
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
+from .input_copy import as_args, copy_inputs
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
 
@@ -88,7 +89,7 @@ def log_forward_pass(
         )
     if output_device not in ("same", None):
         torch.device(output_device)  # a bad device name fails here, before the pass
-    args = _as_args(input_args)
+    args = as_args(input_args)
     kwargs = dict(input_kwargs or {})
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     module_addresses = {address for address, _ in model.named_modules()}
@@ -103,8 +104,14 @@ def log_forward_pass(
 
     with eager_only():  # compiled submodules run eagerly, so their operations are seen
         if request.needs_labels:
+            # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
+            # cache, a tensor the model writes into) must be used once, by the pass they get
+            first_args, first_kwargs, copy_note = copy_inputs(model, args, kwargs)
+            if copy_note is not None:
+                notes.append(f"layers_to_save needed a first pass to resolve labels: {copy_note}")
             buffers = BufferSnapshot(model)
-            first = build_history(run_pass(model, args, kwargs, plan(), seed))
+            first = build_history(run_pass(model, first_args, first_kwargs, plan(), seed))
+            del first_args, first_kwargs
             buffers.restore()
             chosen = frozenset(resolve_request(request, first))
             result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args,
@@ -152,11 +159,3 @@ def get_model_metadata(model: nn.Module, input_args: Any, input_kwargs: Optional
         (True, torch.Size([2, 3]))
     """
     return log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=random_seed)
-
-
-def _as_args(input_args: Any) -> tuple:
-    if isinstance(input_args, tuple):
-        return input_args
-    if isinstance(input_args, list):
-        return tuple(input_args)
-    return (input_args,)

@@ -1,55 +1,49 @@
-"""``validate_model_activations``: prove the saved activations are those of the real pass.
+"""``validate_model_activations`` and ``validate_history``: prove a trace is the real forward pass.
 
-Three checks (each failure is reported with the layer and the reason):
+What a trace claims, and how each claim is checked (every failure names the layer and says why):
 
-1. the logged outputs equal the outputs of a plain run with the same inputs and seed, and no
-   tensor came from an untraced producer (a call torchlens does not wrap);
-2. re-running each operation on the saved activations of its parents (with its saved
-   non-tensor arguments and, for random operations, the generator state it ran with)
-   reproduces its saved activation;
-3. replacing one parent's activation with a different value changes the result, so every
-   recorded edge is a real dependency — except where the table ``PERTURBATION_EXEMPT`` says a
-   change is legitimately invisible.
+1. *Its outputs are the model's.* The logged outputs equal those of a plain run of the model
+   with the same seed, on a deep copy of the inputs; no tensor came from an untraced producer.
+2. *Its graph is well formed.* Every label finds its own entry; every parent exists, ran before
+   its child and lists the child back; the passes of a layer are numbered in execution order.
+3. *Each operation is what it says.* The recorded parents are the arguments of the saved call,
+   at the recorded positions; re-running the function on the parents' saved activations (with
+   the saved non-tensor arguments and, for random operations, the generator state it ran with)
+   reproduces the saved activation.
+4. *No edge was lost.* A logged tensor among the call's arguments that is not a recorded parent
+   (each output of ``broadcast_tensors`` comes from one argument) must not influence the result:
+   if some other value of it changes the replay, the trace lost an edge.
+
+Recorded parents are not perturbed. Check 3 already proves that the operation, run on the
+recorded parents, gives the saved result. That another value of a parent would give the same
+result (``h * 0``, ``h - h``, ``clamp(h, min=k, max=k)``, a softmax over one element, a
+comparison that does not flip) is a property of the function for these inputs, not evidence
+against the trace: a recorded parent is wrong only when it is not what the operation consumed,
+and then either its value does not reproduce the result (check 3) or the structure says so.
 """
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .api import _as_args, log_forward_pass
-from .capture.args import replace_tensors, tensors_in
+from .api import log_forward_pass
+from .capture.args import tensors_in
 from .capture.modules import BufferSnapshot
 from .capture.run import RngState, seed_everything
 from .capture.tracer import empty_out
 from .history.model_history import ModelHistory
 from .history.tensor_log import ParentRef, TensorLogEntry
-
-# Functions (by name) whose output does not depend on the *values* of some arguments, with the
-# argument positions that are exempt ("all": every tensor argument) and why.
-PERTURBATION_EXEMPT: Dict[str, Tuple[Any, str]] = {
-    **{name: ("all", "output depends only on the argument's shape, dtype or device")
-       for name in ("zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
-                    "randint_like", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor",
-                    "new_empty_strided", "expand_as", "view_as", "reshape_as", "type_as",
-                    "size", "empty", "empty_strided")},
-    **{name: ((0,), "the argument's values are overwritten") for name in ("fill_", "zero_", "copy_")},
-    "__setitem__": ((0,), "a slice of the argument is overwritten and may cover all of it"),
-    "setitem": ((0,), "a slice of the argument is overwritten and may cover all of it"),
-    "batch_norm": ((3, 4, "running_mean", "running_var"),
-                   "in training mode the running statistics are updated, not used"),
-    **{name: ((0,), "an in-place random fill overwrites the argument's values")
-       for name in ("bernoulli_", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_",
-                    "log_normal_", "random_")},
-    "to": ((1, "other"), "x.to(other) takes only the dtype and device of other"),
-    "write_through_view": ((0,), "the view written into may cover all of the base"),
-}
+from .input_copy import as_args, copy_inputs
 
 # Functions whose output has no meaningful value to compare (uninitialised memory).
 UNCOMPARABLE = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
+# Layers that pass their parent on unchanged and are never recorded with saved arguments.
+_PASS_THROUGH = frozenset({"identity", "output"})
+_MAX_DEPTH = 6  # as deep as capture.args looks for tensors in arguments
 
 
 def validate_model_activations(
@@ -61,7 +55,10 @@ def validate_model_activations(
 ) -> bool:
     """True if the activations torchlens saves are exactly those of the real forward pass.
 
-    The model is left as it was found: parameters, buffers and the caller's RNG state.
+    Runs the model twice: plainly on a deep copy of the inputs, then logged on the inputs
+    themselves, which therefore end as after one plain forward (a ``DynamicCache`` grows once).
+    The model is left as it was found: parameters, buffers and the caller's RNG state. With
+    ``verbose=True`` every failed check is printed with the layer and the reason.
 
     Example:
         >>> import torch, torchlens as tl
@@ -70,10 +67,7 @@ def validate_model_activations(
         True
     """
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
-    # copies, so a model that writes into its inputs sees the same values in both runs
-    args = replace_tensors(_as_args(input_args), torch.clone)
-    kwargs = replace_tensors(dict(input_kwargs or {}), torch.clone)
-    logged_args, logged_kwargs = replace_tensors(args, torch.clone), replace_tensors(kwargs, torch.clone)
+    args, kwargs = as_args(input_args), dict(input_kwargs or {})
     report = _Report(verbose)
     rng = RngState()
     buffers = BufferSnapshot(model)
@@ -82,19 +76,22 @@ def validate_model_activations(
         if any(is_lazy(p) for p in model.parameters()):
             # lazy modules (nn.LazyLinear) create their parameters first, from the caller's random
             # streams as in a plain forward: the seeded runs below must draw the same numbers
+            lazy_args, lazy_kwargs, _ = copy_inputs(model, args, kwargs)
             with torch.no_grad():
-                model(*replace_tensors(args, torch.clone), **replace_tensors(kwargs, torch.clone))
+                model(*lazy_args, **lazy_kwargs)
+            del lazy_args, lazy_kwargs
             buffers.restore()
         params = [(p, p.detach().clone()) for p in model.parameters()]
+        plain_args, plain_kwargs, note = copy_inputs(model, args, kwargs)
+        if note is not None:
+            report.say(f"note: {note}")
         seed_everything(seed)
-        expected = [t.detach().clone() for _, t in tensors_in(model(*args, **kwargs))]
+        expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
+        del plain_args, plain_kwargs
         buffers.restore()
-        history = log_forward_pass(model, list(logged_args), logged_kwargs, layers_to_save="all",
+        history = log_forward_pass(model, list(args), kwargs, layers_to_save="all",
                                    save_function_args=True, detach_saved_tensors=True, random_seed=seed)
-        ok = _check_outputs(history, expected, report)
-        ok = _check_untraced(history, report) and ok
-        ok = _check_replays(history, report) and ok
-        return ok
+        return _validate(history, expected, report)
     finally:
         buffers.restore()
         with torch.no_grad():
@@ -104,65 +101,79 @@ def validate_model_activations(
         rng.restore()
 
 
+def validate_history(history: ModelHistory, expected_outputs: Optional[Sequence[torch.Tensor]] = None,
+                     verbose: bool = False) -> bool:
+    """Checks 2 to 4 of the module docstring on an existing history, and check 1 when
+    ``expected_outputs`` (the model's output tensors, in ``tensors_in`` order) are given.
+
+    The history must hold every layer's activation and the function arguments: record it with
+    ``log_forward_pass(..., layers_to_save='all', save_function_args=True)`` and no
+    ``activation_postfunc``. The caller's RNG state is left as it was.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> from torchlens.validate import validate_history
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> validate_history(tl.log_forward_pass(model, torch.rand(2, 4), save_function_args=True))
+        True
+    """
+    if not isinstance(history, ModelHistory):
+        raise TypeError(f"validate_history expects a ModelHistory, got {type(history).__name__}.")
+    _require_replayable(history)
+    rng = RngState()
+    try:
+        expected = None if expected_outputs is None else list(expected_outputs)
+        return _validate(history, expected, _Report(verbose))
+    finally:
+        rng.restore()
+
+
+def _require_replayable(history: ModelHistory) -> None:
+    if len(history) != history.num_tensors:
+        raise ValueError(f"validate_history needs every layer, but {history.num_tensors - len(history)} of "
+                         f"{history.num_tensors} were dropped: record it with layers_to_save='all'.")
+    unsaved = [e.label for e in history if e.activation is None and e.kind != "untraced"]
+    if unsaved:
+        raise ValueError(f"validate_history needs every activation, but {len(unsaved)} layers have none "
+                         f"({', '.join(unsaved[:3])}): record it with layers_to_save='all'.")
+    without_args = [e.label for e in history
+                    if e.kind == "op" and e.func is not None and e.func_args is None and e.func_name not in _PASS_THROUGH]
+    if without_args:
+        raise ValueError(f"validate_history re-runs each operation, but {without_args[0]} has no saved "
+                         "arguments: record the history with save_function_args=True.")
+
+
+def _validate(history: ModelHistory, expected: Optional[List[torch.Tensor]], report: "_Report") -> bool:
+    ok, by_label = _check_structure(history, report)
+    if expected is not None:
+        ok = _check_outputs(history, expected, report) and ok
+    ok = _check_untraced(history, report) and ok
+    return _check_operations(history, by_label, report) and ok
+
+
 class _Report:
     def __init__(self, verbose: bool) -> None:
         self.verbose = verbose
 
-    def fail(self, message: str) -> bool:
+    def say(self, message: str) -> None:
         if self.verbose:
             print(f"validate_model_activations: {message}")
+
+    def fail(self, message: str) -> bool:
+        self.say(message)
         return False
 
 
-def _parts(t: torch.Tensor) -> List[torch.Tensor]:
-    """Strided tensors holding ``t``'s values: a nested tensor's components, a sparse tensor's
-    dense form (neither kind supports ``torch.equal`` or a plain ``shape``)."""
-    if t.is_nested:
-        return list(t.unbind())
-    if t.layout != torch.strided:
-        return [t.to_dense()]
-    return [t]
-
-
-def _from_parts(like: torch.Tensor, parts: List[torch.Tensor]) -> torch.Tensor:
-    """A tensor of ``like``'s kind (strided, nested, sparse) with the values of ``parts``."""
-    if like.is_nested:
-        return torch.nested.as_nested_tensor(parts, layout=like.layout)
-    if like.layout != torch.strided:
-        return parts[0].to_sparse(layout=like.layout)
-    return parts[0]
-
-
-def _random_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    parts = [torch.randn(p.shape, generator=generator).to(p.dtype) for p in _parts(t)]
-    return _from_parts(t, parts)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
-        if a.is_nested != b.is_nested or a.layout != b.layout:
-            return False
-        parts_a, parts_b = _parts(a), _parts(b)
-        return len(parts_a) == len(parts_b) and all(map(_same, parts_a, parts_b))
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True))
-    return False
-
-
+# ----- check 1: outputs and untraced producers -------------------------------------------------
 def _check_outputs(history: ModelHistory, expected: List[torch.Tensor], report: _Report) -> bool:
-    outputs = [history[label] for label in history.output_layers]
+    outputs = [e for e in history if e.is_output]
     if len(outputs) != len(expected):
         return report.fail(f"the model returned {len(expected)} tensors but {len(outputs)} output layers were logged")
+    ok = True
     for entry, value in zip(outputs, expected):
         if not _same(entry.activation, value):
-            return report.fail(f"{entry.label} differs from the output of a plain run of the model")
-    return True
+            ok = report.fail(f"{entry.label} differs from the output of a plain run of the model{_difference(entry.activation, value)}")
+    return ok
 
 
 def _check_untraced(history: ModelHistory, report: _Report) -> bool:
@@ -182,102 +193,168 @@ def _check_untraced(history: ModelHistory, report: _Report) -> bool:
     return ok
 
 
-def _check_replays(history: ModelHistory, report: _Report) -> bool:
+# ----- check 2: the graph ----------------------------------------------------------------------
+def _check_structure(history: ModelHistory, report: _Report) -> Tuple[bool, Dict[str, TensorLogEntry]]:
+    """Labels, lookup, edges in both directions, execution order and pass numbers; also returns
+    the entries by label (independent of the history's lookup table)."""
+    ok = True
+    entries = history.layer_list
+    index: Dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.label in index:
+            ok = report.fail(f"{e.label}: two entries carry this label")
+        index[e.label] = i
+        try:
+            found = history[e.label]
+        except KeyError:
+            found = None
+        if found is not e:
+            ok = report.fail(f"{e.label}: history[{e.label!r}] finds {getattr(found, 'label', 'nothing')}, not this entry")
+    for i, e in enumerate(entries):
+        for p in e.parent_layers or ():
+            j = index.get(p)
+            if j is None:
+                ok = report.fail(f"{e.label}: parent {p} is not a layer of this history")
+            elif j >= i:
+                ok = report.fail(f"{e.label}: parent {p} comes after it in execution order")
+            elif e.label not in (entries[j].child_layers or ()):
+                ok = report.fail(f"{e.label}: parent {p} does not list it as a child")
+        for c in e.child_layers or ():
+            j = index.get(c)
+            if j is None:
+                ok = report.fail(f"{e.label}: child {c} is not a layer of this history")
+            elif e.label not in (entries[j].parent_layers or ()):
+                ok = report.fail(f"{e.label}: child {c} does not list it as a parent")
+    layers: Dict[str, List[TensorLogEntry]] = {}
+    for e in entries:
+        layers.setdefault(e.layer_label, []).append(e)
+    for layer_label, passes in layers.items():
+        n = len(passes)
+        for k, e in enumerate(passes, 1):
+            label = layer_label if n == 1 else f"{layer_label}:{k}"
+            if e.pass_num != k or e.num_passes != n or e.label != label:
+                ok = report.fail(f"{e.label}: recorded as pass {e.pass_num} of {e.num_passes}, but it ran as "
+                                 f"pass {k} of {n} of {layer_label} (label {label})")
+    return ok, {e.label: e for e in entries}
+
+
+# ----- checks 3 and 4: each operation -----------------------------------------------------------
+def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry], report: _Report) -> bool:
     ok = True
     generator = torch.Generator().manual_seed(0)
     for entry in history:
-        if entry.kind in ("input", "buffer") or entry.func is None or entry.func_name in UNCOMPARABLE:
+        if entry.kind in ("input", "buffer") or entry.func is None:
             continue
         if entry.func_args is None and not entry.parent_layers:
             continue  # a pass-through of a tensor that is not a layer (e.g. a returned parameter)
+        refs = _parent_refs(entry) if entry.func_args is not None else None
+        if refs is not None:
+            ok = _check_arguments(entry, refs, report) and ok
+        if entry.func_name in UNCOMPARABLE:
+            continue
         with torch.no_grad():
-            result = _replay(entry, history, {})
+            result = _replay(entry, by_label, {})
         if isinstance(result, str):
             ok = report.fail(f"{entry.label}: re-running {entry.func_name} failed: {result}")
             continue
         if not _same(result, entry.activation):
-            ok = report.fail(f"{entry.label}: re-running {entry.func_name} on the saved parents does not "
-                             "reproduce the saved activation")
+            ok = report.fail(f"{entry.label}: re-running {entry.func_name} on the saved activations of its parents "
+                             f"({', '.join(entry.parent_layers) or 'none'}) does not reproduce its saved activation"
+                             f"{_difference(result, entry.activation)}")
             continue
-        if entry.activation.numel() == 0:
-            continue  # an empty result cannot change
-        for parent in entry.parent_layers:
-            if not _exempt(entry, parent, history) and not _depends_on(entry, parent, history, generator):
-                ok = report.fail(f"{entry.label}: changing parent {parent} does not change the result, "
-                                 "so the recorded edge may not be a real dependency")
+        for label, positions in (refs or {}).items():
+            if label not in entry.parent_layers and _depends_on(entry, label, by_label, generator, result):
+                ok = report.fail(f"{entry.label}: its result depends on the value of {label} (argument "
+                                 f"{_positions_text(positions)}), which is not a recorded parent: the trace lost an edge")
     return ok
 
 
-def _depends_on(entry: TensorLogEntry, parent: str, history: ModelHistory, generator: torch.Generator) -> bool:
-    """Some replacement of the parent's value changes the result (or the function rejects it).
+def _check_arguments(entry: TensorLogEntry, refs: Dict[str, list], report: _Report) -> bool:
+    """Every recorded parent sits in the saved call's arguments at its recorded positions."""
+    ok = True
+    recorded = entry.parent_arg_positions or {}
+    for parent in entry.parent_layers:
+        at = refs.get(parent, [])
+        positions = recorded.get(parent, [])
+        missing = [p for p in positions if p not in at]
+        if not positions:
+            ok = report.fail(f"{entry.label}: parent {parent} has no recorded argument position")
+        elif missing and all(isinstance(_argument_at(entry, p), torch.Tensor) for p in missing):
+            continue  # kept as the tensor itself inside an object the saved arguments do not enter
+        elif missing:
+            where = f"has it at {_positions_text(at)}" if at else "does not have it among its arguments"
+            ok = report.fail(f"{entry.label}: parent {parent} is recorded as argument {_positions_text(positions)}, "
+                             f"but the saved call {where}")
+    return ok
 
-    Any change counts, however small (a layer scale of 1e-6 shrinks it). If nothing changes,
-    the other arguments may be hiding the dependency (zero-initialised weights, a zero
-    residual branch): they are replaced by random values, and the parent perturbed again.
-    """
-    if _changes(entry, parent, history, generator, {}, None, entry.activation):
-        return True
-    others = {p: _random_like(history[p].activation, generator)
-              for p in entry.parent_layers if p != parent and _is_float(history[p].activation)}
-    constants = {id(t): _random_like(t, generator)
-                 for t in _tensors(entry.func_args) + _tensors(entry.func_kwargs) if _is_float(t)}
-    with torch.no_grad():
-        reference = _replay(entry, history, others, constants)
-    return isinstance(reference, str) or _changes(entry, parent, history, generator, others, constants, reference)
+
+def _parent_refs(entry: TensorLogEntry) -> Dict[str, list]:
+    """Parent label -> positions of its ``ParentRef`` in the saved arguments (positions as in
+    ``capture.args.tensors_in_call``; the ``out=`` tensor is not an argument that is read)."""
+    found: Dict[str, list] = {}
+    for position, ref in _refs_in(entry.func_args, ()):
+        found.setdefault(ref.label, []).append(position)
+    for key, value in (entry.func_kwargs or {}).items():
+        if key != "out":
+            for position, ref in _refs_in(value, (key,)):
+                found.setdefault(ref.label, []).append(position)
+    return found
 
 
-def _changes(entry, parent, history, generator, others, constants, reference) -> bool:
-    for candidate in _perturbations(history[parent].activation, generator):
+def _refs_in(value: Any, path: tuple, depth: int = 0) -> Iterator[Tuple[Any, ParentRef]]:
+    if isinstance(value, ParentRef):
+        yield (path[0] if len(path) == 1 else path), value
+    elif depth < _MAX_DEPTH and type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            yield from _refs_in(item, path + (i,), depth + 1)
+    elif depth < _MAX_DEPTH and type(value) is dict:
+        for key, item in value.items():
+            yield from _refs_in(item, path + (key,), depth + 1)
+
+
+def _argument_at(entry: TensorLogEntry, position: Any) -> Any:
+    path = position if isinstance(position, tuple) else (position,)
+    value: Any = entry.func_kwargs if isinstance(path[0], str) else entry.func_args
+    try:
+        for step in path:
+            value = value[step]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return value
+
+
+def _positions_text(positions: list) -> str:
+    return ", ".join(map(str, positions))
+
+
+def _depends_on(entry: TensorLogEntry, label: str, by_label: Dict[str, TensorLogEntry],
+                generator: torch.Generator, reference: torch.Tensor) -> bool:
+    """Some other value of layer ``label``'s activation changes the replayed result (or makes
+    the function reject it: an index out of range shows the values matter)."""
+    source = by_label.get(label)
+    if source is None or not isinstance(source.activation, torch.Tensor):
+        return False
+    for candidate in _perturbations(source.activation, generator):
         with torch.no_grad():
-            changed = _replay(entry, history, {**others, parent: candidate}, constants)
+            changed = _replay(entry, by_label, {label: candidate})
         if isinstance(changed, str) or not _identical(changed, reference):
-            return True  # an error means the values matter too (e.g. an index out of range)
+            return True
     return False
 
 
-def _identical(a: Any, b: Any) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if a.is_nested != b.is_nested or a.layout != b.layout:
-        return False
-    parts_a, parts_b = _parts(a), _parts(b)
-    return len(parts_a) == len(parts_b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) for x, y in zip(parts_a, parts_b))
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
-
-
-def _tensors(value: Any) -> List[torch.Tensor]:
-    """Tensors (not parents) inside saved function arguments."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _exempt(entry: TensorLogEntry, parent: str, history: ModelHistory) -> bool:
-    value = history[parent].activation
-    if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
-        return True  # indices and masks: perturbing them is not meaningful
-    if value.numel() == 0:
-        return True
-    rule = PERTURBATION_EXEMPT.get(entry.func_name) or PERTURBATION_EXEMPT.get(entry.layer_type)
-    if rule is None:
-        return False
-    positions = rule[0]
-    return positions == "all" or any(p in positions for p in entry.parent_arg_positions.get(parent, ()))
-
-
-def _perturbations(value: torch.Tensor, generator: torch.Generator):
-    """Random noise, then large negative and large positive values: thresholds, signs and
-    comparisons (``x.mean() > 0``) flip for at least one of them. Nested and sparse tensors are
-    perturbed component by component and keep their kind."""
+def _perturbations(value: torch.Tensor, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Random noise, then large negative and large positive values (thresholds, signs and
+    comparisons flip for one of them); the negation of a mask; an index moved by one. Nested
+    and sparse tensors are perturbed component by component and keep their kind."""
     parts = [p.detach() for p in _parts(value)]
+    if not parts or all(p.numel() == 0 for p in parts):
+        return
+    if value.dtype == torch.bool:
+        yield _from_parts(value, [p.logical_not() for p in parts])
+        return
+    if not (value.is_floating_point() or value.is_complex()):
+        yield _from_parts(value, [p + 1 for p in parts])
+        return
     noises = []
     for part in parts:
         noise = torch.randn(part.shape, generator=generator, dtype=torch.float32).to(part.device)
@@ -290,25 +367,27 @@ def _perturbations(value: torch.Tensor, generator: torch.Generator):
         yield _from_parts(value, [make(p, n) for p, n in zip(parts, noises)])
 
 
-def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, torch.Tensor],
-            constants: Optional[Dict[int, torch.Tensor]] = None) -> Any:
-    """Run the entry's function on its parents' saved activations; an error message on failure.
-
-    ``constants``: replacements for the other tensor arguments (parameters), by ``id``.
-    """
+def _replay(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
+    """Run the entry's function on its parents' saved activations; an error message on failure."""
 
     def value_of(ref: Any) -> Any:
         if isinstance(ref, ParentRef):
-            saved = overrides.get(ref.label, history[ref.label].activation)
+            saved = overrides.get(ref.label)
+            if saved is None:
+                parent = by_label.get(ref.label)
+                if parent is None:
+                    raise LookupError(f"an argument refers to {ref.label}, which is not a layer of this history")
+                saved = parent.activation
             return saved.clone()  # in-place replays must not change what was saved
-        if constants is not None and isinstance(ref, torch.Tensor):
-            return constants.get(id(ref), ref)
         return ref
 
-    args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
-    kwargs = _resolve(entry.func_kwargs or {}, value_of)
+    try:
+        args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
+        kwargs = _resolve(entry.func_kwargs or {}, value_of)
+    except LookupError as error:
+        return str(error)
     if kwargs.get("out") is not None:  # a fresh out= tensor per replay: results must not alias
-        kwargs["out"] = replace_tensors(kwargs["out"], empty_out)
+        kwargs["out"] = _fresh_out(kwargs["out"])
     if entry.rng_state is not None:
         cpu, cuda = entry.rng_state
         torch.set_rng_state(cpu)
@@ -325,12 +404,20 @@ def _replay(entry: TensorLogEntry, history: ModelHistory, overrides: Dict[str, t
     return dict(tensors_in(out)).get(entry.output_index)
 
 
+def _fresh_out(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return empty_out(value)
+    if type(value) in (list, tuple):
+        return type(value)(_fresh_out(v) for v in value)
+    return value
+
+
 def _parents_as_args(entry: TensorLogEntry) -> tuple:
     return tuple(ParentRef(p) for p in entry.parent_layers)
 
 
 def _resolve(value: Any, value_of: Callable[[Any], Any]) -> Any:
-    if isinstance(value, (ParentRef, torch.Tensor)):
+    if isinstance(value, ParentRef):
         return value_of(value)
     if type(value) in (list, tuple):
         return type(value)(_resolve(v, value_of) for v in value)
@@ -339,4 +426,69 @@ def _resolve(value: Any, value_of: Callable[[Any], Any]) -> Any:
     return value
 
 
-__all__ = ["validate_model_activations", "PERTURBATION_EXEMPT"]
+# ----- comparing tensors -------------------------------------------------------------------------
+def _parts(t: torch.Tensor) -> List[torch.Tensor]:
+    """Strided tensors holding ``t``'s values: a nested tensor's components, a sparse tensor's
+    dense form (neither kind supports ``torch.equal`` or a plain ``shape``)."""
+    if t.is_nested:
+        return list(t.unbind())
+    if t.layout != torch.strided:
+        return [t.to_dense()]
+    return [t]
+
+
+def _from_parts(like: torch.Tensor, parts: List[torch.Tensor]) -> torch.Tensor:
+    """A tensor of ``like``'s kind (strided, nested, sparse) with the values of ``parts``."""
+    if like.is_nested:
+        return torch.nested.as_nested_tensor(parts, layout=like.layout)
+    if like.layout != torch.strided:
+        return parts[0].to_sparse(layout=like.layout)
+    return parts[0]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal up to the rounding of a different kernel (relative 1e-4)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
+        if a.is_nested != b.is_nested or a.layout != b.layout:
+            return False
+        parts_a, parts_b = _parts(a), _parts(b)
+        return len(parts_a) == len(parts_b) and all(map(_same, parts_a, parts_b))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True))
+    return False
+
+
+def _identical(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.is_nested != b.is_nested or a.layout != b.layout:
+        return False
+    parts_a, parts_b = _parts(a), _parts(b)
+    return len(parts_a) == len(parts_b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) for x, y in zip(parts_a, parts_b))
+
+
+def _difference(a: Any, b: Any) -> str:
+    """`` (largest difference 1.2e-03)``, or how the two differ in kind."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return f" (got {type(a).__name__}, expected {type(b).__name__})"
+    if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
+        return ""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f" (got {tuple(a.shape)} {a.dtype}, expected {tuple(b.shape)} {b.dtype})"
+    if a.numel() == 0 or a.dtype == torch.bool:
+        return ""
+    try:
+        wide = (lambda t: t.detach()) if a.is_complex() else (lambda t: t.detach().double())
+        return f" (largest difference {float((wide(a) - wide(b)).abs().max()):.3g})"
+    except (RuntimeError, TypeError):
+        return ""
+
+
+__all__ = ["validate_model_activations", "validate_history"]

@@ -1,0 +1,57 @@
+"""The model's inputs for the runs a user did not ask for.
+
+``log_forward_pass`` sometimes runs the model twice (a first pass resolves labels and positions
+in ``layers_to_save``) and ``validate_model_activations`` runs it once plainly before the logged
+run. A model may change what it is given: a HuggingFace ``DynamicCache`` passed as
+``past_key_values`` grows by the new tokens on every call, a model may write into an input
+tensor. So every extra run gets its own deep copy of the inputs, and only the run whose result
+the user gets sees the user's objects: they end exactly as after one plain forward.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .capture.args import replace_tensors, tensors_in
+
+
+def as_args(input_args: Any) -> tuple:
+    """The positional arguments of ``forward``: a tuple or list as is, anything else alone."""
+    if isinstance(input_args, tuple):
+        return input_args
+    if isinstance(input_args, list):
+        return tuple(input_args)
+    return (input_args,)
+
+
+def copy_inputs(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any], Optional[str]]:
+    """A deep copy of ``(args, kwargs)`` for an extra run, and a note when one was not possible.
+
+    The model's own modules, parameters and buffers are never copied (an input that refers to
+    them keeps referring to them). Tensors that autograd refuses to deep-copy (non-leaf tensors
+    that require grad) are cloned, keeping their autograd history. If the inputs cannot be
+    deep-copied at all (an object holding a lock or an open file), only the tensors in plain
+    lists, tuples and dicts are copied and the note says that other objects were shared.
+    """
+    memo: Dict[int, Any] = {}
+    for module in model.modules():
+        memo[id(module)] = module
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        memo[id(tensor)] = tensor
+    for _, tensor in tensors_in((args, kwargs)):
+        if tensor.requires_grad and not tensor.is_leaf and id(tensor) not in memo:
+            memo[id(tensor)] = tensor.clone()
+    try:
+        copied_args, copied_kwargs = copy.deepcopy((args, kwargs), memo)
+        return tuple(copied_args), dict(copied_kwargs), None
+    except Exception as error:  # noqa: BLE001 - any failure of a user's __deepcopy__ falls back
+        note = (f"the inputs could not be deep-copied ({type(error).__name__}: {error}); the extra run of the "
+                "model got copies of the tensors in lists, tuples and dicts but shared the other objects, "
+                "which it may have changed")
+        return replace_tensors(args, torch.clone), replace_tensors(dict(kwargs), torch.clone), note
+
+
+__all__ = ["as_args", "copy_inputs"]
