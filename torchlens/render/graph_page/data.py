@@ -19,10 +19,11 @@ and ``single`` when it holds exactly one operation (drawn as that operation, not
 Example:
     >>> import torch, torchlens as tl
     >>> from torchlens.render.graph_page.data import page_data
-    >>> model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)], torch.nn.ReLU())
+    >>> block = lambda: torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    >>> model = torch.nn.Sequential(*[block() for _ in range(4)])
     >>> data = page_data(tl.log_forward_pass(model, torch.ones(1, 3), random_seed=0))
     >>> root = data["views"]["unrolled"]["modules"][""]
-    >>> root["folds"]    # the four Linear calls fold into one box "x4"
+    >>> root["folds"]    # the four blocks fold into one box "x4" (a one-operation module never folds)
     [[1, 4]]
     >>> data["ops"][1]["label"], data["ops"][1]["stats"]["n"]
     ('linear_1_1', 3)
@@ -62,7 +63,7 @@ def tensor_stats(tensor: Any, bins: int = HIST_BINS) -> Optional[Dict[str, Any]]
         >>> import torch
         >>> s = tensor_stats(torch.tensor([0.0, 0.0, 1.0, 3.0]), bins=3)
         >>> s["min"], s["max"], s["mean"], s["zeros"], s["hist"]
-        (0.0, 3.0, 1.0, 0.5, [3, 0, 1])
+        (0.0, 3.0, 1.0, 0.5, [2, 1, 1])
     """
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or tensor.is_meta:
         return None

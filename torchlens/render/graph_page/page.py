@@ -36,8 +36,8 @@ def iframe_html(page: str, height: int = 640) -> str:
     """An ``<iframe>`` holding ``page`` in its ``srcdoc`` (isolated from the notebook page).
 
     Example:
-        >>> iframe_html("<p>a & b</p>", height=100)[:60]
-        '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 1'
+        >>> iframe_html("<p>a & b</p>", height=100)[:80]
+        '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 100%; height: 100px;'
     """
     return (f'<iframe srcdoc="{_html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
             f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>')
