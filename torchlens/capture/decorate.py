@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.overrides
 
-from .modules import tensors_held
+from .modules import _MODULE_INTERNALS, tensors_held
 
 # Tensor methods that never produce a tensor (or only act on autograd/storage bookkeeping).
 # Wrapping them would only add overhead, and a few (``requires_grad_``) end in ``_`` without
@@ -222,9 +222,21 @@ class WrapperTable:
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
         self._build()
-        # modules are patched through their namespace dict (fast); classes need setattr
+        # modules are patched through their namespace dict, one C-level ``dict.update`` per
+        # namespace (a Python loop of 1,200 writes cost more than a small model's forward);
+        # classes need setattr (type slots such as ``nb_add`` must follow ``__add__``)
         self.module_patches = [(vars(p.owner), p.name, p.replacement, p.original, p.had_own)
                                for p in self.patches if isinstance(p.owner, types.ModuleType)]
+        by_dict: Dict[int, Tuple[dict, dict, dict, list]] = {}
+        for owner_dict, name, replacement, original, had_own in self.module_patches:
+            group = by_dict.setdefault(id(owner_dict), (owner_dict, {}, {}, []))
+            group[1][name] = replacement
+            if had_own:
+                group[2][name] = original
+            else:
+                group[3].append(name)
+        # (namespace dict, name -> wrapper, name -> original, names shadowed then removed)
+        self.namespace_groups = list(by_dict.values())
         self.type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
 
     def _build(self) -> None:
@@ -344,18 +356,17 @@ def wrapper_table() -> WrapperTable:
 
 def install(table: WrapperTable) -> None:
     """Put every wrapper in place. Must be paired with ``uninstall``."""
-    for owner_dict, name, replacement, _, _ in table.module_patches:
-        owner_dict[name] = replacement  # a module's namespace: a plain dict write
+    for owner_dict, replacements, _, _ in table.namespace_groups:
+        owner_dict.update(replacements)
     for p in table.type_patches:
         setattr(p.owner, p.name, p.replacement)
 
 
 def uninstall(table: WrapperTable) -> None:
     """Restore every patched attribute to the exact original object (never raises half-way)."""
-    for owner_dict, name, _, original, had_own in table.module_patches:
-        if had_own:
-            owner_dict[name] = original
-        else:
+    for owner_dict, _, originals, shadowed in table.namespace_groups:
+        owner_dict.update(originals)
+        for name in shadowed:
             owner_dict.pop(name, None)
     failed = []
     for p in table.type_patches:
@@ -379,15 +390,17 @@ class BoundReferences:
     """Wrap torch functions the model bound before the pass (``from torch import triu``,
     ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
 
-    def __init__(self, table: WrapperTable, model: torch.nn.Module) -> None:
+    def __init__(self, table: WrapperTable, model: torch.nn.Module,
+                 modules: Optional[List[torch.nn.Module]] = None) -> None:
         self.table = table
         self.model = model
+        self.modules = modules  # the model's modules, when the caller has them already
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
         self.global_tensors: Dict[int, torch.Tensor] = {}  # tensors among those globals: constants
 
     def install(self) -> None:
         seen_classes, seen_globals = set(), set()
-        for module in self.model.modules():
+        for module in (self.modules if self.modules is not None else self.model.modules()):
             cls = type(module)
             if cls not in seen_classes:
                 seen_classes.add(cls)
@@ -401,9 +414,12 @@ class BoundReferences:
 
     def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
         by_original, originals = self.table.by_original, self.table.originals
-        for key, value in list(namespace.items()):
-            if not all_values and type(value) not in _FUNCTION_TYPES:
-                continue
+        if all_values:
+            items = list(namespace.items())
+        else:  # a module's own attributes: only plain functions can be torch's
+            items = [(key, namespace[key]) for key in namespace.keys() - _MODULE_INTERNALS
+                     if type(namespace[key]) in _FUNCTION_TYPES]
+        for key, value in items:
             wrapper = by_original.get(id(value))
             if wrapper is not None and value is originals.get(id(value)):
                 namespace[key] = wrapper

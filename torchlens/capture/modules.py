@@ -29,28 +29,52 @@ class ModelInventory:
     # and dicts): id -> tensor. Using one is not a gap in the trace; see Tracer.untraced.
     constants: Dict[int, torch.Tensor] = field(default_factory=dict)
 
+    # the modules (each once, in ``named_modules`` order) and parameters (each once), kept
+    # so the rest of the pass's setup does not walk the tree again
+    modules: List[nn.Module] = field(default_factory=list)
+    parameters: List[torch.Tensor] = field(default_factory=list)
+
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
+        """One walk over the module tree (``named_modules``, ``named_parameters`` and
+        ``named_buffers`` would each walk it again, through generators: most of the setup cost
+        of a pass on a small model)."""
         module_addresses: Dict[int, str] = {}
         module_types: Dict[str, str] = {}
         children: Dict[str, List[str]] = {"": []}
-        for address, module in model.named_modules():
-            module_addresses.setdefault(id(module), address)
-            module_types[address] = type(module).__name__
-            if address:
-                parent = address.rpartition(".")[0]
-                children.setdefault(parent, []).append(address)
-                children.setdefault(address, [])
         params: Dict[int, str] = {}
-        for address, p in model.named_parameters():
-            params[id(p)] = address
-        buffers = {id(b): address for address, b in model.named_buffers()}
+        buffers: Dict[int, str] = {}
+        modules: List[nn.Module] = []
+        parameters: List[torch.Tensor] = []
+        stack = [("", model)]
+        while stack:  # depth first, children in registration order: named_modules' order
+            address, module = stack.pop()
+            if id(module) in module_addresses:
+                continue
+            module_addresses[id(module)] = address
+            module_types[address] = type(module).__name__
+            modules.append(module)
+            if address:
+                children.setdefault(address.rpartition(".")[0], []).append(address)
+                children.setdefault(address, [])
+            prefix = address + "." if address else ""
+            for name, p in module._parameters.items():
+                if p is not None and id(p) not in params:
+                    params[id(p)] = prefix + name
+                    parameters.append(p)
+            for name, b in module._buffers.items():
+                if b is not None and id(b) not in buffers:
+                    buffers[id(b)] = prefix + name
+            subs = [(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]
+            stack.extend(reversed(subs))
         weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
-        has_lazy = any(is_lazy(p) for p in model.parameters())
-        inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy)
-        inventory.describe_params(model)
-        for module in model.modules():
-            tensors_held(vars(module), inventory.constants)
+        has_lazy = any(is_lazy(p) for p in parameters)
+        inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy,
+                        modules=modules, parameters=parameters)
+        inventory.param_info = {address: (p.shape, p.numel(), p.numel() * p.element_size())
+                                for p, address in zip(parameters, params.values()) if not is_lazy(p)}
+        for module in modules:
+            tensors_held(module.__dict__, inventory.constants)
         return inventory
 
     def describe_params(self, model: nn.Module) -> None:
@@ -162,13 +186,10 @@ class ModelState:
     requires_grad: List[Tuple[torch.Tensor, bool]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, model: nn.Module) -> "ModelState":
-        state = cls()
-        for m in model.modules():
-            state.training.append((m, m.training))
-        for p in model.parameters():
-            state.requires_grad.append((p, p.requires_grad))
-        return state
+    def of(cls, model: nn.Module, inventory: "ModelInventory" = None) -> "ModelState":
+        modules = inventory.modules if inventory is not None else list(model.modules())
+        parameters = inventory.parameters if inventory is not None else list(model.parameters())
+        return cls([(m, m.training) for m in modules], [(p, p.requires_grad) for p in parameters])
 
     def restore(self) -> None:
         for m, training in self.training:

@@ -96,11 +96,11 @@ def run_pass(
     table = decorate.wrapper_table()
     with _PASS_LOCK:
         inventory = ModelInventory.of(model)
-        state = ModelState.of(model)
+        state = ModelState.of(model, inventory)
         tracer = Tracer(inventory, plan, save_function_args, save_gradients)
         rng = RngState()
         lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
-        bound_refs = decorate.BoundReferences(table, model)
+        bound_refs = decorate.BoundReferences(table, model, inventory.modules)
         hooks = []
         start = perf_counter()
         try:

@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Where the time of ``log_forward_pass`` goes, stage by stage, against a plain forward pass.
+
+``benchmarks/overhead.py`` gives the end-to-end ratio; this script splits it. Each *variant*
+below adds one stage to the one before it; all variants of a model are run interleaved
+(variant 1, 2, ..., 1, 2, ...) in one process with ``torch.set_num_threads(1)``, and each stage's
+cost is the difference of the medians of two consecutive variants:
+
+=================  ==============================================================================
+variant            what runs
+=================  ==============================================================================
+plain              ``model(*args)`` with grad enabled
+module hooks       the same, with two no-op global module hooks (what a pass registers)
+wrapping           wrappers installed, the model run with no tracer active, wrappers removed
+records            ``run_pass`` saving nothing, with the call-site walk stubbed out
+frames             ``run_pass`` saving nothing (call sites recorded): what ``get_model_metadata``'s pass costs
+copies             ``run_pass`` saving every activation
+postprocess        ``run_pass`` + ``build_history``
+log_forward_pass   the public call, ``layers_to_save='all'`` (adds request parsing etc.)
+get_model_metadata the public call (no activations saved)
+=================  ==============================================================================
+
+Models: a 5-layer MLP (``Linear(64, 64)`` x 5 with ReLUs, batch 8), torchvision ResNet-18
+(1x3x224x224) and GPT-2 (``GPT2LMHeadModel(GPT2Config())``, random weights, 128 tokens).
+Absolute times on a shared machine are indicative; the ratios are what to compare.
+
+    python benchmarks/capture_breakdown.py [--models mlp,resnet18,gpt2] [--repeats N] [--validate]
+
+``--validate`` also times ``validate_model_activations`` (slow: many replays).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import torchlens as tl  # noqa: E402
+from torchlens.capture import decorate  # noqa: E402
+from torchlens.capture.run import run_pass  # noqa: E402
+from torchlens.capture.save_plan import SavePlan  # noqa: E402
+from torchlens.capture.tracer import Tracer  # noqa: E402
+from torchlens.postprocess import build_history  # noqa: E402
+
+
+def build(name: str) -> Tuple[nn.Module, tuple, dict]:
+    torch.manual_seed(0)
+    if name == "mlp":
+        layers: List[nn.Module] = []
+        for _ in range(5):
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        return nn.Sequential(*layers[:-1]).eval(), (torch.randn(8, 64),), {}
+    if name == "resnet18":
+        import torchvision
+
+        return torchvision.models.resnet18(weights=None).eval(), (torch.randn(1, 3, 224, 224),), {}
+    if name == "gpt2":
+        import transformers
+
+        config = transformers.GPT2Config()
+        model = transformers.GPT2LMHeadModel(config).eval()
+        return model, (), {"input_ids": torch.randint(0, config.vocab_size, (1, 128))}
+    raise ValueError(name)
+
+
+def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dict[str, Callable[[], Any]]:
+    table = decorate.wrapper_table()
+
+    def plain() -> Any:
+        with torch.enable_grad():
+            return model(*args, **kwargs)
+
+    def hooked() -> Any:
+        handles = [nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
+                   nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True)]
+        try:
+            return plain()
+        finally:
+            for h in handles:
+                h.remove()
+
+    def wrapped() -> Any:
+        decorate.install(table)
+        try:
+            return hooked()
+        finally:
+            decorate.uninstall(table)
+
+    def records() -> Any:
+        original = Tracer._walk_frames
+        Tracer._walk_frames = lambda self, frame: ()  # type: ignore[method-assign]
+        try:
+            return run_pass(model, args, kwargs, SavePlan(), 0)
+        finally:
+            Tracer._walk_frames = original  # type: ignore[method-assign]
+
+    found: Dict[str, Callable[[], Any]] = {
+        "plain": plain,
+        "module hooks": hooked,
+        "wrapping": wrapped,
+        "records": records,
+        "frames": lambda: run_pass(model, args, kwargs, SavePlan(), 0),
+        "copies": lambda: run_pass(model, args, kwargs, SavePlan(save_all=True), 0),
+        "postprocess": lambda: build_history(run_pass(model, args, kwargs, SavePlan(save_all=True), 0)),
+        "log_forward_pass": lambda: tl.log_forward_pass(model, list(args), input_kwargs=kwargs or None,
+                                                        layers_to_save="all", random_seed=0),
+        "get_model_metadata": lambda: tl.get_model_metadata(model, list(args), input_kwargs=kwargs or None,
+                                                            random_seed=0),
+    }
+    if validate:
+        found["validate"] = lambda: tl.validate_model_activations(model, list(args), input_kwargs=kwargs or None,
+                                                                  random_seed=0)
+    return found
+
+
+def measure(funcs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, float]:
+    for f in funcs.values():  # warm-up: wrapper table, caches, allocator
+        f()
+    times: Dict[str, List[float]] = {k: [] for k in funcs}
+    for _ in range(repeats):
+        for key, f in funcs.items():
+            gc.collect()
+            start = time.perf_counter()
+            out = f()
+            times[key].append(time.perf_counter() - start)
+            del out
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def report(name: str, medians: Dict[str, float], ops: int) -> None:
+    plain = medians["plain"]
+    print(f"\n{name}: {ops} logged operations; plain forward {plain * 1e3:.2f} ms")
+    print(f"  {'stage':<20}{'adds ms':>10}{'adds/plain':>12}{'cumulative':>12}{'ratio':>8}")
+    chain = ["plain", "module hooks", "wrapping", "records", "frames", "copies", "postprocess", "log_forward_pass"]
+    previous = plain
+    for key in chain[1:]:
+        value = medians[key]
+        print(f"  {key:<20}{(value - previous) * 1e3:>10.2f}{(value - previous) / plain:>12.3f}"
+              f"{value * 1e3:>12.2f}{value / plain:>7.2f}x")
+        previous = value
+    for key in ("get_model_metadata", "validate"):
+        if key in medians:
+            print(f"  {key:<20}{'':>10}{'':>12}{medians[key] * 1e3:>12.2f}{medians[key] / plain:>7.2f}x")
+    ops_time = medians["postprocess"] - medians["copies"]
+    print(f"  per operation: capture {(medians['frames'] - medians['wrapping']) / max(ops, 1) * 1e6:.1f} us, "
+          f"copy {(medians['copies'] - medians['frames']) / max(ops, 1) * 1e6:.1f} us, "
+          f"postprocess {ops_time / max(ops, 1) * 1e6:.1f} us")
+
+
+def main(argv: List[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="mlp,resnet18,gpt2")
+    parser.add_argument("--repeats", type=int, default=0, help="interleaved rounds (default: by model)")
+    parser.add_argument("--validate", action="store_true", help="also time validate_model_activations")
+    opts = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}; medians of interleaved runs")
+    for name in opts.models.split(","):
+        model, args, kwargs = build(name.strip())
+        repeats = opts.repeats or {"mlp": 40, "resnet18": 9, "gpt2": 5}.get(name, 5)
+        funcs = variants(model, args, kwargs, opts.validate)
+        medians = measure(funcs, repeats)
+        ops = len(tl.get_model_metadata(model, list(args), input_kwargs=kwargs or None, random_seed=0))
+        report(name, medians, ops)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
