@@ -143,4 +143,4 @@ def test_unknown_output_extension_is_refused_before_tracing(model_file, capsys, 
 
     monkeypatch.setattr(tl, "log_forward_pass", never)
     assert main([f"{model_file}:TwoLayer", "--input", "2,10", "-o", "graph.jpeg"]) == 2
-    assert "-o must end in .svg, .png or .pdf, not '.jpeg'" in capsys.readouterr().err
+    assert "-o must end in .svg, .png, .pdf or .html, not '.jpeg'" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The public entry points: ``log_forward_pass`` and ``get_model_metadata``."""
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -13,6 +14,8 @@ from .capture.run import run_pass
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
+from .intervene import check_applied, check_intervene, plan_interventions
+from .storage.stream import StreamedSave
 from .input_copy import as_args, copy_inputs
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
@@ -36,6 +39,8 @@ def log_forward_pass(
     vis_fileformat: str = "pdf",
     vis_save_only: bool = False,
     vis_direction: str = "bottomup",
+    intervene: Optional[Dict[LayerKey, Callable[[torch.Tensor, Any], torch.Tensor]]] = None,
+    save_to: Optional[str] = None,
 ) -> ModelHistory:
     """Run one forward pass of ``model`` and return the log of every tensor operation in it.
 
@@ -64,6 +69,13 @@ def log_forward_pass(
             layer) to also draw the graph (see ``render_graph`` for the ``vis_*`` options:
             nesting depth, output path without extension, file format, whether to skip opening
             a viewer, direction).
+        intervene: ``{key: fn}``: the output of each layer a key names (keys as in
+            ``layers_to_save``; ``'relu_1_2:2'`` for one pass) is replaced, during the pass, by
+            ``fn(activation, entry)`` before anything downstream uses it; those entries get
+            ``entry.intervened``. Costs one extra, metadata-only pass to resolve the keys.
+        save_to: a folder: each saved activation is written there (safetensors shards) as soon
+            as it is produced, so memory stays near that of a plain forward pass; the history
+            returned is ``torchlens.load(save_to)``.
 
     Example:
         >>> import torch, torchlens as tl
@@ -98,12 +110,16 @@ def log_forward_pass(
     if keep_unsaved_layers is None:
         keep_unsaved_layers = request.save_all or request.saves_nothing
 
-    def plan(**which) -> SavePlan:
-        return SavePlan(output_device=output_device, activation_postfunc=activation_postfunc,
-                        detach=detach_saved_tensors, **which)
+    interventions = check_intervene(intervene) if intervene is not None else None
+    stream = StreamedSave(save_to, save_gradients) if save_to is not None else None  # before the pass: bad paths fail now
 
-    with eager_only():  # compiled submodules run eagerly, so their operations are seen
-        if request.needs_labels:
+    def plan(**which) -> SavePlan:
+        make = SavePlan if stream is None else stream.plan
+        return make(output_device=output_device, activation_postfunc=activation_postfunc,
+                    detach=detach_saved_tensors, **which)
+
+    with eager_only(), (stream or contextlib.nullcontext()):  # compiled submodules run eagerly, so their operations are seen
+        if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
             # cache, a tensor the model writes into) must be used once, by the pass they get
             first_args, first_kwargs, copy_note = copy_inputs(model, args, kwargs)
@@ -114,10 +130,16 @@ def log_forward_pass(
             del first_args, first_kwargs
             buffers.restore()
             chosen = frozenset(resolve_request(request, first))
-            result = run_pass(model, args, kwargs, plan(raw_indices=chosen), seed, save_function_args,
-                              save_gradients)
+            second = plan(raw_indices=chosen) if request.needs_labels else plan(
+                save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
+                addresses=request.addresses)
+            if interventions:  # resolved on the first pass, like layers_to_save keys
+                second.intervention = plan_interventions(interventions, first)
+            result = run_pass(model, args, kwargs, second, seed, save_function_args, save_gradients)
             history = build_history(result)
-            if history.layer_labels != first.layer_labels:
+            if interventions:
+                check_applied(second.intervention, history)
+            elif history.layer_labels != first.layer_labels:
                 raise RuntimeError(
                     "layers_to_save: the model ran differently in the second pass needed to resolve "
                     "labels and positions (its operations depend on something other than the inputs "
@@ -136,6 +158,8 @@ def log_forward_pass(
         print(f"torchlens: note: {note}", file=sys.stderr)
     history.notes.extend(notes)
     history = history if keep_unsaved_layers else drop_unsaved(history)
+    if stream is not None:
+        history = stream.finish(history)
     if vis_mode in ("unrolled", "rolled"):
         from .render import GraphvizNotFoundError, render_graph
 

@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--high", type=int, default=None,
                         help="integer inputs are drawn from [0, HIGH) (default: the vocabulary size for hf: "
                              "models; the smallest nn.Embedding of a file model, else 2)")
-    parser.add_argument("-o", "--output", help="write the drawing here (.svg, .png or .pdf)")
+    parser.add_argument("-o", "--output", help="write the drawing here (.svg, .png or .pdf; .html: the interactive graph page)")
     parser.add_argument("--rolled", action="store_true", help="draw one node per layer (passes folded)")
     parser.add_argument("--depth", type=int, default=None, help="collapse modules deeper than this")
     parser.add_argument("--validate", action="store_true", help="check the saved activations by replaying them")
@@ -288,8 +288,8 @@ def _output_format(output: Optional[str]) -> Optional[str]:
         return None
     ext = os.path.splitext(output)[1]
     fileformat = ext.lstrip(".").lower() or "svg"
-    if fileformat not in ("svg", "png", "pdf"):
-        raise CliError(f"-o must end in .svg, .png or .pdf, not '{ext}'")
+    if fileformat not in ("svg", "png", "pdf", "html"):
+        raise CliError(f"-o must end in .svg, .png, .pdf or .html, not '{ext}'")
     return fileformat
 
 
@@ -297,6 +297,10 @@ def _draw(history: Any, args: argparse.Namespace, fileformat: str) -> None:
     from .render import render_graph
 
     root = os.path.splitext(args.output)[0]
+    if fileformat == "html":  # the interactive page: every module, rolled and unrolled, in one file
+        history.to_html(args.output)
+        print(f"\nInteractive graph written to {args.output}")
+        return
     render_graph(history, vis_mode="rolled" if args.rolled else "unrolled", vis_nesting_depth=args.depth,
                  vis_outpath=root, vis_fileformat=fileformat, vis_save_only=True)
     print(f"\nDrawing written to {root}.{fileformat}")

@@ -80,12 +80,12 @@ def resolve_request(request: LayerRequest, history: ModelHistory) -> Set[int]:
     return chosen
 
 
-def entries_for_key(history: ModelHistory, key: LayerKey) -> List[TensorLogEntry]:
+def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_to_save") -> List[TensorLogEntry]:
     """Entries a ``layers_to_save`` key selects: exact key (all passes of a layer or module),
-    else every layer whose label contains the key."""
+    else every layer whose label contains the key. ``option`` names the argument in errors."""
     if isinstance(key, int):
         if not -len(history) <= key < len(history):
-            raise ValueError(f"layers_to_save: position {key} is out of range; the model has {len(history)} layers.")
+            raise ValueError(f"{option}: position {key} is out of range; the model has {len(history)} layers.")
         return [history[key]]
     found = history._lookup.get(key)
     if isinstance(found, TensorLogEntry):
@@ -99,5 +99,5 @@ def entries_for_key(history: ModelHistory, key: LayerKey) -> List[TensorLogEntry
     close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
     hint = f" Close matches: {', '.join(close)}." if close else ""
     raise ValueError(
-        f"layers_to_save: {key!r} matches no layer label, module address or substring of a label.{hint}"
+        f"{option}: {key!r} matches no layer label, module address or substring of a label.{hint}"
     )

@@ -253,7 +253,7 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
         if entry.func_name in UNCOMPARABLE:
             continue
         with torch.no_grad():
-            result = _replay(entry, by_label, {})
+            result = replay_entry(entry, by_label, {})
         if isinstance(result, str):
             ok = report.fail(f"{entry.label}: re-running {entry.func_name} failed: {result}")
             continue
@@ -336,7 +336,7 @@ def _depends_on(entry: TensorLogEntry, label: str, by_label: Dict[str, TensorLog
         return False
     for candidate in _perturbations(source.activation, generator):
         with torch.no_grad():
-            changed = _replay(entry, by_label, {label: candidate})
+            changed = replay_entry(entry, by_label, {label: candidate})
         if isinstance(changed, str) or not _identical(changed, reference):
             return True
     return False
@@ -367,8 +367,9 @@ def _perturbations(value: torch.Tensor, generator: torch.Generator) -> Iterator[
         yield _from_parts(value, [make(p, n) for p, n in zip(parts, noises)])
 
 
-def _replay(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
-    """Run the entry's function on its parents' saved activations; an error message on failure."""
+def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
+    """Run the entry's function on its parents' saved activations (``overrides``: other values
+    for some parents, by label); an error message on failure. Also what ``history.rerun`` runs."""
 
     def value_of(ref: Any) -> Any:
         if isinstance(ref, ParentRef):

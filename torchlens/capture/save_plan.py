@@ -36,6 +36,7 @@ class SavePlan:
         self.postfunc = activation_postfunc
         self.detach = detach
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
+        self.intervention = None  # torchlens.intervene.Interventions of this pass, if any
 
     @property
     def saves_nothing(self) -> bool:

@@ -62,6 +62,7 @@ class Tracer:
         self.plan = plan
         self.save_function_args = save_function_args
         self.save_gradients = save_gradients
+        self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
         # tensors that existed before the pass (module attributes, globals of the model's
@@ -130,6 +131,8 @@ class Tracer:
             self.paused = False
             if outermost:
                 self.caller_frame = None
+        if self.intervention is not None and self.intervention.substitutes:
+            out = self.intervention.substitute(out)  # the model goes on with the replaced value
         return out
 
     def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int,
@@ -216,6 +219,8 @@ class Tracer:
     # ----- helpers of the hot path -----------------------------------------------------------
     def _add(self, e: TensorLogEntry, tensor: torch.Tensor, track: bool) -> None:
         """Append a new record for ``tensor``: metadata, saved copy, gradient hook, tracking."""
+        if self.intervention is not None:
+            tensor = self.intervention.apply(e, tensor)
         self._describe_tensor(e, tensor)
         self.entries.append(e)
         if self.plan.wants(e):
@@ -409,6 +414,8 @@ class Tracer:
                 self.module_outputs.setdefault((address, n), []).append((position, e))
                 if e.activation is None and self.plan.wants_module(address, n):
                     e.activation = self.plan.copy(tensor, e)
+            if self.intervention is not None and self.intervention.substitutes:
+                return self.intervention.substitute(output)  # a pass-through module's output was replaced
         finally:
             self.module_stack = outer_stack
             self.paused = False

@@ -305,6 +305,27 @@ class ModelHistory:
         except GraphvizNotFoundError:
             return None
 
+    def to_html(self, path: Optional[str] = None) -> str:
+        """The interactive graph page: one self-contained HTML file (no server, no network) with
+        every operation, modules that open and close, folded repeated blocks, search and details.
+        Returns the HTML text, and writes it to ``path`` when given.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+            >>> h.to_html().startswith("<!doctype html>")
+            True
+        """
+        from ..render.graph_page import to_html  # imported here: the history does not depend on render
+
+        return to_html(self, path)
+
+    def show(self, height: int = 640) -> Any:
+        """Show the interactive graph page inline in Jupyter, in an isolated iframe (see ``to_html``)."""
+        from ..render.graph_page import show
+
+        return show(self, height)
+
     def to_pandas(self):
         """One row per entry (layer pass), columns as in ``TensorLogEntry.to_row``."""
         try:
@@ -331,6 +352,24 @@ class ModelHistory:
         from ..storage.save import save_history
 
         return save_history(self, path, overwrite=overwrite)
+
+    def rerun(self, changes: Dict[Any, Any]) -> "ModelHistory":
+        """A new history in which the named layers have new values (a tensor, or a function
+        ``fn(activation, entry)`` returning one) and every layer downstream is recomputed from
+        the saved graph (each operation re-run on its parents' values), without running the
+        model. Needs a history traced with ``save_function_args=True`` and the activations of
+        the layers it recomputes from; otherwise ``RerunError`` says what is missing.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+            >>> h = tl.log_forward_pass(model, torch.ones(1, 3), save_function_args=True)
+            >>> h.rerun({'linear_1_1': torch.tensor([[-1.0, 2.0]])})['relu_1_2'].activation
+            tensor([[0., 2.]])
+        """
+        from ..rerun import rerun
+
+        return rerun(self, changes)
 
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""

@@ -95,6 +95,8 @@ def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]
         notes.append(f"output {first.call_outputs.index(first.label) + 1} of {len(first.call_outputs)} of one call")
     if look == "untraced":
         notes.append("untraced producer: inputs unknown")
+    if _any(item, "intervened"):
+        notes.append("intervened: value replaced")
     lines = _tensor_lines(item)
     if item.param_shapes:
         lines.append("params: " + ", ".join(st.shape_text(s) for s in item.param_shapes))
@@ -103,6 +105,8 @@ def _entry_look(item: Any, rolled: bool, inline_modules: list) -> Dict[str, str]
         attrs["fillcolor"], attrs["color"] = st.COLORS[look]
     if _any(item, "created_inside_model"):
         attrs["style"] = "filled,rounded,dashed"
+    if _any(item, "intervened"):  # a changed value: a thick border in its own colour
+        attrs["color"], attrs["penwidth"] = st.INTERVENED_BORDER, "3.0"
     if look == "untraced":  # a gap in the trace: impossible to miss, also in grayscale
         attrs["style"], attrs["penwidth"], attrs["shape"] = "filled,dashed,bold", "2.0", "octagon"
     return attrs

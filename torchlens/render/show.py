@@ -13,6 +13,8 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
                      random_seed: Optional[int] = None, **render_options: Any) -> None:
     """Run ``torchlens.get_model_metadata(model, input_args, input_kwargs)`` and draw the graph.
 
+    ``vis_fileformat='html'`` writes the interactive graph page instead (``vis_outpath + '.html'``,
+    see ``ModelHistory.to_html``; shown inline in a notebook unless ``vis_save_only``).
     In a Jupyter notebook the graph is shown inline as SVG (and also written to a file when
     ``vis_outpath`` is given or ``vis_save_only`` is True). Elsewhere it is written to
     ``vis_outpath + '.' + vis_fileformat`` (defaults ``'graph'``, ``'pdf'``) and, unless
@@ -41,6 +43,9 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
     options = dict(vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"],
                    **render_options)
     save_only = names["vis_save_only"]
+    if names["vis_fileformat"] == "html":  # the interactive page (graph_page), not a graphviz drawing
+        _html_page(history, outpath, save_only)
+        return None
     if in_notebook() and not save_only:
         display_svg(svg_of(history, **options))
         if outpath is None:
@@ -49,3 +54,13 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
     render_graph(history, vis_outpath=outpath or "graph", vis_fileformat=names["vis_fileformat"],
                  vis_save_only=save_only, **options)
     return None
+
+
+def _html_page(history: Any, outpath: Optional[str], save_only: bool) -> None:
+    from .graph_page import iframe_html, to_html
+
+    page = to_html(history, f"{outpath or 'graph'}.html")
+    if in_notebook() and not save_only:
+        from IPython.display import HTML, display
+
+        display(HTML(iframe_html(page)))

@@ -32,6 +32,7 @@ COLORS = {
     "untraced": ("#fbe3e0", "#c0392b"),  # made by a call torchlens does not trace
     "module": ("#eef0f3", "#7d858f"),
 }
+INTERVENED_BORDER = "#d35400"  # border of layers whose value an intervention replaced
 EDGE_COLOR = "#6f747b"
 EDGE_LABEL_COLOR = "#4f555c"
 IF_EDGE_COLOR = "#8f7bb4"

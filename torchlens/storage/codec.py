@@ -128,10 +128,22 @@ def resolve_function(name: str) -> Any:
     raise LookupError(name)
 
 
-class Encoder:
-    """Turns values into JSON, tensors into shard records (each tensor object once)."""
+class Written:
+    """A value already written during the pass (``save_to``): its JSON form."""
 
-    def __init__(self, writer: ShardWriter) -> None:
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+class Encoder:
+    """Turns values into JSON, tensors into shard records. With ``dedupe`` each tensor object
+    is written once (the tensors are kept alive until the save ends, so ids stay unique);
+    without it (while a ``save_to`` pass runs) nothing is kept alive."""
+
+    def __init__(self, writer: ShardWriter, dedupe: bool = True) -> None:
+        self.dedupe = dedupe
         self.writer = writer
         self.tensors: List[Dict[str, Any]] = []  # index records, position = tensor number
         self._ids: Dict[int, int] = {}
@@ -140,7 +152,7 @@ class Encoder:
         self.where = ""
 
     def tensor(self, tensor: torch.Tensor) -> Any:
-        number = self._ids.get(id(tensor))
+        number = self._ids.get(id(tensor)) if self.dedupe else None
         if number is None:
             record = encode_tensor(tensor, self.writer)
             if record is None:
@@ -148,9 +160,11 @@ class Encoder:
             record["requires_grad"] = bool(tensor.requires_grad)
             record["parameter"] = isinstance(tensor, torch.nn.Parameter)
             record["device"] = str(tensor.device)
-            number = self._ids[id(tensor)] = len(self.tensors)
+            number = len(self.tensors)
             self.tensors.append(record)
-            self._alive.append(tensor)
+            if self.dedupe:
+                self._ids[id(tensor)] = number
+                self._alive.append(tensor)
         return {"t": "tensor", "k": number}
 
     def _unsaved(self, value: Any, what: Optional[str] = None) -> Dict[str, Any]:
@@ -203,6 +217,8 @@ class Encoder:
         if dataclasses.is_dataclass(value) and not isinstance(value, type) and cls.__module__.startswith("torchlens."):
             return {"t": "dataclass", "cls": f"{cls.__module__}.{cls.__qualname__}",
                     "v": {f.name: self.value(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}}
+        if cls is Written:
+            return value.data
         if isinstance(value, Unsaved):
             return {"t": "unsaved", "type": value.type_name, "repr": value.text}
         if callable(value) and not isinstance(value, type):

@@ -1,0 +1,114 @@
+"""Interventions: replace a layer's output during a traced pass (``log_forward_pass(intervene=)``).
+
+Keys are resolved like ``layers_to_save`` keys (a label, a module address, ``:2`` for one pass,
+a substring of labels, an ordinal) on a first, metadata-only pass; the second pass then runs
+with the replacements. ``fn(activation, entry)`` receives the layer's output and its entry from
+the first pass (labels, module, parents are known there; its ``activation`` is not set), and
+returns the value that the rest of the model will use instead.
+
+Where the replacement happens: when the operation that produced the tensor returns, so every
+later use sees the new value. A module key names the module's output tensor, i.e. the operation
+that produced it; uses of that tensor inside the module after it was produced see the new value
+too (a forward hook would change only what the module returns; the two agree whenever the module
+returns its last result, as almost every module does). An in-place operation keeps its tensor:
+the new value is copied into it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Tuple
+
+import torch
+
+from .capture.args import replace_tensors
+from .history.model_history import ModelHistory
+from .history.tensor_log import TensorLogEntry
+from .layer_request import entries_for_key
+
+Intervention = Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]
+
+
+def check_intervene(intervene: Any) -> Dict[Any, Intervention]:
+    """``intervene`` as a dict of key -> function; a clear error for anything else."""
+    if not isinstance(intervene, Mapping):
+        raise TypeError("intervene must be a dict of layer key -> function(activation, entry) returning the new "
+                        f"activation, e.g. {{'relu_1_2': lambda a, e: a * 0}}; got {type(intervene).__name__}.")
+    for key, fn in intervene.items():
+        if not callable(fn):
+            raise TypeError(f"intervene[{key!r}] must be a function(activation, entry) returning the new activation; "
+                            f"got {type(fn).__name__}.")
+    return dict(intervene)
+
+
+class Interventions:
+    """The replacements of one pass, by position in execution order (``raw_index``).
+
+    The tracer calls ``apply`` for every new tensor record and ``substitute`` on what a call
+    returns; both are reached only when an intervention was asked for.
+    """
+
+    def __init__(self, targets: Dict[int, Tuple[Any, Intervention, TensorLogEntry]]) -> None:
+        self.targets = targets
+        self.substitutes: Dict[int, torch.Tensor] = {}  # id(original) -> replacement, for one call
+        self.applied: Dict[int, str] = {}  # raw index -> label from the first pass
+
+    def apply(self, e: TensorLogEntry, tensor: torch.Tensor) -> torch.Tensor:
+        target = self.targets.get(e.raw_index)
+        if target is None or target[2].layer_type != e.layer_type:
+            return tensor  # a changed control flow moved operations: checked after the pass
+        key, fn, first = target
+        new = fn(tensor, first)
+        if not isinstance(new, torch.Tensor):
+            raise TypeError(f"intervene[{key!r}] returned {type(new).__name__} for layer {first.label}; it must return "
+                            "a tensor (the activation the rest of the model uses).")
+        e.intervened = f"replaced by intervene[{key!r}] ({_name(fn)})"
+        self.applied[e.raw_index] = first.label
+        if new is tensor:
+            return tensor
+        if e.is_inplace or e.kind != "op":  # the model holds this very tensor: change its value
+            if new.shape != tensor.shape:
+                raise ValueError(f"intervene[{key!r}]: layer {first.label} is an in-place operation (or not an "
+                                 f"operation's result), so its value is changed in place; the new value must keep "
+                                 f"its shape {tuple(tensor.shape)}, not {tuple(new.shape)}.")
+            tensor.copy_(new)
+            return tensor
+        self.substitutes[id(tensor)] = new
+        return new
+
+    def substitute(self, out: Any) -> Any:
+        """``out`` with every replaced tensor swapped for its replacement."""
+        substitutes, self.substitutes = self.substitutes, {}
+        return replace_tensors(out, lambda t: substitutes.get(id(t), t))
+
+
+def plan_interventions(intervene: Dict[Any, Intervention], first: ModelHistory) -> Interventions:
+    """Resolve the keys on the history of a first (metadata-only) pass."""
+    targets: Dict[int, Tuple[Any, Intervention, TensorLogEntry]] = {}
+    for key, fn in intervene.items():
+        for e in entries_for_key(first, key, "intervene"):
+            if e.kind in ("input", "output", "buffer"):
+                raise ValueError(
+                    f"intervene: {key!r} names {e.label}, an {e.kind} layer; intervene on an operation instead "
+                    f"({'change the input you pass' if e.kind == 'input' else 'e.g. ' + (e.parent_layers or ['its parent'])[0]}).")
+            if e.raw_index in targets:
+                raise ValueError(f"intervene: {e.label} is named by two keys, {targets[e.raw_index][0]!r} and {key!r}.")
+            targets[e.raw_index] = (key, fn, e)
+    return Interventions(targets)
+
+
+def check_applied(interventions: Interventions, history: ModelHistory) -> None:
+    """Every intervention reached the layer it was meant for (a replacement that changes the
+    model's control flow can move later operations)."""
+    labels = {e.raw_index: e.label for e in history.layer_list}
+    for raw_index, (key, _, first) in interventions.targets.items():
+        if interventions.applied.get(raw_index) != first.label or labels.get(raw_index) != first.label:
+            raise RuntimeError(
+                f"intervene[{key!r}] was meant for {first.label}, but with the earlier replacements the model ran "
+                "differently (its control flow depends on the replaced values), so that operation was not where it "
+                "was in the unchanged pass. Intervene on fewer layers at once, or on the earlier one only.")
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+__all__ = ["check_intervene", "Interventions", "plan_interventions", "check_applied"]
