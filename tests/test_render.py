@@ -21,7 +21,8 @@ import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
 from torchlens.history.model_history import ModelHistory, ModuleInfo
 from torchlens.history.tensor_log import TensorLogEntry
-from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, show_model_graph, svg_of
+from torchlens import show_model_graph
+from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, svg_of
 from torchlens.render import graphviz as tl_graphviz
 from torchlens.render import style
 
@@ -422,8 +423,8 @@ def test_svg_of_and_show_model_graph(tmp_path, recurrent, monkeypatch):
                             save_only=True, random_seed=0) is None
     assert (tmp_path / "shown.svg").read_bytes().startswith(b"<?xml")
     shown = []
-    monkeypatch.setattr("torchlens.render.show.in_notebook", lambda: True)
-    monkeypatch.setattr("torchlens.render.show.display_svg", shown.append)
+    monkeypatch.setattr("torchlens.show.in_notebook", lambda: True)
+    monkeypatch.setattr("torchlens.show.display_svg", shown.append)
     monkeypatch.chdir(tmp_path)
     show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_mode="rolled")
     assert len(shown) == 1 and "<svg" in shown[0] and not (tmp_path / "graph.pdf").exists()

@@ -11,7 +11,9 @@ from .history.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
 from .storage import HistoryFileError, UnsavedValuesWarning, load
-from .render import GraphvizNotFoundError, render_graph, show_model_graph
+from .render import GraphvizNotFoundError, render_graph
+from .rerun import RerunError
+from .show import show_model_graph
 from .validate import validate_model_activations
 from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
@@ -24,6 +26,7 @@ __all__ = [
     "validate_model_activations",
     "show_model_graph",
     "render_graph",
+    "RerunError",
     "GraphvizNotFoundError",
     "ModelHistory",
     "TensorLogEntry",

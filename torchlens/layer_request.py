@@ -87,7 +87,7 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
         if not -len(history) <= key < len(history):
             raise ValueError(f"{option}: position {key} is out of range; the model has {len(history)} layers.")
         return [history[key]]
-    found = history._lookup.get(key)
+    found = history.lookup_value(key)
     if isinstance(found, TensorLogEntry):
         return [found]
     if found is not None:
@@ -95,7 +95,7 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
     matches = [e for e in history if key.lower() in e.label]
     if matches:
         return matches
-    candidates = [k for k in history._lookup if isinstance(k, str)]
+    candidates = history.lookup_keys()
     close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
     hint = f" Close matches: {', '.join(close)}." if close else ""
     raise ValueError(

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Union
 
 import torch
 
+from .history.extensions import provide
 from .history.model_history import ModelHistory
 from .history.tensor_log import TensorLogEntry
 from .layer_request import entries_for_key
@@ -124,13 +125,13 @@ def _new_history(history: ModelHistory, values: Dict[str, torch.Tensor], how: Di
                 new.intervened = how[e.label]
         entries.append(new)
     result = copy.copy(history)
-    result.layer_list = entries
-    result._rolled = None
-    result._lookup = build_lookup(entries, history.modules.passes)
+    result.replace_entries(entries, build_lookup(entries, history.modules.passes))
     result.notes = list(history.notes) + [
         f"rerun: {', '.join(sorted(changed))} replaced; {len(recomputed)} layers downstream recomputed from the saved "
         "graph (the model was not run)."]
     return result
 
+
+provide("rerun", rerun)
 
 __all__ = ["rerun", "RerunError"]

@@ -3,6 +3,33 @@
 Hot path: ``Tracer.on_call`` runs for every torch call the model makes. It records only what
 cannot be derived later (tensors in and out, parameters, module stack, call site, time) and
 leaves labels, graph analysis and strings to post-processing.
+
+Invariants the hot path relies on (break one and traces go subtly wrong, not loudly):
+
+- *One wrapper code object.* Every wrapper made by ``decorate._make_wrapper`` shares one
+  ``__code__`` (closures differ, code does not), so a call stack skips wrapper frames with one
+  set lookup (``skip_codes``: that code, ``on_call``'s, and the opaque wrappers' codes). A wrapper
+  written another way would show up as a frame of the model's source.
+- *Frame depths.* ``on_call`` is entered from the wrapper, which is entered from the model's
+  code: ``sys._getframe(2)`` in ``on_call`` is the caller's frame, and ``sys._getframe(1)`` in
+  the module hooks is the hook's caller. Walking stops at ``run_model``'s frame
+  (``stop_code``), so frames of the user's script are never part of a ``func_call_stack``.
+  Adding a Python layer between the wrapper and ``on_call`` shifts these numbers.
+- *``depth`` vs ``paused``.* ``depth`` counts torch calls in progress. A call made while
+  ``depth > 0`` runs inside another torch function (a composite such as ``F.layer_norm`` calling
+  ``torch.layer_norm``) and is logged like any other; ``depth`` only tells ``on_bool`` and the
+  untraced-tensor check that the model's own code is not the caller. ``paused`` switches
+  logging off entirely: while the tracer itself works (``_log_call``, module hooks, copying) and
+  while an opaque call (``torch.ops``, functorch) runs, so their insides never become nodes.
+  Every place that sets ``paused`` resets it in a ``finally``.
+- *The composite-function rule.* When a call returns, if every tensor it returns was made by
+  an inner logged call (an entry at index ``n_before`` or later), the inner operations stand for
+  it and it adds no entry; otherwise it is one operation whose parents are its own tensor
+  arguments. So nested composites log their innermost operations, each once.
+- *Identity of tensors.* Tensors are known by ``id`` with a weak reference checked on lookup
+  (``live``), never by attributes set on them, so nothing outlives the pass on the tensor.
+- *One thread.* Only the thread that started the pass is traced (``thread_id``); calls from
+  other threads go straight to the original function.
 """
 from __future__ import annotations
 

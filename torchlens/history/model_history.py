@@ -8,6 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import torch
 
+from .extensions import extension
 from .format import human_bytes
 from .rolled import RolledLayer, roll
 from .tensor_log import TensorLogEntry
@@ -79,6 +80,25 @@ class ModelHistory:
         self._rolled: Optional[Dict[str, RolledLayer]] = None
         self.pass_stats = PassStats.of(entries)  # the whole pass, even if entries are dropped later
         self.notes: List[str] = []  # what the user should know about this trace (printed in the summary)
+
+    # ----- what post-processing, loading and rerun use to build or change a history ---------
+    def replace_entries(self, entries: List[TensorLogEntry], lookup: Dict[Any, object]) -> None:
+        """Make ``entries`` this history's layers, found by the keys of ``lookup``."""
+        self.layer_list = entries
+        self._lookup = lookup
+        self._rolled = None
+
+    def lookup_value(self, key: Any) -> object:
+        """What a key names: an entry, an ambiguity (several layers), or None."""
+        return self._lookup.get(key)
+
+    def lookup_keys(self) -> List[str]:
+        """Every string key of this history (labels, module addresses, input/output addresses)."""
+        return [k for k in self._lookup if isinstance(k, str)]
+
+    def attach_store(self, store: Any) -> None:
+        """The open tensor files a loaded history reads its tensors from (kept alive with it)."""
+        self._store = store
 
     # ----- container protocol ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -298,12 +318,7 @@ class ModelHistory:
         ``dot`` is missing or the graph is too large to draw inline)."""
         if len(self) > 3000:
             return None
-        from ..render import GraphvizNotFoundError, svg_of
-
-        try:
-            return svg_of(self)
-        except GraphvizNotFoundError:
-            return None
+        return extension("svg")(self)
 
     def to_html(self, path: Optional[str] = None) -> str:
         """The interactive graph page: one self-contained HTML file (no server, no network) with
@@ -316,15 +331,11 @@ class ModelHistory:
             >>> h.to_html().startswith("<!doctype html>")
             True
         """
-        from ..render.graph_page import to_html  # imported here: the history does not depend on render
-
-        return to_html(self, path)
+        return extension("to_html")(self, path)
 
     def show(self, height: int = 640) -> Any:
         """Show the interactive graph page inline in Jupyter, in an isolated iframe (see ``to_html``)."""
-        from ..render.graph_page import show
-
-        return show(self, height)
+        return extension("show")(self, height)
 
     def to_pandas(self):
         """One row per entry (layer pass), columns as in ``TensorLogEntry.to_row``."""
@@ -349,9 +360,7 @@ class ModelHistory:
             >>> torch.equal(tl.load(folder)['linear_1_1'].activation, h['linear_1_1'].activation)
             True
         """
-        from ..storage.save import save_history
-
-        return save_history(self, path, overwrite=overwrite)
+        return extension("save")(self, path, overwrite=overwrite)
 
     def rerun(self, changes: Dict[Any, Any]) -> "ModelHistory":
         """A new history in which the named layers have new values (a tensor, or a function
@@ -367,9 +376,7 @@ class ModelHistory:
             >>> h.rerun({'linear_1_1': torch.tensor([[-1.0, 2.0]])})['relu_1_2'].activation
             tensor([[0., 2.]])
         """
-        from ..rerun import rerun
-
-        return rerun(self, changes)
+        return extension("rerun")(self, changes)
 
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""

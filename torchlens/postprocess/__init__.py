@@ -66,9 +66,7 @@ def build_history(result: PassResult) -> ModelHistory:
 def drop_unsaved(history: ModelHistory) -> ModelHistory:
     """The same history holding only the entries whose activation was saved (labels kept)."""
     entries = [e for e in history.layer_list if e.activation is not None]
-    history.layer_list = entries
-    history._rolled = None
-    history._lookup = build_lookup(entries, history.modules.passes)
+    history.replace_entries(entries, build_lookup(entries, history.modules.passes))
     return history
 
 

@@ -3,7 +3,8 @@
 - ``build_dot(history, ...)``: the ``graphviz.Digraph`` (DOT source; ``dot`` is not run).
 - ``render_graph(history, ...)``: write ``outpath + '.' + fileformat`` (pdf, png, svg, ...).
 - ``svg_of(history, ...)``: SVG text, e.g. for inline display in notebooks.
-- ``show_model_graph(model, input_args, ...)``: trace (metadata only) and draw in one call.
+
+``torchlens.show_model_graph`` (trace, then draw) lives in the package's face: drawing never traces.
 
 Example:
     >>> import torch, torchlens as tl
@@ -12,15 +13,28 @@ Example:
     >>> print(build_dot(h).source.count(" -> "))
     2
 """
+from ..history.extensions import provide
+from .graph_page import show, to_html
 from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of
-from .show import show_model_graph
 from .structure import CollapsedModule, build_structure
+
+
+def _svg_or_none(history):
+    """``ModelHistory._repr_svg_``: the drawing, or None (the text summary) without ``dot``."""
+    try:
+        return svg_of(history)
+    except GraphvizNotFoundError:
+        return None
+
+
+provide("svg", _svg_or_none)
+provide("to_html", to_html)
+provide("show", show)
 
 __all__ = [
     "build_dot",
     "render_graph",
     "svg_of",
-    "show_model_graph",
     "GraphvizNotFoundError",
     "CollapsedModule",
     "build_structure",

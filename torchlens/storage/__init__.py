@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from ..history.extensions import provide
 from ..history.model_history import ModelHistory
 from .errors import HistoryFileError
 from .load import load_history
-from .save import FORMAT_VERSION, UnsavedValuesWarning
+from .save import FORMAT_VERSION, UnsavedValuesWarning, save_history
+
+provide("save", save_history)
 
 
 def load(path: Union[str, "os.PathLike[str]"]) -> ModelHistory:

@@ -187,10 +187,8 @@ def load_history(folder: str) -> ModelHistory:
         if isinstance(error, HistoryFileError):
             raise
         raise HistoryFileError(where, f"truncated or corrupted: {type(error).__name__}: {error}") from None
-    history.layer_list = entries
-    history._rolled = None
-    history._store = store
-    history._lookup = build_lookup(entries, history.modules.passes)
+    history.replace_entries(entries, build_lookup(entries, history.modules.passes))
+    history.attach_store(store)
     return history
 
 

@@ -1,9 +1,11 @@
-"""``show_model_graph``: trace a model (metadata only) and draw it in one call."""
+"""``show_model_graph``: trace a model (metadata only) and draw it in one call (the package's face:
+it uses both the tracer and the drawing, which do not know each other)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from .graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
+from .api import get_model_metadata
+from .render.graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
 
 
 def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None,
@@ -26,15 +28,13 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
 
     Example:
         >>> import os, tempfile, torch
-        >>> from torchlens.render import show_model_graph
+        >>> from torchlens import show_model_graph
         >>> out = os.path.join(tempfile.mkdtemp(), "mlp")
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
         >>> show_model_graph(model, torch.rand(2, 4), vis_outpath=out, vis_fileformat="svg", vis_save_only=True)
         >>> os.path.exists(out + ".svg")
         True
     """
-    from ..api import get_model_metadata  # imported here: torchlens/__init__ may import this module
-
     old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
     names = resolve_names("show_model_graph", old_names, vis_direction=vis_direction, vis_outpath=vis_outpath,
                           vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
@@ -57,7 +57,7 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
 
 
 def _html_page(history: Any, outpath: Optional[str], save_only: bool) -> None:
-    from .graph_page import iframe_html, to_html
+    from .render.graph_page import iframe_html, to_html
 
     page = to_html(history, f"{outpath or 'graph'}.html")
     if in_notebook() and not save_only:
