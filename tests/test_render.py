@@ -20,7 +20,7 @@ from torch import nn
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
 from torchlens.history.model_history import ModelHistory, ModuleInfo
-from torchlens.history.tensor_log import TensorLogEntry
+from torchlens.records.tensor_log import TensorLogEntry
 from torchlens import show_model_graph
 from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, svg_of
 from torchlens.render import graphviz as tl_graphviz

@@ -7,14 +7,15 @@ Example:
     ['input_1_0', 'linear_1_1', 'output_1_2']
 """
 from .api import get_model_metadata, log_forward_pass
-from .history.func_call import FuncCallLocation
+from .records.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
-from .history.tensor_log import TensorLogEntry
+from .records.tensor_log import TensorLogEntry
 from .storage import HistoryFileError, UnsavedValuesWarning, load
 from .render import GraphvizNotFoundError, render_graph
 from .rerun import RerunError
 from .show import show_model_graph
 from .validate import validate_model_activations
+from .version import __version__
 from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
 __all__ = [
@@ -41,4 +42,3 @@ __all__ = [
     "Series",
     "Watch",
 ]
-__version__ = "0.1.0"

@@ -21,7 +21,7 @@ import torch
 
 from .capture.args import replace_tensors
 from .history.model_history import ModelHistory
-from .history.tensor_log import TensorLogEntry
+from .records.tensor_log import TensorLogEntry
 from .layer_request import entries_for_key
 
 Intervention = Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, FrozenSet, List, Set, Tuple, Union
 
 from .history.model_history import ModelHistory, as_key
-from .history.tensor_log import TensorLogEntry
+from .records.tensor_log import TensorLogEntry
 
 LayerKey = Union[str, int]
 

@@ -13,7 +13,7 @@ import torch
 
 from .history.extensions import provide
 from .history.model_history import ModelHistory
-from .history.tensor_log import TensorLogEntry
+from .records.tensor_log import TensorLogEntry
 from .layer_request import entries_for_key
 from .storage.codec import UnavailableFunction, Unsaved
 

@@ -5,7 +5,7 @@ from typing import Callable, FrozenSet, Optional, Tuple, Union
 
 import torch
 
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 
 class SavePlan:

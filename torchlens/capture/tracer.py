@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..history.tensor_log import ParentRef, TensorLogEntry
+from ..records.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
 from .decorate import OpInfo
 from .modules import ModelInventory
@@ -397,6 +397,7 @@ class Tracer:
                 e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
                 e.parent_refs = [(parent, 0)] if parent is not None else []
                 e.address = "output" + _dotted(position)
+                self._save_passed_on(e, parent, tensor)
                 self._add(e, tensor, track=False)
         finally:
             self.paused = False
@@ -456,8 +457,24 @@ class Tracer:
         e.parent_refs = [(parent, 0)] if parent is not None else []
         e.module_stack = self.module_stack
         e.call_frames = frames
+        self._save_passed_on(e, parent, tensor)
         self._add(e, tensor, track=id(tensor) not in self.inventory.param_addresses)
         return e
+
+    def _save_passed_on(self, e: TensorLogEntry, parent: Optional[TensorLogEntry], tensor: torch.Tensor) -> None:
+        """With ``save_function_args``, a pass-through's saved call is ``identity(what it passed
+        on)``: its parent, or a tensor that is no layer (a returned parameter or constant), kept
+        as any operation keeps such an argument. Replays (validation, ``rerun``) then check and
+        recompute it like any operation, and an edge lost after capture stays visible."""
+        if not self.save_function_args:
+            return
+        if parent is not None:
+            ref = ParentRef(parent)
+            self.parent_placeholders.append(ref)
+            e.func_args = (ref,)
+        else:
+            e.func_args = (tensor,)
+        e.func_kwargs = {}
 
 
 # Functions whose i-th output is computed from the i-th tensor argument only.

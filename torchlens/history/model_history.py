@@ -9,9 +9,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 import torch
 
 from .extensions import extension
-from .format import human_bytes
+from ..records.format import human_bytes
 from .rolled import RolledLayer, roll
-from .tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 
 @dataclass

@@ -5,7 +5,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 
 class RolledLayer:

@@ -6,7 +6,7 @@ from typing import Dict, List
 
 from ..capture.run import PassResult
 from ..history.model_history import ModelHistory, ModuleInfo
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 from .graph import children_of, prune
 from .labels import assign_labels, build_lookup, link_call_outputs
 from .passes import group_passes

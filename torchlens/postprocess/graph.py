@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 
 _SOURCES = ("input", "untraced")

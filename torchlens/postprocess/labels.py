@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 Key = Union[str, int]
 

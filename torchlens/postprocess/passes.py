@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List, Optional, Tuple
 
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 
 
 def group_passes(entries: List[TensorLogEntry],

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
 
-from ..history.format import human_bytes
+from ..records.format import human_bytes
 from ..history.rolled import RolledLayer
 from . import style as st
 from .fans import Junction

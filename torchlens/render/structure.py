@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 import torch
 
 from ..history.rolled import RolledLayer
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 from .fans import Junction, group_wide_fans
 from .style import COMMUTATIVE_TYPES, passes_text, positions_text
 

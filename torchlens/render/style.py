@@ -17,7 +17,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
 
-from ..history.format import human_bytes
+from ..records.format import human_bytes
 
 FONT = "Helvetica"
 

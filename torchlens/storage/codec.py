@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..history.tensor_log import ParentRef, TensorLogEntry
+from ..records.tensor_log import ParentRef, TensorLogEntry
 from .errors import HistoryFileError
 from .shards import ShardWriter, TensorStore, decode_tensor, dtype_name, dtype_of, encode_tensor
 

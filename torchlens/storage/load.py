@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..history.func_call import FuncCallLocation
+from ..records.func_call import FuncCallLocation
 from ..history.model_history import ModelHistory
-from ..history.tensor_log import TensorLogEntry
+from ..records.tensor_log import TensorLogEntry
 from .codec import Decoder, SavedCode, decode_code_table
 from .errors import HistoryFileError
 from .save import FORMAT, FORMAT_VERSION, INDEX_FILE

@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..history.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS
+from ..version import __version__
+from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS
 from .codec import Encoder, encode_frames
 from .shards import ShardWriter
 
@@ -126,6 +127,4 @@ def _unsaved_note(unsaved: List[Any]) -> str:
 
 
 def _version() -> str:
-    from .. import __version__
-
     return __version__
