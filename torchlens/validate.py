@@ -36,7 +36,7 @@ from .capture.modules import BufferSnapshot
 from .capture.run import RngState, seed_everything
 from .capture.tracer import empty_out
 from .history.model_history import ModelHistory
-from .history.tensor_log import ParentRef, TensorLogEntry
+from .records.tensor_log import ParentRef, TensorLogEntry
 from .input_copy import as_args, copy_inputs
 
 # Functions whose output has no meaningful value to compare (uninitialised memory).

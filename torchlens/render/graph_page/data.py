@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...history.tensor_log import TensorLogEntry
+from ...records.tensor_log import TensorLogEntry
 from ..style import COMMUTATIVE_TYPES, passes_text, positions_text
 
 HIST_BINS = 24
