@@ -64,6 +64,9 @@ def test_page_assets_and_run_routes(server):
     assert all(s["steps"] == [2] for s in newer["series"])
     status, poll = get_json(server, "/api/poll?since=1")
     assert poll["steps"] == [2] and poll["status"] == "finished"
+    assert poll["num_calls"] == len(summary["calls"])
+    status, everything = get_json(server, "/api/poll?since=-1")
+    assert everything["steps"] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("path", [

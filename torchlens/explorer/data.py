@@ -93,10 +93,9 @@ class Catalog:
 
     def poll_json(self, run_id: Optional[str], since: int) -> dict:
         """What changed after step ``since``: new steps, the stride, the number of calls."""
-        run = self.run(run_id)
-        steps = run.steps
-        return {"steps": steps[steps > since].tolist(), "stride": run.stride, "status": run.status,
-                "num_calls": len(run.calls)}
+        run = self.run(run_id)  # polled every few seconds by every open page: read only what is new
+        return {"steps": run.steps_after(since).tolist(), "stride": run.stride, "status": run.status,
+                "num_calls": run.num_calls}
 
     def layout_json(self, run_id: Optional[str], call_id: str) -> dict:
         run = self.run(run_id)

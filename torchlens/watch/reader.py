@@ -125,6 +125,16 @@ class Run:
         """The logged training steps, in order."""
         return np.array([r[0] for r in self._query("SELECT step FROM steps ORDER BY ordinal")], dtype=np.int64)
 
+    def steps_after(self, step: int) -> np.ndarray:
+        """The logged steps after ``step``, in order (an index lookup: cheap however long the run)."""
+        rows = self._query("SELECT step FROM steps WHERE step > ? ORDER BY step", (int(step),))
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    @property
+    def num_calls(self) -> int:
+        """How many module calls the run has (without reading them)."""
+        return int(self._query("SELECT count(*) FROM calls")[0][0])
+
     @property
     def calls(self) -> Dict[str, Call]:
         """Every module call, in call order; the model itself is ``''``."""
