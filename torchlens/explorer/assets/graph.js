@@ -401,31 +401,36 @@
     }
   }
 
+  /** Show the matches of `query`; with `jump`, go to the next one: Enter steps through the
+   *  module of that address (when no operation has that very label) and then the operations,
+   *  a new query starting again from its first. */
   function runSearch(query, jump) {
+    if (!jump || query !== state.query) state.matchAt = -1;
     state.query = query;
     const found = findMatches(query);
     state.matches = found.nodes;
     state.moduleMatch = found.module;
-    if (!jump) state.matchAt = -1;
     const count = found.nodes.length + (found.module ? 1 : 0);
     $("matches").textContent = query.trim() ? `${count} match${count === 1 ? "" : "es"}` : "";
     markMatches();
     if (!jump || !count) return;
-    if (found.module && state.matchAt < 0 && !found.nodes.some((n) => model.view.nodes[n].label.toLowerCase() === query.trim().toLowerCase())) {
-      state.matchAt = 0;
+    const q = query.trim().toLowerCase();
+    const moduleFirst = found.module && !found.nodes.some((n) => model.view.nodes[n].label.toLowerCase() === q) ? 1 : 0;
+    const stops = found.nodes.length + moduleFirst;
+    state.matchAt = (state.matchAt + 1) % stops;
+    if (moduleFirst && state.matchAt === 0) {
       const opened = model.reveal({ module: found.module });
       if (opened.length) state.undo.push(opened);
       render(`search ${query}`);
       const it = state.tree.items.get(`m:${found.module}`) || state.tree.items.get(`b:${found.module}`);
       if (it) view2d.centerOn(it.x + it.w / 2, it.y + it.h / 2, Math.max(state.zoom.k, 0.8));
+      $("matches").textContent = `1 of ${stops}`;
       return;
     }
-    if (!found.nodes.length) return;
-    state.matchAt = (state.matchAt + 1) % found.nodes.length;
-    const n = found.nodes[state.matchAt];
+    const n = found.nodes[state.matchAt - moduleFirst];
     const opened = model.reveal({ node: n });
     if (opened.length) { state.undo.push(opened); render(`search ${query}`); }
-    $("matches").textContent = `${state.matchAt + 1} of ${found.nodes.length}`;
+    $("matches").textContent = `${state.matchAt + 1} of ${stops}`;
     select(n, true);
   }
 
