@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .assets_inline import inline_page
+from ..assets import inline_page
 from .data import Catalog
 
 

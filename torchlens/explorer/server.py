@@ -25,10 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Optional
 from urllib.parse import parse_qs, urlparse
 
+from ..assets import ASSETS_DIR
 from ..watch.reader import RunError
 from .data import Catalog, NotFound
 
-ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".txt": "text/plain; charset=utf-8"}
 

@@ -7,7 +7,7 @@ import html as _html
 import os
 from typing import Any, Optional
 
-from ...explorer.assets_inline import inline_page
+from ...assets import inline_page
 from .data import page_data
 
 

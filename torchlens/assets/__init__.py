@@ -1,8 +1,10 @@
-"""Inlining the package's front-end assets into one self-contained HTML file (no server, no
-network): used by the explorer's export and by the op-level graph page (``to_html``).
+"""The front-end assets shared by the explorer page and the op-level graph page (HTML, CSS and
+JavaScript in this folder, no third-party code), and ``inline_page``: one of them with every
+asset inlined into a single self-contained HTML file (no server, no network), used by the
+explorer's export and by ``ModelHistory.to_html``.
 
 Example:
-    >>> from torchlens.explorer.assets_inline import inline_page
+    >>> from torchlens.assets import inline_page
     >>> page = inline_page("index.html", {"x": 1}, "TORCHLENS_EXPORT")
     >>> "window.TORCHLENS_EXPORT" in page and 'src="/assets/' not in page and 'href="/assets/' not in page
     True
@@ -14,14 +16,14 @@ import os
 import re
 from typing import Any
 
-ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
+ASSETS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _CSS = re.compile(r'<link rel="stylesheet" href="/assets/([\w.-]+\.css)">')
 _JS = re.compile(r'<script src="/assets/([\w.-]+\.js)"></script>')
 
 
 def read_asset(name: str) -> str:
-    """The text of ``torchlens/explorer/assets/<name>``."""
+    """The text of ``torchlens/assets/<name>``."""
     with open(os.path.join(ASSETS_DIR, name), encoding="utf-8") as f:
         return f.read()
 
