@@ -62,6 +62,46 @@ def test_tensorboard_histograms_match_the_run(tmp_path):
             assert list(h.bucket_limit) == pytest.approx(series.bin_edges[i][1:].tolist())
 
 
+def test_tensorboard_gets_the_module_graph(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Twice(nn.Module):  # a block with children, and a module called twice
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+            self.act = nn.Tanh()
+
+        def forward(self, x):
+            return self.act(self.block(self.act(x)))
+
+    model = Twice()
+    w = tl.watch(model, backend="tensorboard", run_dir=str(tmp_path / "run"), verbose=False)
+    for _ in range(2):
+        model(torch.rand(2, 3)).sum().backward()
+    w.close()
+    events = EventAccumulator(w.run_dir)
+    events.Reload()
+    graph = events.Graph()
+    inputs = {n.name: list(n.input) for n in graph.node}
+    assert inputs == {
+        "Twice/input 0": [],
+        "Twice/act (call 1)": ["Twice/input 0"],
+        "Twice/block/input 0": ["Twice/act (call 1)"],
+        "Twice/block/0": ["Twice/block/input 0"],
+        "Twice/block/1": ["Twice/block/0"],
+        "Twice/block/output 0": ["Twice/block/1"],
+        "Twice/act (call 2)": ["Twice/block/output 0"],
+        "Twice/output 0": ["Twice/act (call 2)"],
+    }
+    ops = {n.name: n.op for n in graph.node}
+    assert ops["Twice/block/0"] == "Linear" and ops["Twice/act (call 2)"] == "Tanh"
+    linear = next(n for n in graph.node if n.name == "Twice/block/0")
+    assert [d.size for d in linear.attr["_output_shapes"].list.shape[0].dim] == [2, 4]
+    assert linear.attr["extra_repr"].s.decode() == "in_features=3, out_features=4, bias=True"
+    assert all(":" not in name for name in inputs)  # ':' would read as an output port
+
+
 def test_tensorboard_into_the_users_writer(tmp_path):
     pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter

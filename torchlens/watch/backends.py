@@ -77,7 +77,8 @@ class WandbBackend:
 
 class TensorboardBackend:
     """``add_histogram_raw`` for each series, with the same tags, into ``run_dir`` or the
-    ``SummaryWriter`` passed as ``tensorboard_writer``."""
+    ``SummaryWriter`` passed as ``tensorboard_writer``; the module-call graph once, at the first
+    logged step, for TensorBoard's Graphs tab (see ``tensorboard_graph``)."""
 
     name = "tensorboard"
 
@@ -91,8 +92,24 @@ class TensorboardBackend:
         else:
             self.owns_writer = False
         self.writer = writer
+        self.graph_written = False
+
+    def _write_graph(self, run_dir: str) -> None:
+        from tensorboard.compat.proto import event_pb2
+
+        from .reader import open_run
+        from .tensorboard_graph import graph_def
+
+        with open_run(run_dir) as run:
+            graph = graph_def(run.calls)
+        # SummaryWriter.add_graph only takes a model to trace with TorchScript; the event it
+        # writes is this one
+        self.writer._get_file_writer().add_event(event_pb2.Event(graph_def=graph.SerializeToString()))
+        self.graph_written = True
 
     def log_step(self, step: int, keys: List[Key], h: Histograms, run_dir: str) -> None:
+        if not self.graph_written:
+            self._write_graph(run_dir)
         for i, key in enumerate(keys):
             if not np.isfinite(h.lo[i]):
                 continue
