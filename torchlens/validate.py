@@ -41,7 +41,8 @@ from .input_copy import as_args, copy_inputs
 
 # Functions whose output has no meaningful value to compare (uninitialised memory).
 UNCOMPARABLE = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
-# Layers that pass their parent on unchanged and are never recorded with saved arguments.
+# Layers that pass a tensor on unchanged. Their saved call is identity(what they passed on);
+# histories saved before pass-throughs recorded it have none, and are still accepted.
 _PASS_THROUGH = frozenset({"identity", "output"})
 _MAX_DEPTH = 6  # as deep as capture.args looks for tensors in arguments
 
@@ -246,7 +247,7 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
         if entry.kind in ("input", "buffer") or entry.func is None:
             continue
         if entry.func_args is None and not entry.parent_layers:
-            continue  # a pass-through of a tensor that is not a layer (e.g. a returned parameter)
+            continue  # a parentless pass-through without its saved call (an older history): nothing to replay
         refs = _parent_refs(entry) if entry.func_args is not None else None
         if refs is not None:
             ok = _check_arguments(entry, refs, report) and ok
