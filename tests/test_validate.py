@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+import torchlens.api as api_module
 import torchlens.validate as validate_module
 from models import REGISTRY
 
@@ -33,14 +34,14 @@ def test_write_through_a_view_is_replayed():
 
 
 def test_a_corrupted_activation_is_caught(monkeypatch, capsys):
-    real = validate_module.log_forward_pass
+    real = api_module.log_forward_pass
 
     def corrupting(*args, **kwargs):
         history = real(*args, **kwargs)
         history["relu_1_2"].activation.add_(1.0)
         return history
 
-    monkeypatch.setattr(validate_module, "log_forward_pass", corrupting)
+    monkeypatch.setattr(api_module, "log_forward_pass", corrupting)
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
     assert not tl.validate_model_activations(model, torch.rand(2, 3), verbose=True)
     assert "relu_1_2" in capsys.readouterr().out
@@ -49,7 +50,7 @@ def test_a_corrupted_activation_is_caught(monkeypatch, capsys):
 def test_a_fake_edge_is_caught(monkeypatch, capsys):
     """An edge to a tensor the call was not given is reported, even when the graph lists it on
     both sides."""
-    real = validate_module.log_forward_pass
+    real = api_module.log_forward_pass
 
     def with_fake_parent(*args, **kwargs):
         history = real(*args, **kwargs)
@@ -59,7 +60,7 @@ def test_a_fake_edge_is_caught(monkeypatch, capsys):
         fake.child_layers = fake.child_layers + ["relu_1_2"]
         return history
 
-    monkeypatch.setattr(validate_module, "log_forward_pass", with_fake_parent)
+    monkeypatch.setattr(api_module, "log_forward_pass", with_fake_parent)
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     assert not tl.validate_model_activations(model, torch.rand(2, 3), verbose=True)
     assert ("relu_1_2: parent input_1_0 is recorded as argument 1, but the saved call does not have it "
@@ -162,7 +163,7 @@ def test_an_lstm_output_times_zero_is_no_false_alarm():
 def test_a_lost_edge_is_caught(monkeypatch, capsys):
     """A logged tensor the call used, but not listed as a parent, is a lost edge when the
     result depends on it."""
-    real = validate_module.log_forward_pass
+    real = api_module.log_forward_pass
 
     def without_edge(*args, **kwargs):
         history = real(*args, **kwargs)
@@ -181,7 +182,7 @@ def test_a_lost_edge_is_caught(monkeypatch, capsys):
             h = self.lin(x)
             return torch.relu(h) + h
 
-    monkeypatch.setattr(validate_module, "log_forward_pass", without_edge)
+    monkeypatch.setattr(api_module, "log_forward_pass", without_edge)
     assert not tl.validate_model_activations(Residual(), torch.rand(2, 3), random_seed=0, verbose=True)
     assert "add_1_3: its result depends on the value of linear_1_1" in capsys.readouterr().out
 

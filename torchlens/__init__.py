@@ -6,7 +6,7 @@ Example:
     >>> history.layer_labels
     ['input_1_0', 'linear_1_1', 'output_1_2']
 """
-from .api import get_model_metadata, log_forward_pass
+from .api import get_model_metadata, log_forward_pass, validate_model_activations
 from .records.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
 from .records.tensor_log import TensorLogEntry
@@ -14,7 +14,7 @@ from .storage import HistoryFileError, UnsavedValuesWarning, load
 from .render import GraphvizNotFoundError, render_graph
 from .rerun import RerunError
 from .show import show_model_graph
-from .validate import validate_model_activations
+from .validate import validate_history
 from .version import __version__
 from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
@@ -25,6 +25,7 @@ __all__ = [
     "UnsavedValuesWarning",
     "get_model_metadata",
     "validate_model_activations",
+    "validate_history",
     "show_model_graph",
     "render_graph",
     "RerunError",
@@ -41,4 +42,5 @@ __all__ = [
     "RunError",
     "Series",
     "Watch",
+    "__version__",
 ]

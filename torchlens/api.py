@@ -1,16 +1,19 @@
-"""The public entry points: ``log_forward_pass`` and ``get_model_metadata``."""
+"""The public entry points: ``log_forward_pass``, ``get_model_metadata`` and
+``validate_model_activations`` (which traces, so it lives here, above ``validate``)."""
 from __future__ import annotations
 
 import contextlib
 import random
 import sys
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .capture.modules import BufferSnapshot
-from .capture.run import run_pass
+from .capture.args import tensors_in
+from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
@@ -19,6 +22,7 @@ from .storage.stream import StreamedSave
 from .input_copy import as_args, copy_inputs
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
+from .validate import validate_history
 
 
 def log_forward_pass(
@@ -183,3 +187,57 @@ def get_model_metadata(model: nn.Module, input_args: Any, input_kwargs: Optional
         (True, torch.Size([2, 3]))
     """
     return log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=random_seed)
+
+
+def validate_model_activations(
+    model: nn.Module,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    random_seed: Optional[int] = None,
+    verbose: bool = False,
+) -> bool:
+    """True if the activations torchlens saves are exactly those of the real forward pass.
+
+    Runs the model twice: plainly on a deep copy of the inputs, then logged on the inputs
+    themselves, which therefore end as after one plain forward (a ``DynamicCache`` grows once).
+    The model is left as it was found: parameters, buffers and the caller's RNG state. With
+    ``verbose=True`` every failed check is printed with the layer and the reason.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Dropout())
+        >>> tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0)
+        True
+    """
+    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
+    args, kwargs = as_args(input_args), dict(input_kwargs or {})
+    rng = RngState()
+    buffers = BufferSnapshot(model)
+    params: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        if any(is_lazy(p) for p in model.parameters()):
+            # lazy modules (nn.LazyLinear) create their parameters first, from the caller's random
+            # streams as in a plain forward: the seeded runs below must draw the same numbers
+            lazy_args, lazy_kwargs, _ = copy_inputs(model, args, kwargs)
+            with torch.no_grad():
+                model(*lazy_args, **lazy_kwargs)
+            del lazy_args, lazy_kwargs
+            buffers.restore()
+        params = [(p, p.detach().clone()) for p in model.parameters()]
+        plain_args, plain_kwargs, note = copy_inputs(model, args, kwargs)
+        if note is not None and verbose:
+            print(f"validate_model_activations: note: {note}")
+        seed_everything(seed)
+        expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
+        del plain_args, plain_kwargs
+        buffers.restore()
+        history = log_forward_pass(model, list(args), kwargs, layers_to_save="all",
+                                   save_function_args=True, detach_saved_tensors=True, random_seed=seed)
+        return validate_history(history, expected, verbose)
+    finally:
+        buffers.restore()
+        with torch.no_grad():
+            for p, value in params:
+                if not torch.equal(p, value):
+                    p.copy_(value)
+        rng.restore()

@@ -1,4 +1,5 @@
-"""``validate_model_activations`` and ``validate_history``: prove a trace is the real forward pass.
+"""``validate_history`` (and through it ``torchlens.validate_model_activations``, which traces the
+model first): prove a trace is the real forward pass.
 
 What a trace claims, and how each claim is checked (every failure names the layer and says why):
 
@@ -23,21 +24,15 @@ and then either its value does not reproduce the result (check 3) or the structu
 """
 from __future__ import annotations
 
-import random
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
-from torch.nn.parameter import is_lazy
 
-from .api import log_forward_pass
 from .capture.args import tensors_in
-from .capture.modules import BufferSnapshot
-from .capture.run import RngState, seed_everything
+from .capture.run import RngState
 from .capture.tracer import empty_out
 from .history.model_history import ModelHistory
 from .records.tensor_log import ParentRef, TensorLogEntry
-from .input_copy import as_args, copy_inputs
 
 # Functions whose output has no meaningful value to compare (uninitialised memory).
 UNCOMPARABLE = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
@@ -45,61 +40,6 @@ UNCOMPARABLE = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "
 # histories saved before pass-throughs recorded it have none, and are still accepted.
 _PASS_THROUGH = frozenset({"identity", "output"})
 _MAX_DEPTH = 6  # as deep as capture.args looks for tensors in arguments
-
-
-def validate_model_activations(
-    model: nn.Module,
-    input_args: Any,
-    input_kwargs: Optional[Dict[str, Any]] = None,
-    random_seed: Optional[int] = None,
-    verbose: bool = False,
-) -> bool:
-    """True if the activations torchlens saves are exactly those of the real forward pass.
-
-    Runs the model twice: plainly on a deep copy of the inputs, then logged on the inputs
-    themselves, which therefore end as after one plain forward (a ``DynamicCache`` grows once).
-    The model is left as it was found: parameters, buffers and the caller's RNG state. With
-    ``verbose=True`` every failed check is printed with the layer and the reason.
-
-    Example:
-        >>> import torch, torchlens as tl
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Dropout())
-        >>> tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0)
-        True
-    """
-    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
-    args, kwargs = as_args(input_args), dict(input_kwargs or {})
-    report = _Report(verbose)
-    rng = RngState()
-    buffers = BufferSnapshot(model)
-    params: List[Tuple[torch.Tensor, torch.Tensor]] = []
-    try:
-        if any(is_lazy(p) for p in model.parameters()):
-            # lazy modules (nn.LazyLinear) create their parameters first, from the caller's random
-            # streams as in a plain forward: the seeded runs below must draw the same numbers
-            lazy_args, lazy_kwargs, _ = copy_inputs(model, args, kwargs)
-            with torch.no_grad():
-                model(*lazy_args, **lazy_kwargs)
-            del lazy_args, lazy_kwargs
-            buffers.restore()
-        params = [(p, p.detach().clone()) for p in model.parameters()]
-        plain_args, plain_kwargs, note = copy_inputs(model, args, kwargs)
-        if note is not None:
-            report.say(f"note: {note}")
-        seed_everything(seed)
-        expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
-        del plain_args, plain_kwargs
-        buffers.restore()
-        history = log_forward_pass(model, list(args), kwargs, layers_to_save="all",
-                                   save_function_args=True, detach_saved_tensors=True, random_seed=seed)
-        return _validate(history, expected, report)
-    finally:
-        buffers.restore()
-        with torch.no_grad():
-            for p, value in params:
-                if not torch.equal(p, value):
-                    p.copy_(value)
-        rng.restore()
 
 
 def validate_history(history: ModelHistory, expected_outputs: Optional[Sequence[torch.Tensor]] = None,
@@ -493,4 +433,4 @@ def _difference(a: Any, b: Any) -> str:
         return ""
 
 
-__all__ = ["validate_model_activations", "validate_history"]
+__all__ = ["validate_history", "replay_entry"]
