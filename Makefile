@@ -85,6 +85,7 @@ demo: venv
 images: venv
 	"$(VENV_PY)" -m torchlens.examples.make_images images
 	"$(VENV_PY)" -m torchlens.examples.explorer_images images
+	"$(VENV_PY)" -m torchlens.examples.graph_page_images images
 
 bench: venv
 	"$(VENV_PY)" benchmarks/overhead.py $(BENCH_ARGS)
