@@ -144,3 +144,11 @@ def test_unknown_output_extension_is_refused_before_tracing(model_file, capsys, 
     monkeypatch.setattr(tl, "log_forward_pass", never)
     assert main([f"{model_file}:TwoLayer", "--input", "2,10", "-o", "graph.jpeg"]) == 2
     assert "-o must end in .svg, .png, .pdf or .html, not '.jpeg'" in capsys.readouterr().err
+
+
+def test_html_output_writes_the_interactive_page(model_file, tmp_path, capsys):
+    out = tmp_path / "graph.html"
+    assert main([f"{model_file}:TwoLayer", "--input", "2,10", "-o", str(out)]) == 0
+    assert f"Interactive graph written to {out}" in capsys.readouterr().out
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "relu_1_2" in page and 'src="/assets' not in page

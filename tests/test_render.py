@@ -573,3 +573,11 @@ def test_vis_names_everywhere_and_the_older_names_as_aliases(tmp_path, recurrent
 def test_both_spellings_of_an_option_are_a_type_error(recurrent, call, message):
     with pytest.raises(TypeError, match=message):
         call(recurrent)
+
+
+def test_show_model_graph_html_writes_the_interactive_page(tmp_path, monkeypatch):
+    monkeypatch.setattr("torchlens.show.in_notebook", lambda: False)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    assert show_model_graph(model, torch.rand(2, 4), vis_fileformat="html", vis_outpath=str(tmp_path / "g")) is None
+    page = (tmp_path / "g.html").read_text()
+    assert page.startswith("<!doctype html>") and "linear_1_1" in page
