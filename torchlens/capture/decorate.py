@@ -396,7 +396,8 @@ class BoundReferences:
         self.model = model
         self.modules = modules  # the model's modules, when the caller has them already
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
-        self.global_tensors: Dict[int, torch.Tensor] = {}  # tensors among those globals: constants
+        # tensors among those globals: constants (found here cheaply; see capture/preexisting.py)
+        self.global_tensors: Dict[int, torch.Tensor] = {}
 
     def install(self) -> None:
         seen_classes, seen_globals = set(), set()

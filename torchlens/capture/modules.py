@@ -26,7 +26,8 @@ class ModelInventory:
     weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
     has_lazy: bool = False  # some parameter is not created yet (nn.LazyLinear before its first forward)
     # tensors held by the modules before the pass (plain attributes, also inside lists, tuples
-    # and dicts): id -> tensor. Using one is not a gap in the trace; see Tracer.untraced.
+    # and dicts): id -> tensor. Constants, found cheaply where most are; any other tensor older
+    # than the pass is a constant too (capture/preexisting.py), only asked about at more cost.
     constants: Dict[int, torch.Tensor] = field(default_factory=dict)
 
     # the modules (each once, in ``named_modules`` order) and parameters (each once), kept

@@ -15,6 +15,7 @@ from torch import nn
 
 from . import decorate
 from .modules import LazyInitialisation, ModelInventory, ModelState, RngState
+from .preexisting import PassStart
 from .save_plan import SavePlan
 from .tracer import Tracer
 
@@ -103,6 +104,8 @@ def run_pass(
         bound_refs = decorate.BoundReferences(table, model, inventory.modules)
         hooks = []
         start = perf_counter()
+        # after this, a tensor without a record that is new is a gap; an old one is a constant
+        tracer.pass_start = PassStart()
         try:
             seed_everything(random_seed)
             decorate.install(table)
@@ -124,6 +127,7 @@ def run_pass(
             if lazy is not None:
                 inventory.describe_materialised(model)
         finally:
+            tracer.pass_start.end()
             if lazy is not None:
                 lazy.remove()
             decorate.ACTIVE.tracer = None

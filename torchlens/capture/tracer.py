@@ -28,6 +28,10 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
   arguments. So nested composites log their innermost operations, each once.
 - *Identity of tensors.* Tensors are known by ``id`` with a weak reference checked on lookup
   (``live``), never by attributes set on them, so nothing outlives the pass on the tensor.
+- *Old or new.* A tensor that reaches the model's own operation without a record is a
+  constant if it existed when the pass began (``pass_start``, see ``capture/preexisting.py``:
+  the garbage collector is frozen for the pass), else an ``untraced`` node: made during the
+  pass by a call torchlens does not log. Where the model holds a constant does not matter.
 - *One thread.* Only the thread that started the pass is traced (``thread_id``); calls from
   other threads go straight to the original function.
 """
@@ -47,6 +51,7 @@ from .args import replace_tensors, tensors_in, tensors_in_call
 from .decorate import OpInfo
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
+from .preexisting import PassStart
 from .save_plan import SavePlan
 
 _Tensor = torch.Tensor
@@ -92,9 +97,11 @@ class Tracer:
         self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
-        # tensors that existed before the pass (module attributes, globals of the model's
-        # files): id -> tensor. Any other unrecorded tensor was made by a call we do not trace.
+        # tensors known to have existed before the pass, id -> tensor: found cheaply at the
+        # start (module attributes, globals of the model's files), or by asking pass_start
+        # (once per tensor). Only a tensor made during the pass by a call we do not log is a gap.
         self.known: Dict[int, torch.Tensor] = {}
+        self.pass_start: Optional[PassStart] = None  # set by run_pass
         self.parent_placeholders: List[ParentRef] = []
         self.module_stack: Tuple[Tuple[str, int], ...] = ()
         self.module_frames: List[tuple] = []
@@ -291,11 +298,11 @@ class Tracer:
             if address is not None:
                 if address not in params:
                     params.append(address)
-            elif self.depth == 0 and self.known.get(id(t)) is not t:
+            elif self.depth == 0 and self._is_untraced(t):
                 parents.append((self.untraced(t, self._frames()), position))
-            # a known tensor is a constant of this pass (e.g. a plain tensor attribute). Inside
-            # another logged call (depth > 0) an unknown tensor is that call's own business (a
-            # tensor subclass's inner values, a cached helper tensor), not a gap in the model.
+            # a tensor older than the pass is a constant of it (e.g. a plain tensor attribute).
+            # Inside another logged call (depth > 0) an unknown tensor is that call's own
+            # business (a tensor subclass's inner values, a cached helper), not a gap in the model.
         return parents, tuple(params)
 
     def untraced(self, tensor: torch.Tensor, frames: tuple) -> TensorLogEntry:
@@ -308,8 +315,8 @@ class Tracer:
             reason = (f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens "
                       "did not log")
         else:
-            reason = ("no logged operation made it, and it is not an input, parameter, buffer or "
-                      "tensor attribute of the model")
+            reason = ("no logged operation made it, and it did not exist before the pass (it is not "
+                      "an input, parameter, buffer or constant of the model)")
         e = TensorLogEntry(len(self.entries), "untraced", "untraced", None, "untraced")
         e.untraced_reason = reason
         e.module_stack = self.module_stack
@@ -319,7 +326,12 @@ class Tracer:
 
     def _is_untraced(self, tensor: torch.Tensor) -> bool:
         """Not recorded, not a parameter, and not a tensor that existed before the pass."""
-        return id(tensor) not in self.inventory.param_addresses and self.known.get(id(tensor)) is not tensor
+        if id(tensor) in self.inventory.param_addresses or self.known.get(id(tensor)) is tensor:
+            return False
+        if self.pass_start is not None and self.pass_start.existed(tensor):
+            self.known[id(tensor)] = tensor  # a constant: later uses need not ask again
+            return False
+        return True
 
     def _placeholder(self, tensor: torch.Tensor) -> Any:
         e = self.entry_of(tensor)
