@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import sqlite3
 import urllib.request
@@ -333,9 +334,256 @@ def test_model_is_left_exactly_as_before(tmp_path):
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
     for p in model.parameters():
-        assert not getattr(p, "_post_accumulate_grad_hooks", None)
+        assert not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None)
     # a closed watch can be replaced by a new one
     tl.watch(model, run_dir=str(tmp_path / "again"), backend=None, verbose=False).close()
+
+
+class QueryDecoder(nn.Module):
+    """DETR's pattern: a parameter of the model is a child module's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(3, 4))
+        self.decoder = nn.Linear(4, 4)
+
+    def forward(self, memory):
+        return self.decoder(self.query) + memory.mean()
+
+
+def _hook_counts(*tensors):
+    return [(len(t._backward_hooks or {}), len(getattr(t, "_post_accumulate_grad_hooks", None) or {}))
+            for t in tensors]
+
+
+def test_no_gradient_hook_outlives_its_step(tmp_path):
+    """Leaf tensors (a parameter passed to a child, an input reused with requires_grad) keep
+    their hooks; each logged step must take its own off again (when the next step starts, as
+    another backward may still come), and close() the rest."""
+    torch.manual_seed(0)
+    model = QueryDecoder()
+    memory = torch.randn(2, 4, requires_grad=True)  # the same input tensor every step
+    leaves = [memory, *model.parameters()]
+    before = _hook_counts(*leaves)
+    w = quiet_watch(model, tmp_path)
+    model(memory).sum().backward()
+    one_step = _hook_counts(*leaves)  # the hooks of the step in flight
+    for _ in range(4):
+        model(memory).sum().backward()
+        assert _hook_counts(*leaves) == one_step  # never more than one step's hooks
+    model(memory)  # a step without backward keeps its hooks until the next step or close()
+    w.close()
+    assert _hook_counts(*leaves) == before
+    run = tl.open_run(w.run_dir)
+    assert run.series("decoder:1", "io_grad", "input 0").steps.tolist() == [0, 1, 2, 3, 4]
+    assert run.series("", "io_grad", "input 0").steps.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_two_backward_passes_through_one_forward_are_one_step(tmp_path):
+    """Two losses through one forward (retain_graph=True): the step has both passes' input and
+    output gradients, and params_grad is .grad after both; it is written when the next starts."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0)
+    out = model(torch.randn(4, 3))
+    out.sum().backward(retain_graph=True)
+    out.pow(2).sum().backward()
+    grad = model.weight.grad.clone()
+    assert w.steps_logged == 0  # another backward could still come
+    model.zero_grad()
+    model(torch.randn(4, 3)).sum().backward()
+    assert w.steps_logged == 1
+    w.close()
+    run = tl.open_run(w.run_dir)
+    s = run.series("", "params_grad", "weight")
+    assert (s.min[0], s.max[0]) == pytest.approx((grad.min().item(), grad.max().item()))
+    assert run.series("", "io_grad", "output 0").counts.sum(axis=1).tolist() == [8, 4]  # 2 x 4 rows, then 4
+
+
+def test_several_forwards_before_one_backward_are_one_step(tmp_path):
+    model = nn.Linear(3, 2)
+    w = quiet_watch(model, tmp_path, delay_log_multibackward=True, sample_n=None, reject_outlier_proportion=0.0)
+    for step in range(2):
+        loss = model(torch.randn(4, 3)).sum()
+        loss = loss + model(torch.randn(5, 3)).sum()
+        loss.backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1]
+    assert run.series("", "io", "output 0").counts.sum(axis=1).tolist() == [18, 18]
+
+
+def test_manual_steps_overlay_micro_batches_and_keep_the_accumulated_grad(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    w = quiet_watch(model, tmp_path, manual_steps=True, sample_n=None, reject_outlier_proportion=0.0)
+    accumulated = []
+    for step in range(2):
+        model.zero_grad()
+        for _ in range(2):  # gradient accumulation: two backward passes, one optimizer step
+            w.begin_step(step)
+            model(torch.randn(4, 3)).pow(2).sum().backward()
+            assert w.steps_logged == step  # a manual step is written when the next one begins
+        accumulated.append(model.weight.grad.clone())
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1]
+    assert run.series("", "io", "output 0").counts.sum(axis=1).tolist() == [16, 16]
+    s = run.series("", "params_grad", "weight")
+    for step, grad in enumerate(accumulated):
+        assert (s.min[step], s.max[step]) == pytest.approx((grad.min().item(), grad.max().item()))
+
+
+class Recursive(nn.Module):
+    """A child that calls itself: three nested calls of the same module."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, depth=2):
+        y = torch.tanh(self.lin(x))
+        return self(y, depth - 1) if depth > 0 else y
+
+
+class SelfCalling(nn.Module):
+    """The model itself calls itself once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, again=True):
+        y = self.lin(x)
+        return self(y, again=False) if again else y
+
+
+def test_recursive_modules(tmp_path):
+    model = nn.Sequential(Recursive(), nn.Linear(4, 2))
+    w = quiet_watch(model, tmp_path)
+    train(model, [torch.randn(5, 4)] * 2)
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1]
+    calls = run.calls
+    assert list(calls) == ["", "0:1", "0.lin:1", "0:2", "0.lin:2", "0:3", "0.lin:3", "1:1"]
+    assert calls[""].children == ["0:1", "1:1"]
+    assert calls["0:1"].children == ["0.lin:1", "0:2"] and calls["0:2"].parent == "0:1"
+    assert calls["0:3"].children == ["0.lin:3"] and calls["0:3"].parent == "0:2"
+    assert set(calls["0:2"].edges) == {("input 0", "0.lin:2"), ("0.lin:2", "0:3"), ("0:3", "output 0")}
+    for cid in ("0:1", "0:2", "0:3", "0.lin:3"):
+        assert run.series(cid, "io", "output 0").steps.tolist() == [0, 1], cid
+        assert run.series(cid, "io_grad", "output 0").steps.tolist() == [0, 1], cid
+    assert run.series("0.lin:2", "params_grad", "weight").steps.tolist() == [0, 1]
+
+    # the model calling itself: one step per training step, its inner calls are its children
+    model = SelfCalling()
+    w = quiet_watch(model, tmp_path / "self")
+    train(model, [torch.randn(5, 4)] * 3)
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1, 2]
+    assert list(run.calls) == ["", "lin:1", "lin:2"]
+    assert run.calls[""].children == ["lin:1", "lin:2"]
+    assert set(run.calls[""].edges) == {("input 0", "lin:1"), ("lin:1", "lin:2"), ("lin:2", "output 0")}
+    for key in (("", "io_grad", "output 0"), ("lin:1", "io", "output 0"), ("lin:2", "params_grad", "bias")):
+        assert run.series(*key).steps.tolist() == [0, 1, 2], key
+
+
+def test_calls_with_non_differentiable_outputs(tmp_path):
+    class Pick(nn.Module):
+        def forward(self, x):
+            return x, x.argmax(dim=1)  # an integer output: no gradient
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.pick = Pick()
+            self.embed = nn.Embedding(4, 3)
+
+        def forward(self, x):
+            h, index = self.pick(self.lin(x))
+            return h.sum(dim=1) + self.embed(index).sum(dim=1), index
+
+    torch.manual_seed(0)
+    model = Net()
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0)
+    train(model, [torch.randn(6, 4)] * 2, make_loss=lambda out: out[0].pow(2).mean())
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1]
+    pick, root = run.calls["pick:1"], run.calls[""]
+    assert pick.outputs == [("output 0", [6, 4]), ("output 1", [6])]
+    assert root.outputs == [("output 0", [6]), ("output 1", [6])]
+    assert {("lin:1", "pick:1"), ("pick:1", "embed:1"), ("pick:1", "output 0"), ("pick:1", "output 1"),
+            ("embed:1", "output 0")} == set(root.edges) - {("input 0", "lin:1")}
+    index = run.series("pick:1", "io", "output 1")
+    assert index.counts.sum(axis=1).tolist() == [6, 6] and index.min.min() >= 0 and index.max.max() <= 3
+    names = run.series_names()
+    assert ("pick:1", "io_grad", "output 0") in names
+    for key in (("pick:1", "io_grad", "output 1"), ("embed:1", "io_grad", "input 0"), ("", "io_grad", "output 1")):
+        assert key not in names, key
+    assert run.series("embed:1", "params_grad", "weight").steps.tolist() == [0, 1]
+    assert run.series("embed:1", "io_grad", "output 0").counts.sum(axis=1).tolist() == [6, 6]
+
+
+def test_default_run_dir_is_printed_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    model = nn.Linear(2, 1)
+    w = tl.watch(model, backend=None)
+    for _ in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+    w.close()
+    other = tl.watch(nn.Linear(2, 1), backend=None)  # the same second: a folder of its own
+    other.close()
+    out = capsys.readouterr().out
+    runs = os.path.realpath(tmp_path / "torchlens_runs")
+    assert os.path.dirname(os.path.realpath(w.run_dir)) == runs
+    assert os.path.basename(w.run_dir).endswith("-Linear") and os.path.isfile(os.path.join(w.run_dir, "run.db"))
+    assert other.run_dir != w.run_dir and os.path.dirname(os.path.realpath(other.run_dir)) == runs
+    assert out.splitlines() == [f"torchlens: watching Linear, run saved in {w.run_dir}",
+                                f"torchlens: watching Linear, run saved in {other.run_dir}"]
+    assert tl.open_run(w.run_dir).steps.tolist() == [0, 1, 2]
+
+
+def test_inplace_gradient_error_names_the_call_and_both_remedies(tmp_path):
+    from torchlens.watch.recorder import InplaceGradientError
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            return x.detach().abs().mean()  # looks at a view that no gradient reaches
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.probe = Probe()
+
+        def forward(self, x):
+            h = self.lin(x)
+            _, second = h.split(2, dim=1)
+            h.mul_(2)  # changes the base of split's views in place: autograd refuses hooks on them
+            self.probe(second)
+            return h
+
+    model = Net()
+    model(torch.randn(3, 4)).sum().backward()  # trains without a watch
+    w = quiet_watch(model, tmp_path)
+    with pytest.raises(InplaceGradientError) as caught:
+        model(torch.randn(3, 4)).sum().backward()
+    w.close()
+    message = str(caught.value)
+    assert "input 0 of call 'probe:1' (Probe)" in message
+    assert "disable_inplace=True" in message and "ignore_io_grad_classes=[Probe]" in message
+    assert ".." not in message
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    # the second remedy works
+    w = quiet_watch(model, tmp_path / "again", ignore_io_grad_classes=[Probe])
+    model(torch.randn(3, 4)).sum().backward()
+    w.close()
+    names = tl.open_run(w.run_dir).series_names()
+    assert ("probe:1", "io", "input 0") in names and ("lin:1", "io_grad", "output 0") in names
 
 
 def test_copies_of_a_watched_model_are_not_watched(tmp_path):

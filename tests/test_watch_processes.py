@@ -148,6 +148,7 @@ def test_live_reader_follows_a_training_process(tmp_path):
     assert out.split() == ["done", str(num_steps - 1)]
 
     # (close() writes the last step before the status, so a count of num_steps can be seen too)
+
     partial = [n for n in seen if 0 < n < num_steps]
     assert len(set(partial)) >= 2, f"the reader saw no growth while the run was running: {seen}"
     assert seen == sorted(seen), seen  # never shrinks
@@ -259,20 +260,23 @@ _DDP_CHILD = """
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-    w = tl.watch(ddp, log_freq=1, backend=None, run_dir=run_dir, verbose=False)
+    w = tl.watch(ddp, log_freq=1, backend=None, run_dir=run_dir, verbose=False, sample_n=None,
+                 reject_outlier_proportion=0.0)
     g = torch.Generator().manual_seed(99)
-    losses = []
+    losses, grads = [], []
     for step in range(num_steps):
         xs = torch.randn(2, 5, 6, generator=g)  # both ranks draw both batches, use their own
         x = xs[rank]
         opt.zero_grad()
         loss = ddp(x).pow(2).mean()
         loss.backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})  # averaged by DDP
         opt.step()
         losses.append(loss.item())
     w.close()
     torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "losses": losses, "watch_run_dir": w.run_dir, "watch_type": type(w).__name__}, out_file)
+                "losses": losses, "grads": grads, "watch_run_dir": w.run_dir,
+                "watch_type": type(w).__name__}, out_file)
     dist.barrier()
     dist.destroy_process_group()
 """
@@ -330,6 +334,16 @@ def test_ddp_two_processes_only_rank0_records(tmp_path):
         assert run.series("0:1", "params", "weight").steps.tolist() == list(range(num_steps))
         grad = run.series("2:1", "params_grad", "bias")
         assert grad.steps.tolist() == list(range(num_steps)) and (grad.counts.sum(axis=1) == 3).all()
+        # params_grad is the .grad that backward left, after DDP's all-reduce, not the rank's own
+        for name in r0["grads"][0]:
+            address, param = name.split(".")
+            s = run.series(f"{address}:1", "params_grad", param)
+            for step, grads in enumerate(r0["grads"]):
+                g, on_rank1 = grads[name], r1["grads"][step][name]
+                assert torch.equal(g, on_rank1), (name, step)  # the two ranks agree on the average
+                assert s.counts[step].sum() == g.numel()
+                assert (s.min[step], s.max[step]) == pytest.approx((g.min().item(), g.max().item()),
+                                                                  rel=1e-6, abs=1e-9), (name, step)
 
     # DDP kept both replicas identical: watching rank 0 disturbed neither the gradients'
     # all-reduce nor the parameters

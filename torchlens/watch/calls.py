@@ -4,7 +4,8 @@ A *call* is one call of one module during a forward pass, identified as ``addres
 n-th call of that module in the pass; the model itself is ``""``). Inside a call, the graph has
 one node per input and output of the call (``input 0``, ``output 0``) and one per call of a
 child module; an edge means that data flows from some output of one node into some input of
-another, possibly through plain tensor operations of the call's own ``forward``.
+another, possibly through plain tensor operations of the call's own ``forward``. A model that
+calls itself makes one call (the tracer sees one pass): the inner calls' children are its own.
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ class _CallRecorder:
         self.paths: Dict[str, tuple] = {}  # call id -> ((address, n), ...) below the model
         self.stack: List[str] = []
         self.counts: Dict[str, int] = {}
+        self.nested_model_calls = 0
         self.handles: list = []
         for module in model.modules():
             self.handles.append(module.register_forward_pre_hook(self.pre_hook, with_kwargs=True))
@@ -114,6 +116,9 @@ class _CallRecorder:
         address = self.addresses.get(id(module))
         if address is None:
             return
+        if address == "" and self.stack:  # the model calling itself: the tracer sees one pass
+            self.nested_model_calls += 1
+            return
         n = self.counts.get(address, 0) + 1
         self.counts[address] = n
         parent = self.stack[-1] if self.stack else None
@@ -131,7 +136,11 @@ class _CallRecorder:
         self.stack.append(call.id)
 
     def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self.addresses.get(id(module)) is None or not self.stack:
+        address = self.addresses.get(id(module))
+        if address is None or not self.stack:
+            return
+        if address == "" and self.nested_model_calls:
+            self.nested_model_calls -= 1
             return
         cid = self.stack.pop()
         tracer = decorate.ACTIVE.tracer

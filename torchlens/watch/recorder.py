@@ -4,7 +4,11 @@ parameters, on the tensors' device, and keep them until the step is written.
 Module hooks live only during a logged forward pass; gradient hooks are tensor hooks (not full
 backward hooks), so in-place operations such as ``ReLU(inplace=True)`` and ``out += identity``
 are fine: a hook registered before an in-place change receives the gradient of the value it
-saw. No hook returns anything, so backward computes exactly what it would without them.
+saw. No hook returns anything, so backward computes exactly what it would without them, and
+every hook is removed when its step ends (a leaf tensor such as a parameter passed to a child
+module would otherwise keep one more hook per logged step). Parameter gradients are read when
+a backward pass has ended (``collect_param_grads``), not while it runs: DistributedDataParallel
+averages ``.grad`` at the very end of backward.
 """
 from __future__ import annotations
 
@@ -61,29 +65,34 @@ class StepRecorder:
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
+        self.touched: Dict[int, Tuple[nn.Parameter, List[Tuple[str, str]]]] = {}  # got .grad this backward
+        self.nested_model_calls = 0  # the model calling itself (with include_model)
         self._module_hooks: list = []
         self._param_hooks: list = []
+        self._tensor_hooks: list = []
         self.gate: Callable[[], bool] = lambda: True  # False while nothing may be recorded
+        self.on_gradient: Callable[[], None] = lambda: None  # every gradient hook calls it
 
     # ----- the step's life ----------------------------------------------------------------
     def begin_step(self, step: int) -> None:
+        """Hooks on the parameters, also without ``params_grad``: a backward pass that reaches
+        them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
-        self.pending, self.param_grads, self.calls_of = {}, {}, {}
-        if "params_grad" in self.kinds:
-            owners: Dict[int, List[Tuple[str, str]]] = {}
-            params: Dict[int, nn.Parameter] = {}
-            for address, module in self.model.named_modules():
-                for name, p in module._parameters.items():
-                    if p is not None and p.requires_grad and not _is_lazy(p):
-                        owners.setdefault(id(p), []).append((address, name))
-                        params[id(p)] = p
-            for pid, p in params.items():
-                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_recorder(owners[pid], step)))
+        self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
+        owners: Dict[int, List[Tuple[str, str]]] = {}
+        params: Dict[int, nn.Parameter] = {}
+        for address, module in self.model.named_modules():
+            for name, p in module._parameters.items():
+                if p is not None and p.requires_grad and not _is_lazy(p):
+                    owners.setdefault(id(p), []).append((address, name))
+                    params[id(p)] = p
+        for pid, p in params.items():
+            self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_recorder(owners[pid], step)))
 
     def begin_forward(self, include_model: bool = False) -> None:
         """Hooks on every module for one forward pass (the model itself is called directly by
         the watch, unless ``include_model``)."""
-        self.counts, self.stack = {}, []
+        self.counts, self.stack, self.nested_model_calls = {}, [], 0
         for module in self.model.modules():
             if module is self.model and not include_model:
                 continue
@@ -96,11 +105,25 @@ class StepRecorder:
             h.remove()
         self._module_hooks = []
 
+    def collect_param_grads(self) -> bool:
+        """At the end of a backward pass: sample the ``.grad`` of each parameter it reached (a
+        later backward of the same step replaces it). True if it reached any."""
+        touched, self.touched = self.touched, {}
+        if "params_grad" in self.kinds:
+            for p, owners in touched.values():
+                sample = self.sampler.values(p.grad) if p.grad is not None else None
+                if sample is not None:
+                    for owner in owners:
+                        self.param_grads[owner] = sample
+        return bool(touched)
+
     def end_step(self) -> Tuple[List[Key], List[torch.Tensor]]:
         """The step's samples, one per series (several forwards of one step are overlaid)."""
-        for h in self._param_hooks:
+        if self.touched:  # a backward pass whose end was not seen (it raised)
+            self.collect_param_grads()
+        for h in self._param_hooks + self._tensor_hooks:
             h.remove()
-        self._param_hooks = []
+        self._param_hooks, self._tensor_hooks = [], []
         for (address, name), sample in self.param_grads.items():
             for cid in self.calls_of.get(address, ()):
                 self.pending.setdefault((cid, "params_grad", name), []).append(sample)
@@ -121,6 +144,9 @@ class StepRecorder:
         address = self.addresses.get(id(module))
         if address is None or not self.gate():
             return
+        if module is self.model and self.stack:  # part of the running pass, as in the traced graph
+            self.nested_model_calls += 1
+            return
         n = self.counts.get(address, 0) + 1
         self.counts[address] = n
         cid = call_id(address, n)
@@ -139,6 +165,9 @@ class StepRecorder:
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self.addresses.get(id(module)) is None or not self.stack or not self.gate():
+            return
+        if module is self.model and self.nested_model_calls:
+            self.nested_model_calls -= 1
             return
         cid = self.stack.pop()
         if output is not None:
@@ -162,13 +191,14 @@ class StepRecorder:
                 self._add((cid, "io", name), self.sampler.values(t))
             if want_grad and t.requires_grad:
                 try:
-                    t.register_hook(self._norm_recorder((cid, "io_grad", name), self.step))
+                    handle = t.register_hook(self._norm_recorder((cid, "io_grad", name), self.step))
                 except RuntimeError as error:
                     raise InplaceGradientError(
                         f"torchlens.watch: cannot record the gradient of {name} of call '{cid}' "
-                        f"({type(module).__name__}): {error}. Pass disable_inplace=True to tl.watch, or "
+                        f"({type(module).__name__}): {str(error).rstrip('.')}. Pass disable_inplace=True to tl.watch, or "
                         f"ignore_io_grad_classes=[{type(module).__name__}] to skip io gradients of that class."
                     ) from error
+                self._tensor_hooks.append(handle)
 
     def _add(self, key: Key, sample: Optional[torch.Tensor]) -> None:
         if sample is not None:
@@ -177,16 +207,15 @@ class StepRecorder:
     def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
         def record(grad: torch.Tensor) -> None:
             if self.step == step and grad is not None:
+                self.on_gradient()
                 self._add(key, self.sampler.sample_norms(grad))
         return record
 
     def _grad_recorder(self, owners: List[Tuple[str, str]], step: int) -> Callable:
         def record(param: torch.Tensor) -> None:
-            if self.step == step and param.grad is not None:
-                sample = self.sampler.values(param.grad)
-                if sample is not None:
-                    for owner in owners:
-                        self.param_grads[owner] = sample  # the last backward of the step wins
+            if self.step == step:
+                self.on_gradient()
+                self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
         return record
 
 

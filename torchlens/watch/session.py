@@ -3,12 +3,12 @@
 The first training forward pass is traced once (metadata only) to get the module-call graph.
 Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients and the
 parameters; when the next step starts (or at ``close()``), the step's histograms are computed
-together on the device and written to the run database in one transaction. Steps that are not
-logged cost one hook call on the model itself.
+together on the device and written to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import random
 import re
@@ -26,6 +26,7 @@ from .recorder import ModelHook, StepRecorder
 from .store import KINDS, RunWriter
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
+_ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
 _WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
 _MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
 
@@ -62,10 +63,14 @@ class Watch:
         self._logging = False  # the step in progress is logged
         self._forward_active = False
         self._backward_seen = False
+        self._end_queued = False  # a callback waits for the end of the backward pass in flight
+        self._depth = 0  # calls of the model in progress (it may call itself)
+        self._markers: list = []  # gradient hooks on the model's outputs
         self._steps_written = 0
         self.recorder = StepRecorder(model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)),
                                      ignore_io_grad_classes)
         self.recorder.gate = lambda: self._tracing is None and self._training()
+        self.recorder.on_gradient = self._gradient_arrived
         options = {"log_freq": log_freq, "log": list(log), "sample_n": sample_n,
                    "reject_outlier_proportion": reject_outlier_proportion, "disable_inplace": disable_inplace,
                    "delay_log_multibackward": delay_log_multibackward}
@@ -138,8 +143,11 @@ class Watch:
 
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._tracing is not None or not self._training():
-            return  # evaluation: nothing is logged
+        if self._tracing is not None:
+            return  # the metadata pass
+        self._depth += 1
+        if self._depth > 1 or not self._training():
+            return  # the model calling itself is part of the running pass; evaluation logs nothing
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
             if self._logging and not self._graph_done:
                 self._trace_graph(args, kwargs)
@@ -157,7 +165,7 @@ class Watch:
     def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
         self._finish_step()
         self._step, self._next_step = step, step + 1
-        self._backward_seen = False
+        self._backward_seen = self._end_queued = False
         self._logging = step % self.log_freq == 0
         if self._logging:
             if not self._graph_done and call is not None:
@@ -179,27 +187,61 @@ class Watch:
             self.recorder.begin_forward(include_model=True)
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self._tracing is not None or not self._forward_active:
-            if self.delay and self._step is not None and module.training and torch.is_grad_enabled():
-                self._mark_backward(output)
+        if self._tracing is not None:
             return
-        self._forward_active = False
-        try:
-            self.recorder.post(module, args, kwargs, output)
-        finally:
-            self.recorder.end_forward()
-        if self.delay:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth > 0:
+            return
+        if self._forward_active:
+            self._forward_active = False
+            try:
+                self.recorder.post(module, args, kwargs, output)
+            finally:
+                self.recorder.end_forward()
+        if self._step is not None and (self._logging or self.delay) and self._training():
             self._mark_backward(output)
 
     def _mark_backward(self, output: Any) -> None:
+        """Hooks on the model's outputs, where a backward pass enters the model: they tell a
+        step with several forwards that its backward has come, and start waiting for its end."""
         from .calls import output_tensors
-
-        def seen(grad: torch.Tensor) -> None:
-            self._backward_seen = True
 
         for _, t in output_tensors(output):
             if t.requires_grad:
-                t.register_hook(seen)
+                try:
+                    self._markers.append(t.register_hook(self._output_gradient))
+                except RuntimeError:  # a view that autograd refuses hooks on: the other hooks still work
+                    pass
+
+    def _output_gradient(self, grad: torch.Tensor) -> None:
+        self._backward_seen = True
+        self._gradient_arrived()
+
+    def _gradient_arrived(self) -> None:
+        """Called by every gradient hook of a logged step: the first one of a backward pass asks
+        the autograd engine for a call when the pass has ended."""
+        if self._logging and not self._end_queued:
+            self._end_queued = True
+            _ENGINE.queue_callback(functools.partial(self._backward_ending, self._step))
+
+    def _backward_ending(self, step: int) -> None:
+        # callbacks queued during the pass run before this one; one queued now runs after them
+        # all, among them DistributedDataParallel's, which writes the averaged gradients to .grad
+        _ENGINE.queue_callback(functools.partial(self._backward_ended, step))
+
+    def _backward_ended(self, step: int) -> None:
+        if step != self._step or not self._logging:
+            return
+        self._end_queued = False
+        # .grad as the backward pass left it; a later backward through the same forward (two
+        # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
+        # The step is written when the next one starts: only then is it known to be complete.
+        self.recorder.collect_param_grads()
+
+    def _remove_markers(self) -> None:
+        for h in self._markers:
+            h.remove()
+        self._markers = []
 
     def _trace_graph(self, args: tuple, kwargs: dict) -> None:
         self._graph_done = True
@@ -229,6 +271,7 @@ class Watch:
 
     # ----- writing and releasing ------------------------------------------------------------
     def _finish_step(self) -> None:
+        self._remove_markers()
         step, logging = self._step, self._logging
         self._step, self._logging = None, False
         if step is None or not logging or self._writer is None:
@@ -248,6 +291,8 @@ class Watch:
         for h in self._root_hooks:
             h.remove()
         self._root_hooks = []
+        self._remove_markers()
+        self._depth = 0
         self.recorder.end_forward()
         self.recorder.end_step()
         for m in self._inplace_flags:
@@ -349,7 +394,9 @@ def watch(
         model: the ``nn.Module`` to watch (a ``DistributedDataParallel`` wrapper is unwrapped;
             only rank 0 records).
         log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
-            mode with gradients enabled), the first one included.
+            mode with gradients enabled), the first one included. A logged step is written to
+            the run when the next step starts (or at ``flush()``/``close()``), with every
+            backward pass through its forward: ``params_grad`` is ``.grad`` after the last one.
         log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
         backend: one name or several: ``'standalone'`` serves the explorer page at
             ``http://localhost:port``; ``'wandb'`` logs into the active wandb run (histograms
@@ -368,8 +415,9 @@ def watch(
         tensorboard_writer: a ``SummaryWriter`` to log into (default: one on ``run_dir``).
         wandb_html_every: refresh the page in wandb every this many logged steps.
         manual_steps: steps begin when you call ``w.begin_step(n)`` (for frameworks whose
-            training step does not call the model itself, or to count optimizer steps);
-            otherwise each training forward pass of the model is a step.
+            training step does not call the model itself, or to count optimizer steps) and are
+            written when the next one begins, with all their backward passes; otherwise each
+            training forward pass of the model is a step.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
