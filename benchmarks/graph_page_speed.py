@@ -64,9 +64,9 @@ def measure_page(browser, path: str) -> dict:
         return best;
     }""")
     if cid is not None:
-        page.click(f'[data-collapse="{cid}"]')
+        page.dispatch_event(f'[data-collapse="{cid}"]', 'click')
         page.wait_for_selector(f'[data-cid="{cid}"].module')
-        page.click(f'[data-cid="{cid}"].module')
+        page.dispatch_event(f'[data-cid="{cid}"].module', 'click')
         page.wait_for_function(f"window.__torchlensGraph.timings.some(t => t.what === 'expand {cid}')")
     timings = page.evaluate("window.__torchlensGraph.timings")
     context.close()

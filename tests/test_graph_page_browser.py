@@ -4,8 +4,9 @@ close, repeated blocks folded, the rolled view of a loop, search, the details pa
 call stack, the keyboard, and no network.
 
 The page's stable hooks: an operation's node has ``data-label``, a closed module (or a folded
-run, which also has ``data-repeat``) ``data-module``; the search box is ``data-role="search"``,
-the side panel ``data-role="details"``."""
+run, which also has ``data-repeat``) ``data-module``; a drawn edge ``data-edge="<tail>><head>"``
+(each end named as in those); the search box is ``data-role="search"``, the side panel
+``data-role="details"``."""
 from __future__ import annotations
 
 import os
@@ -190,6 +191,36 @@ def overlaps(page):
     return page.evaluate(OVERLAPS_JS)
 
 
+EDGE_CROSSINGS_JS = """([only, selectors]) => {
+    // points along each drawn edge (every 1.5 units of its length) against the boxes of nodes,
+    // in the coordinates of the graph (edges and nodes share them); a node an edge ends at
+    // does not count
+    const nodes = selectors ? selectors.map(s => document.querySelector(s)) : [...document.querySelectorAll('.item')];
+    const boxes = nodes.map(e => [e.dataset.label || e.dataset.module, e.dataset.id, e.getBBox()]);
+    const paths = only ? [document.querySelector(`path[data-edge="${only}"]`)] : [...document.querySelectorAll('path.edge')];
+    const crossed = [], beside = boxes.map(() => false);
+    for (const path of paths) {
+        const length = path.getTotalLength();
+        for (let s = 0; s <= length; s += 1.5) {
+            const p = path.getPointAtLength(s);
+            boxes.forEach(([name, id, b], i) => {
+                if (id === path.dataset.from || id === path.dataset.to) return;
+                if (p.y >= b.y && p.y <= b.y + b.height) beside[i] = true;
+                if (p.x > b.x + 0.5 && p.x < b.x + b.width - 0.5 && p.y > b.y + 0.5 && p.y < b.y + b.height - 0.5) crossed.push([path.dataset.edge, name]);
+            });
+        }
+    }
+    return {crossed: [...new Set(crossed.map(c => c.join(" through ")))], beside};
+}"""
+
+
+def edge_crossings(page, edge=None, selectors=None):
+    """The drawn edges (all, or the one ``data-edge=edge``) passing through nodes (all, or those
+    of ``selectors``) they do not connect, as "tail>head through node"; and, per node of
+    ``selectors``, whether the edge passes its height (runs beside it)."""
+    return page.evaluate(EDGE_CROSSINGS_JS, [edge, selectors])
+
+
 def inside_graph(page, selector):
     graph = page.locator('[data-role="graph"]').bounding_box()
     rect = page.locator(selector).bounding_box()
@@ -248,6 +279,31 @@ def test_resnet18_starts_collapsed_and_layer1_opens(open_page, resnet_page):
     click_module(page, "layer1.1")
     page.wait_for_selector('[data-box="layer1.1"]')
     assert page.locator('[data-box="layer1.1"] text').first.text_content().endswith("layer1.1 · BasicBlock")
+    assert p.problems() == []
+
+
+def test_resnet18_skip_connection_runs_beside_the_open_block(open_page, resnet_page):
+    """The skip connection from outside an open BasicBlock to its addition deep inside is drawn
+    beside the block's own chain of nodes, not through it (nor through any other node)."""
+    p = open_page(resnet_page)
+    page = p.page
+    click_module(page, "layer1")
+    click_module(page, "layer1.0", repeat=True)
+    click_module(page, "layer1.0")
+    page.wait_for_selector('[data-box="layer1.0"]')
+    edges = page.eval_on_selector_all("path.edge", "els => els.map(e => e.dataset.edge)")
+    assert {"maxpool2d_1_6>conv2d_2_7", "maxpool2d_1_6>iadd_1_16", "layer1.0.bn2>iadd_1_16"} <= set(edges)
+    chain = ['[data-label="conv2d_2_7"]', '[data-module="layer1.0.bn1"]', '[data-label="relu_2_11"]',
+             '[data-label="conv2d_3_12"]', '[data-module="layer1.0.bn2"]']
+    found = edge_crossings(page, "maxpool2d_1_6>iadd_1_16", chain)
+    assert found["crossed"] == []
+    assert all(found["beside"])  # it does run down the whole chain, beside it
+    assert edge_crossings(page)["crossed"] == []
+    # every block open: no edge runs through a node it does not connect
+    page.click('[data-role="expand-all"]')
+    page.wait_for_selector('[data-box="layer4.1"]')
+    assert edge_crossings(page)["crossed"] == []
+    assert overlaps(page) == []
     assert p.problems() == []
 
 

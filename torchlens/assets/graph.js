@@ -6,8 +6,9 @@
  *
  * Stable hooks: an operation's node has data-label="<layer label>", a closed module (or folded
  * run, which also has data-repeat="<n>") data-module="<address>"; the search box is
- * data-role="search", the side panel data-role="details". Timings of every re-layout are kept
- * in window.__torchlensGraph.timings. */
+ * data-role="search", the side panel data-role="details"; a drawn edge has
+ * data-edge="<tail>><head>", each end named by its data-label or data-module. Timings of every
+ * re-layout are kept in window.__torchlensGraph.timings. */
 (function () {
   "use strict";
 
@@ -70,7 +71,7 @@
     drawBox(tree.root);
     const frag = document.createDocumentFragment();
     for (const e of tree.edges) {
-      const p = UI.svgEl("path", { class: "edge", d: smoothPath(e.points), "marker-end": "url(#tl-arrow)", "data-from": e.a.id, "data-to": e.b.id }, frag);
+      const p = UI.svgEl("path", { class: "edge", d: smoothPath(e.points), "marker-end": "url(#tl-arrow)", "data-from": e.a.id, "data-to": e.b.id, "data-edge": `${hookName(e.a)}>${hookName(e.b)}` }, frag);
       e.el = p;
       if (e.text) {
         const mid = e.points[Math.floor(e.points.length / 2)], prev = e.points[Math.floor(e.points.length / 2) - 1] || mid;
@@ -83,6 +84,9 @@
     nodes.appendChild(items);
     view2d.apply();
   }
+
+  /** The name an item has in its stable hook: data-label for an operation, else data-module. */
+  function hookName(it) { return it.kind === "op" ? it.label : model.view.modules[it.cid].address; }
 
   function drawItem(it, parent) {
     const cx = it.x + it.w / 2;

@@ -7,7 +7,10 @@
  * and "fold" (a run of look-alike module calls, e.g. 12 transformer layers, shown as one item).
  * Every edge is lifted to the lowest box holding both ends and each box is laid out on its
  * own (graph_layout.js), innermost first; a box whose inside did not change keeps its layout,
- * so opening a module re-lays out that module and its ancestors only. */
+ * so opening a module re-lays out that module and its ancestors only. An edge crossing the
+ * border of a box below that level gives the box a port (one per item outside: an entry for
+ * an outside tail, an exit for an outside head), so the edge is drawn beside the box's own
+ * nodes down to (or up from) its end deep inside, through the bends of every level it crosses. */
 (function () {
   "use strict";
 
@@ -175,7 +178,7 @@
     // ----- layout --------------------------------------------------------------------------
     layout(tree) {
       const depth = (it) => { let d = 0; for (let p = it.parent; p; p = p.parent) d++; return d; };
-      const perBox = new Map();
+      const perBox = new Map(), portsOf = new Map();
       for (const e of tree.edges) {  // lift the edge to the lowest box holding both ends
         let a = e.a, b = e.b, da = depth(a), db = depth(b);
         while (da > db) { a = a.parent; da--; }
@@ -186,6 +189,8 @@
         e.level = a.parent;
         if (!perBox.has(a.parent)) perBox.set(a.parent, []);
         perBox.get(a.parent).push([a, b]);
+        e.leaving = bordersCrossed(e.a, e.level, e.b.id, "exits", portsOf);
+        e.entering = bordersCrossed(e.b, e.level, e.a.id, "entries", portsOf).reverse();
       }
       let computed = 0;
       const layBox = (box) => {
@@ -193,11 +198,17 @@
         const index = new Map(box.children.map((c, i) => [c, i]));
         box.index = index;
         const edges = (perBox.get(box) || []).map(([a, b]) => [index.get(a), index.get(b)]);
-        const signature = box.children.map((c) => `${c.id}/${c.w}/${c.h}`).join(",") + "|" + edges.map((e) => e.join(">")).join(",");
+        const ports = portsOf.get(box) || { entries: new Map(), exits: new Map() };
+        const entries = portLists(ports.entries, index), exits = portLists(ports.exits, index);
+        // the port lists hold child indices only: renamed outside items keep the layout
+        box.portAt = { entries: new Map(entries.map(([key], i) => [key, i])), exits: new Map(exits.map(([key], i) => [key, i])) };
+        const lists = { entries: entries.map(([, l]) => l), exits: exits.map(([, l]) => l) };
+        const signature = box.children.map((c) => `${c.id}/${c.w}/${c.h}`).join(",") + "|" + edges.map((e) => e.join(">")).join(",")
+          + "|" + lists.entries.join(";") + "|" + lists.exits.join(";");
         const cacheKey = `${this.mode}|${box.id}`;
         let cached = this.cache.get(cacheKey);
         if (!cached || cached.signature !== signature) {
-          cached = { signature, result: window.TorchlensLayout.layoutLevel(box.children, edges) };
+          cached = { signature, result: window.TorchlensLayout.layoutLevel(box.children, edges, lists) };
           this.cache.set(cacheKey, cached);
           computed++;
         }
@@ -221,15 +232,60 @@
       place(tree.root, 0, 0);
       for (const e of tree.edges) {
         const route = e.level ? e.level.layout.routes.get(`${e.level.index.get(e.la)}>${e.level.index.get(e.lb)}`) : null;
-        const [ox, oy] = e.level ? e.level.origin : [0, 0];
-        const bends = (route || []).map(([x, y]) => [x + ox, y + oy]);
+        const bends = shifted(route, e.level);
         const up = e.b.y + e.b.h <= e.a.y;  // a loop back (rolled view)
         const start = [e.a.x + e.a.w / 2, up ? e.a.y : e.a.y + e.a.h];
         const end = [e.b.x + e.b.w / 2, up ? e.b.y + e.b.h : e.b.y];
-        e.points = [start, ...bends, end];
+        // ports lie on the top and bottom of boxes: of no use to an edge drawn upwards
+        if (up || !e.level) e.points = [start, ...bends, end];
+        else e.points = [start, ...portPoints(e.leaving, e.b.id, "exits"), ...bends, ...portPoints(e.entering, e.a.id, "entries"), end];
       }
       return { width: tree.root.w, height: tree.root.h, boxesLaidOut: computed };
     }
+  }
+
+  /** The boxes an edge end `item` is in, below `level`, innermost first, as [box, child of the
+   *  box holding the end]; each gets a port (`side`) keyed by the other end `key`. */
+  function bordersCrossed(item, level, key, side, portsOf) {
+    const path = [];
+    for (let c = item; c.parent !== level; c = c.parent) {
+      const box = c.parent;
+      if (!portsOf.has(box)) portsOf.set(box, { entries: new Map(), exits: new Map() });
+      const ports = portsOf.get(box)[side];
+      if (!ports.has(key)) ports.set(key, new Set());
+      ports.get(key).add(c);
+      path.push([box, c]);
+    }
+    return path;
+  }
+
+  /** [key, sorted child indices] of each port, in an order that depends on the indices only
+   *  (so that the layout cache sees the same ports as the same). */
+  function portLists(ports, index) {
+    const lists = [...ports].map(([key, set]) => [key, [...set].map((c) => index.get(c)).sort((p, q) => p - q)]);
+    return lists.sort((p, q) => compareLists(p[1], q[1]));
+  }
+
+  function compareLists(p, q) {
+    for (let i = 0; i < Math.min(p.length, q.length); i++) if (p[i] !== q[i]) return p[i] - q[i];
+    return p.length - q.length;
+  }
+
+  /** Points of a box's layout in page coordinates. */
+  function shifted(points, box) {
+    if (!points || !box) return [];
+    const [ox, oy] = box.origin;
+    return points.map(([x, y]) => [x + ox, y + oy]);
+  }
+
+  /** The points of an edge through the ports of the boxes it crosses, in drawing order. */
+  function portPoints(path, key, side) {
+    const out = [];
+    for (const [box, child] of path) {
+      const routes = box.layout[side === "entries" ? "entryRoutes" : "exitRoutes"][box.portAt[side].get(key)];
+      for (const p of shifted(routes.get(box.index.get(child)), box)) out.push(p);
+    }
+    return out;
   }
 
   /** SVG path data through points with vertical tangents (smooth top-to-bottom edges). */
