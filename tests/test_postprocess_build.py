@@ -14,7 +14,7 @@ from torchlens.records.tensor_log import ParentRef
 
 def _result(r, module_outputs, module_pass_counts, param_info, placeholders=(), depths=None,
             save_gradients=False, module_types=None):
-    tracer = SimpleNamespace(entries=r.entries, module_frame_depths=depths or {}, module_outputs=module_outputs,
+    tracer = SimpleNamespace(entries=r.entries, notes=[], module_frame_depths=depths or {}, module_outputs=module_outputs,
                              parent_placeholders=list(placeholders), module_pass_counts=module_pass_counts,
                              save_gradients=save_gradients)
     types = module_types or {"": "Model", **{a: "Linear" for a in module_pass_counts}}

@@ -84,6 +84,9 @@ class OpInfo:
     # one node whatever runs inside: the tracer is paused during the call (torch.ops operators,
     # functorch transforms, whose insides run on wrapped tensors or below the dispatcher)
     opaque: bool = False
+    # position of an ``inplace`` parameter (``F.silu(x, inplace=True)`` writes into ``x`` through
+    # a binding torchlens does not wrap); -1: none
+    inplace_arg: int = -1
 
     @property
     def is_random(self) -> bool:
@@ -329,11 +332,31 @@ class WrapperTable:
         key = id(orig)
         wrapper = self.by_original.get(key)
         if wrapper is None:
-            info = OpInfo(func_name, _layer_type(func_name), _is_inplace_name(func_name))
+            info = OpInfo(func_name, _layer_type(func_name), _is_inplace_name(func_name),
+                          inplace_arg=_inplace_parameter(orig))
             wrapper = _make_wrapper(orig, info)
             self.by_original[key] = wrapper
             self.originals[key] = orig
         self.patches.append(Patch(owner, name, wrapper, orig, had_own))
+
+
+def _inplace_parameter(func: Any) -> int:
+    """The position of a Python function's ``inplace`` parameter, or -1."""
+    code = getattr(func, "__code__", None)
+    if code is None or "inplace" not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+        return -1
+    return code.co_varnames.index("inplace")
+
+
+def writes_in_place(info: OpInfo, args: tuple, kwargs: dict) -> bool:
+    """Whether this call writes into its first argument."""
+    if info.is_inplace:
+        return True
+    if info.inplace_arg < 0:
+        return False
+    if kwargs and "inplace" in kwargs:
+        return bool(kwargs["inplace"])
+    return len(args) > info.inplace_arg and bool(args[info.inplace_arg])
 
 
 def _is_inplace_variant(owner: Any, name: str, orig: Any, wanted: Dict[int, Any]) -> bool:

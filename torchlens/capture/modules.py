@@ -34,6 +34,7 @@ class ModelInventory:
     # so the rest of the pass's setup does not walk the tree again
     modules: List[nn.Module] = field(default_factory=list)
     parameters: List[torch.Tensor] = field(default_factory=list)
+    buffers: List[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
@@ -47,6 +48,7 @@ class ModelInventory:
         buffers: Dict[int, str] = {}
         modules: List[nn.Module] = []
         parameters: List[torch.Tensor] = []
+        buffer_list: List[torch.Tensor] = []
         stack = [("", model)]
         while stack:  # depth first, children in registration order: named_modules' order
             address, module = stack.pop()
@@ -66,12 +68,13 @@ class ModelInventory:
             for name, b in module._buffers.items():
                 if b is not None and id(b) not in buffers:
                     buffers[id(b)] = prefix + name
+                    buffer_list.append(b)
             subs = [(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]
             stack.extend(reversed(subs))
         weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
         has_lazy = any(is_lazy(p) for p in parameters)
         inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy,
-                        modules=modules, parameters=parameters)
+                        modules=modules, parameters=parameters, buffers=buffer_list)
         inventory.param_info = {address: (p.shape, p.numel(), p.numel() * p.element_size())
                                 for p, address in zip(parameters, params.values()) if not is_lazy(p)}
         for module in modules:

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from . import decorate
-from .modules import LazyInitialisation, ModelInventory, ModelState, RngState
+from .args import tensors_in, tensors_in_call
+from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
 from .preexisting import PassStart
 from .save_plan import SavePlan
 from .tracer import Tracer
@@ -104,6 +105,10 @@ def run_pass(
         bound_refs = decorate.BoundReferences(table, model, inventory.modules)
         hooks = []
         start = perf_counter()
+        stale: List[Any] = []
+        if tracer.shared is not None:  # to know whether a rerun would start where this pass did
+            watched = inventory.buffers + [t for _, t in tensors_in_call(args, kwargs)]
+            versions = (watched, _versions(watched))
         # after this, a tensor without a record that is new is a gap; an old one is a constant
         tracer.pass_start = PassStart()
         try:
@@ -124,6 +129,7 @@ def run_pass(
                 raise
             tracer.add_outputs(output)
             tracer.mark_buffer_writes(model)
+            stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
             if lazy is not None:
                 inventory.describe_materialised(model)
         finally:
@@ -138,7 +144,49 @@ def run_pass(
             state.restore()
             rng.restore()
         elapsed = perf_counter() - start
+    if stale:
+        return _rerun_copying(model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale,
+                              versions)
     return PassResult(tracer, inventory, type(model).__name__, random_seed, elapsed)
+
+
+def _held_after(inventory: ModelInventory, args: tuple, kwargs: dict, output: Any) -> List[torch.Tensor]:
+    """What the caller and the model still hold after the pass: they may write into it later."""
+    held = [t for _, t in tensors_in_call(args, kwargs)] + [t for _, t in tensors_in(output)]
+    attributes: dict = {}
+    for module in inventory.modules:
+        tensors_held(module.__dict__, attributes)
+    return held + list(attributes.values())
+
+
+def _versions(tensors: List[torch.Tensor]) -> List[int]:
+    out = []
+    for t in tensors:
+        try:
+            out.append(t._version)
+        except RuntimeError:  # an inference tensor: no version counter
+            out.append(-1)
+    return out
+
+
+def _rerun_copying(model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale,
+                   versions) -> "PassResult":
+    """A saved activation was written by something the tracer does not see: run the pass again,
+    copying every activation when it is made. Only possible if the first run left the model's
+    buffers and the inputs as they were."""
+    tensors, before = versions
+    if _versions(tensors) != before:
+        names = ", ".join(e.layer_type for e in stale[:5])
+        raise RuntimeError(
+            f"torchlens: the model wrote into saved activations ({names}) in a way torchlens cannot see (a call "
+            "it does not trace), and it changed its buffers or inputs in place, so the pass cannot simply be run "
+            "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made.")
+    plan.copy_at_once = True
+    result = run_pass(model, args, kwargs, plan, random_seed, save_function_args, save_gradients)
+    result.tracer.notes.append(
+        f"{len(stale)} saved activations were changed by a write torchlens does not see (a call it does not "
+        "trace), so the pass was run a second time, copying every activation when it was made.")
+    return result
 
 
 def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:

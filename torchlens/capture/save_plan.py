@@ -9,7 +9,7 @@ from ..records.tensor_log import TensorLogEntry
 
 
 class SavePlan:
-    """Decides during the pass whether a tensor's activation is saved.
+    """Decides during the pass whether a tensor's activation is saved, and how.
 
     ``raw_indices`` (positions in execution order) is used by the second pass of a two-pass
     request; ``type_substrings``, ``modules`` and ``addresses`` (of inputs, outputs and
@@ -37,6 +37,16 @@ class SavePlan:
         self.detach = detach
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
         self.intervention = None  # torchlens.intervene.Interventions of this pass, if any
+        self.copy_at_once = False  # True: never keep an activation uncopied (see capture/shared.py)
+
+    # subclasses that write activations elsewhere (save_to) say False
+    keeps_tensors = True
+
+    @property
+    def can_share(self) -> bool:
+        """Saved activations may stay uncopied until written (copy on write, capture/shared.py):
+        not when they go to another device or through a function, which copies anyway."""
+        return self.keeps_tensors and not self.copy_at_once and self.device is None and self.postfunc is None
 
     @property
     def saves_nothing(self) -> bool:

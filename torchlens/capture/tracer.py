@@ -48,11 +48,12 @@ from torch import nn
 
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
-from .decorate import OpInfo
+from .decorate import OpInfo, writes_in_place
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
 from .preexisting import PassStart
 from .save_plan import SavePlan
+from .shared import SharedActivations
 
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident
@@ -95,6 +96,8 @@ class Tracer:
         self.save_function_args = save_function_args
         self.save_gradients = save_gradients
         self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
+        # saved activations not copied until written (capture/shared.py); None: copy at once
+        self.shared = SharedActivations(inventory.parameters + inventory.buffers) if plan.can_share else None
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
         # tensors known to have existed before the pass, id -> tensor: found cheaply at the
@@ -113,6 +116,7 @@ class Tracer:
         self.caller_frame = None
         self.frames_cache: Optional[tuple] = None
         self.error_context: Optional[str] = None
+        self.notes: List[str] = []  # for history.notes
         self.pending_condition: Optional[TensorLogEntry] = None
         self.skip_codes = set()
         self.skip_codes.add(_make_wrapper(identity, OpInfo("x", "x", False)).__code__)
@@ -139,6 +143,8 @@ class Tracer:
         rng_state = None
         if self.save_function_args and info.is_random:
             rng_state = _rng_state()  # so the operation can be replayed exactly
+        if self.shared is not None and (info.is_inplace or info.inplace_arg >= 0 or (kwargs and "out" in kwargs)):
+            self._before_write(args, kwargs, writes_in_place(info, args, kwargs))
         try:
             start = perf_counter()
             if info.opaque:  # one node: nothing inside is logged (see capture/opaque.py)
@@ -254,15 +260,50 @@ class Tracer:
     def _add(self, e: TensorLogEntry, tensor: torch.Tensor, track: bool) -> None:
         """Append a new record for ``tensor``: metadata, saved copy, gradient hook, tracking."""
         if self.intervention is not None:
+            if self.shared is not None and e.raw_index in self.intervention.targets:
+                self.shared.before_write(tensor)  # the replacement may be written into it
             tensor = self.intervention.apply(e, tensor)
         self._describe_tensor(e, tensor)
         self.entries.append(e)
         if self.plan.wants(e):
-            e.activation = self.plan.copy(tensor, e)
+            e.activation = self._save(tensor, e)
         if self.save_gradients and tensor.requires_grad:
             _record_gradient(tensor, e)
         if track:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
+
+    def _save(self, tensor: torch.Tensor, e: TensorLogEntry) -> Any:
+        """The saved activation: the tensor itself while nothing writes into it, else a copy."""
+        if self.shared is not None:
+            kept = self.shared.keep(tensor, e, self.plan.detach)
+            if kept is not None:
+                return kept
+        return self.plan.copy(tensor, e)
+
+    def _before_write(self, args: tuple, kwargs: dict, inplace: bool) -> None:
+        """An in-place or ``out=`` call is about to run: saved activations in its target's
+        memory get their copies first."""
+        self.paused = True
+        try:
+            out = kwargs.get("out") if kwargs else None
+            if out is not None:
+                for _, t in tensors_in(out):
+                    self.shared.before_write(t)
+            if inplace and args:
+                self.shared.before_write(args[0])
+        finally:
+            self.paused = False
+
+    def finish_sharing(self, held: List[torch.Tensor]) -> List[TensorLogEntry]:
+        """After the pass: copy the saved activations in memory the caller or the model still
+        holds (``held``); the entries whose memory changed unseen (then the pass is rerun)."""
+        if self.shared is None:
+            return []
+        self.paused = True
+        try:
+            return self.shared.finish(held)
+        finally:
+            self.paused = False
 
     def entry_of(self, tensor: torch.Tensor) -> Optional[TensorLogEntry]:
         found = self.live.get(id(tensor))
@@ -453,7 +494,7 @@ class Tracer:
                 e.output_of_modules.append((address, n))
                 self.module_outputs.setdefault((address, n), []).append((position, e))
                 if e.activation is None and self.plan.wants_module(address, n):
-                    e.activation = self.plan.copy(tensor, e)
+                    e.activation = self._save(tensor, e)
             if self.intervention is not None and self.intervention.substitutes:
                 return self.intervention.substitute(output)  # a pass-through module's output was replaced
         finally:

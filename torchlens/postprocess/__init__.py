@@ -53,6 +53,7 @@ def build_history(result: PassResult) -> ModelHistory:
         pass_time=result.elapsed,
         postprocess_time=perf_counter() - start,
     )
+    history.notes.extend(result.tracer.notes)
     if no_gradient:
         shown = ", ".join(no_gradient[:5]) + (", ..." if len(no_gradient) > 5 else "")
         history.notes.append(

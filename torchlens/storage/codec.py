@@ -385,4 +385,4 @@ def decode_code_table(table: List[Dict[str, Any]], sources: Dict[str, Dict[str, 
 
 
 __all__ = ["Encoder", "Decoder", "Unsaved", "UnavailableFunction", "SavedCode", "function_name", "resolve_function",
-           "encode_frames", "decode_code_table", "types"]
+           "encode_frames", "decode_code_table", "Written"]

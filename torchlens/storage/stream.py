@@ -24,6 +24,8 @@ from .shards import ShardWriter
 class StreamingSavePlan(SavePlan):
     """A ``SavePlan`` whose copies are written to the shards instead of kept."""
 
+    keeps_tensors = False
+
     def __init__(self, stream: "StreamedSave", **options: Any) -> None:
         super().__init__(**options)
         self.stream = stream

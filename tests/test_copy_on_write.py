@@ -1,0 +1,127 @@
+"""Saved activations are not copied until something could write into them (capture/shared.py),
+and every saved value is still the one the operation produced."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+
+
+class InPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 4)
+        self.seen = None
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.seen = h
+        v = h[:, :2]  # a view: writing into it writes into h
+        torch.relu_(h)
+        v.mul_(3)
+        buf = x * 0
+        torch.add(h.detach(), 1, out=buf)  # out= writes into the saved x * 0
+        return h + buf
+
+
+def test_the_saved_value_is_the_one_before_each_write():
+    model, x = InPlace(), torch.randn(2, 4)
+    h = tl.log_forward_pass(model, x, random_seed=0)
+    linear = model.fc(x).detach()
+    assert torch.equal(h["linear_1_1"].activation, linear)  # before relu_ and mul_ wrote into it
+    relu = torch.relu(linear)
+    relu_entry = next(e for e in h if e.func_name == "relu_")
+    assert torch.equal(relu_entry.activation, relu)  # before mul_ wrote into its first two columns
+    mul_entry = next(e for e in h if e.func_name == "mul_")
+    assert torch.equal(mul_entry.activation, relu[:, :2] * 3)
+    times_zero = next(e for e in h if e.func_name == "__mul__")
+    assert torch.equal(times_zero.activation, torch.zeros(2, 4))  # before out= wrote into it
+    assert not any("second time" in note for note in h.notes)  # each write was seen coming: one pass
+    assert tl.validate_model_activations(InPlace(), x, random_seed=0)
+
+
+class Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def test_activations_nobody_writes_into_are_not_copied():
+    model, x = Plain(), torch.randn(2, 4)
+    produced = {}
+    model.fc1.register_forward_hook(lambda m, i, out: produced.setdefault("fc1", out))
+    h = tl.log_forward_pass(model, x)
+    assert h["linear_1_1"].activation.data_ptr() == produced["fc1"].data_ptr()  # the same memory
+    assert h["linear_1_1"].activation.grad_fn is not None  # still part of the graph, as the model's tensor
+
+
+def test_writing_into_inputs_and_outputs_after_the_pass_changes_nothing():
+    model, x = Plain(), torch.randn(2, 4)
+    h = tl.log_forward_pass(model, x)
+    expected_in, expected_out = x.clone(), model(x).detach()
+    out_entry = h[h.output_layers[0]]
+    last_op = h[out_entry.parent_layers[0]]
+    x.add_(100)  # e.g. a data loader reusing its input buffer
+    with torch.no_grad():
+        model.fc2.weight.zero_()  # an optimizer step
+    assert torch.equal(h["input_1_0"].activation, expected_in)
+    assert torch.allclose(out_entry.activation, expected_out) and torch.allclose(last_op.activation, expected_out)
+
+
+class KeepsState(nn.Module):
+    """Stores an intermediate on itself and writes into it in a later call (a static cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = None
+
+    def forward(self, x):
+        y = x * 2
+        if self.cache is None:
+            self.cache = y
+        else:
+            self.cache.add_(x)
+        return y + 1
+
+
+def test_tensors_the_model_keeps_are_copied_at_the_end():
+    model, x = KeepsState(), torch.ones(3)
+    h = tl.log_forward_pass(model, x)
+    model(torch.ones(3))  # the next call writes into the kept tensor
+    assert torch.equal(h["mul_1_1"].activation, torch.full((3,), 2.0))
+
+
+class UnseenWrite(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        torch._C.TensorBase.mul_(y, 0)  # an in-place call torchlens does not trace
+        return y + 1
+
+
+def test_a_write_torchlens_cannot_see_reruns_the_pass_copying():
+    h = tl.log_forward_pass(UnseenWrite(), torch.ones(3))
+    assert torch.equal(h["mul_1_1"].activation, torch.full((3,), 2.0))  # as computed, before the write
+    assert any("run a second time, copying every activation" in note for note in h.notes)
+
+
+class UnseenWriteAndInputWrite(nn.Module):
+    def forward(self, x):
+        x.add_(1)
+        y = x * 2
+        torch._C.TensorBase.mul_(y, 0)
+        return y + 1
+
+
+def test_a_rerun_that_would_start_elsewhere_is_refused_with_the_way_out():
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError, match="activation_postfunc=lambda t: t"):
+        tl.log_forward_pass(UnseenWriteAndInputWrite(), x)
+    h = tl.log_forward_pass(UnseenWriteAndInputWrite(), torch.ones(3), activation_postfunc=lambda t: t)
+    assert torch.equal(h["mul_1_2"].activation, torch.full((3,), 4.0))
