@@ -3,6 +3,7 @@
 #   make venv       create .venv and install torchlens (editable) with test+zoo extras
 #   make test       full test suite, slow model-zoo tests included (what CI runs)
 #   make test-fast  test suite without the slow model-zoo tests
+#   make lint       ruff: lint and format check (CI runs it before the tests)
 #   make demo       run the demo module (python -m torchlens.examples.demo)
 #   make images     draw the README's example graphs and explorer screenshots into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
@@ -28,7 +29,7 @@ BENCH_ARGS ?=
 # Quieter pip output on CI (CI=true): no progress bars, never prompt.
 PIP_FLAGS ?= --no-input $(if $(filter true 1 yes,$(CI)),--progress-bar off,)
 
-.PHONY: venv test test-fast demo bench images clean distclean graphviz chromium
+.PHONY: venv test test-fast lint format demo bench images clean distclean graphviz chromium
 
 venv: $(STAMP)
 
@@ -78,6 +79,14 @@ test: venv
 
 test-fast: venv
 	"$(VENV_PY)" -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: venv
+	"$(VENV_PY)" -m ruff check .
+	"$(VENV_PY)" -m ruff format --check .
+
+format: venv
+	"$(VENV_PY)" -m ruff check --fix .
+	"$(VENV_PY)" -m ruff format .
 
 demo: venv
 	"$(VENV_PY)" -m torchlens.examples.demo

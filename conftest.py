@@ -1,5 +1,6 @@
 """Collection of the package's docstring examples: optional integrations are skipped when
 their framework is not installed."""
+
 import importlib.util
 
 collect_ignore = []

@@ -28,6 +28,7 @@ Absolute times on a shared machine are indicative; the ratios are what to compar
 
 ``--validate`` also times ``validate_model_activations`` (slow: many replays).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,10 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
             return model(*args, **kwargs)
 
     def hooked() -> Any:
-        handles = [nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
-                   nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True)]
+        handles = [
+            nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
+            nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True),
+        ]
         try:
             return plain()
         finally:
@@ -112,14 +115,17 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
         "frames": lambda: run_pass(model, args, kwargs, SavePlan(), 0),
         "copies": lambda: run_pass(model, args, kwargs, SavePlan(save_all=True), 0),
         "postprocess": lambda: build_history(run_pass(model, args, kwargs, SavePlan(save_all=True), 0)),
-        "log_forward_pass": lambda: tl.log_forward_pass(model, list(args), input_kwargs=kwargs or None,
-                                                        layers_to_save="all", random_seed=0),
-        "get_model_metadata": lambda: tl.get_model_metadata(model, list(args), input_kwargs=kwargs or None,
-                                                            random_seed=0),
+        "log_forward_pass": lambda: tl.log_forward_pass(
+            model, list(args), input_kwargs=kwargs or None, layers_to_save="all", random_seed=0
+        ),
+        "get_model_metadata": lambda: tl.get_model_metadata(
+            model, list(args), input_kwargs=kwargs or None, random_seed=0
+        ),
     }
     if validate:
-        found["validate"] = lambda: tl.validate_model_activations(model, list(args), input_kwargs=kwargs or None,
-                                                                  random_seed=0)
+        found["validate"] = lambda: tl.validate_model_activations(
+            model, list(args), input_kwargs=kwargs or None, random_seed=0
+        )
     return found
 
 
@@ -145,16 +151,20 @@ def report(name: str, medians: Dict[str, float], ops: int) -> None:
     previous = plain
     for key in chain[1:]:
         value = medians[key]
-        print(f"  {key:<20}{(value - previous) * 1e3:>10.2f}{(value - previous) / plain:>12.3f}"
-              f"{value * 1e3:>12.2f}{value / plain:>7.2f}x")
+        print(
+            f"  {key:<20}{(value - previous) * 1e3:>10.2f}{(value - previous) / plain:>12.3f}"
+            f"{value * 1e3:>12.2f}{value / plain:>7.2f}x"
+        )
         previous = value
     for key in ("get_model_metadata", "validate"):
         if key in medians:
             print(f"  {key:<20}{'':>10}{'':>12}{medians[key] * 1e3:>12.2f}{medians[key] / plain:>7.2f}x")
     ops_time = medians["postprocess"] - medians["copies"]
-    print(f"  per operation: capture {(medians['frames'] - medians['wrapping']) / max(ops, 1) * 1e6:.1f} us, "
-          f"copy {(medians['copies'] - medians['frames']) / max(ops, 1) * 1e6:.1f} us, "
-          f"postprocess {ops_time / max(ops, 1) * 1e6:.1f} us")
+    print(
+        f"  per operation: capture {(medians['frames'] - medians['wrapping']) / max(ops, 1) * 1e6:.1f} us, "
+        f"copy {(medians['copies'] - medians['frames']) / max(ops, 1) * 1e6:.1f} us, "
+        f"postprocess {ops_time / max(ops, 1) * 1e6:.1f} us"
+    )
 
 
 def main(argv: List[str] = None) -> int:

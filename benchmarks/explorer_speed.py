@@ -13,6 +13,7 @@ Chromium (``/usr/bin/chromium`` or ``TORCHLENS_CHROMIUM``), as the browser tests
 
     .venv/bin/python benchmarks/explorer_speed.py [--repeats 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,15 @@ from torch import nn
 import torchlens as tl
 from torchlens.explorer import explore
 
-TARGETS_MS = {"first paint": 2000, "drill transformer:1": 200, "drill transformer.h.5:1": 200,
-              "long strip": 500}
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update"]
+TARGETS_MS = {"first paint": 2000, "drill transformer:1": 200, "drill transformer.h.5:1": 200, "long strip": 500}
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 FIRST_NODE_JS = """(() => {
     const seen = () => { if (document.querySelector('[data-node]')) { window.__firstNodeAt = performance.now(); return true; } return false; };
     const watch = new MutationObserver(() => { if (seen()) watch.disconnect(); });
@@ -48,8 +54,9 @@ STRIP_DRAWN_JS = """() => {
 def gpt2_run(folder: str) -> str:
     import transformers
 
-    config = transformers.GPT2Config(n_layer=40, n_embd=64, n_head=2, vocab_size=500, n_positions=64,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=40, n_embd=64, n_head=2, vocab_size=500, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -107,8 +114,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from playwright.sync_api import sync_playwright
 
-    chromium = next((p for p in (os.environ.get("TORCHLENS_CHROMIUM"), "/usr/bin/chromium")
-                     if p and os.access(p, os.X_OK)), None)
+    chromium = next(
+        (p for p in (os.environ.get("TORCHLENS_CHROMIUM"), "/usr/bin/chromium") if p and os.access(p, os.X_OK)), None
+    )
     samples: dict[str, list[float]] = {key: [] for key in TARGETS_MS}
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as playwright:
         graph_dir, strip_dir = gpt2_run(os.path.join(tmp, "gpt2")), long_run(os.path.join(tmp, "long"))

@@ -11,6 +11,7 @@ visible (collapse, then expand again: the time a click costs on the biggest view
 
 Numbers are printed, not asserted (they depend on the machine).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ import torch
 
 import torchlens as tl
 
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 
 
 def build(name: str):
@@ -48,7 +55,9 @@ def chromium_path():
 def measure_page(browser, path: str) -> dict:
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:")) else route.abort())
+    page.route(
+        "**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:")) else route.abort()
+    )
     started = time.perf_counter()
     page.goto("file://" + os.path.abspath(path))
     page.wait_for_selector("body[data-ready]", timeout=120_000)
@@ -64,9 +73,9 @@ def measure_page(browser, path: str) -> dict:
         return best;
     }""")
     if cid is not None:
-        page.dispatch_event(f'[data-collapse="{cid}"]', 'click')
+        page.dispatch_event(f'[data-collapse="{cid}"]', "click")
         page.wait_for_selector(f'[data-cid="{cid}"].module')
-        page.dispatch_event(f'[data-cid="{cid}"].module', 'click')
+        page.dispatch_event(f'[data-cid="{cid}"].module', "click")
         page.wait_for_function(f"window.__torchlensGraph.timings.some(t => t.what === 'expand {cid}')")
     timings = page.evaluate("window.__torchlensGraph.timings")
     context.close()
@@ -80,8 +89,10 @@ def main(names) -> None:
     folder = tempfile.mkdtemp()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        print(f"{'model':<11} {'ops':>5} {'to_html':>8} {'size':>9} {'1st paint':>9} {'drawn':>7} "
-              f"{'start':>6} {'expand all':>17} {'expand 1 module':>22}")
+        print(
+            f"{'model':<11} {'ops':>5} {'to_html':>8} {'size':>9} {'1st paint':>9} {'drawn':>7} "
+            f"{'start':>6} {'expand all':>17} {'expand 1 module':>22}"
+        )
         for name in names:
             model, x = build(name)
             history = tl.log_forward_pass(model, x, random_seed=0)
@@ -95,9 +106,11 @@ def main(names) -> None:
             start, full = by.get("start"), by.get("expand all")
             one = next((t for t in m["timings"] if t["what"].startswith("expand ") and t["what"] != "expand all"), None)
             paint = f"{m['paint']:.0f} ms" if m["paint"] else "–"
-            print(f"{name:<11} {len(history):>5} {written:>7.2f}s {kb:>6.0f} KB {paint:>9} {m['opened'] * 1000:>5.0f} ms "
-                  f"{start['totalMs']:>4.0f}ms {full['totalMs']:>6.0f} ms ({full['visible']:>4} n) "
-                  + (f"{one['totalMs']:>6.0f} ms ({one['visible']:>4} n; layout {one['layoutMs']:.0f})" if one else ""))
+            print(
+                f"{name:<11} {len(history):>5} {written:>7.2f}s {kb:>6.0f} KB {paint:>9} {m['opened'] * 1000:>5.0f} ms "
+                f"{start['totalMs']:>4.0f}ms {full['totalMs']:>6.0f} ms ({full['visible']:>4} n) "
+                + (f"{one['totalMs']:>6.0f} ms ({one['visible']:>4} n; layout {one['layoutMs']:.0f})" if one else "")
+            )
             del model, history
         browser.close()
 

@@ -69,7 +69,6 @@ import torch.nn as nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
-
 # --------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------
@@ -222,19 +221,14 @@ def import_overhead(repeats: int = 5) -> Dict[str, float]:
         return time.perf_counter() - t0
 
     # Less noisy: time `import torchlens` inside a process that already has torch.
-    inner = (
-        "import time, torch; t0 = time.perf_counter(); import torchlens; "
-        "print(time.perf_counter() - t0)"
-    )
+    inner = "import time, torch; t0 = time.perf_counter(); import torchlens; print(time.perf_counter() - t0)"
 
     run("import torch, torchlens")  # warm the OS file cache
     base, with_tl, direct = [], [], []
     for _ in range(repeats):
         base.append(run("import torch"))
         with_tl.append(run("import torch, torchlens"))
-        out = subprocess.run(
-            [sys.executable, "-c", inner], check=True, capture_output=True, text=True
-        ).stdout
+        out = subprocess.run([sys.executable, "-c", inner], check=True, capture_output=True, text=True).stdout
         direct.append(float(out.strip().splitlines()[-1]))
     b, w = statistics.median(base), statistics.median(with_tl)
     return {
@@ -318,9 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="torch intra-op threads (default 1; 0 = leave torch's default)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument(
-        "--no-import-time", action="store_true", help="skip the import-time measurement"
-    )
+    parser.add_argument("--no-import-time", action="store_true", help="skip the import-time measurement")
     opts = parser.parse_args(argv)
 
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
@@ -343,8 +335,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
         f"{'quick' if opts.quick else 'full'} run"
     )
-    print("plain = model(...) with grad enabled; torchlens = log_forward_pass(..., "
-          "layers_to_save='all'); medians of alternating runs\n")
+    print(
+        "plain = model(...) with grad enabled; torchlens = log_forward_pass(..., "
+        "layers_to_save='all'); medians of alternating runs\n"
+    )
 
     builders = {"mlp": make_mlp, "resnet18": make_resnet18, "gpt2": make_gpt2}
     results: List[Result] = []
@@ -377,8 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mlp = next((r for r in results if r.name.startswith("MLP") and r.tl_s), None)
     if mlp is not None:
         print(
-            f"\nMLP: {mlp.tl_med * 1e3:.2f} ms per log_forward_pass call "
-            f"(plain forward {mlp.plain_med * 1e3:.3f} ms)"
+            f"\nMLP: {mlp.tl_med * 1e3:.2f} ms per log_forward_pass call (plain forward {mlp.plain_med * 1e3:.3f} ms)"
         )
 
     imp = None
@@ -401,9 +394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "threads": torch.get_num_threads(),
             "quick": opts.quick,
             "models": [
-                {**asdict(r), "plain_median_s": r.plain_med, "tl_median_s": r.tl_med,
-                 "ratio": r.ratio}
-                for r in results
+                {**asdict(r), "plain_median_s": r.plain_med, "tl_median_s": r.tl_med, "ratio": r.ratio} for r in results
             ],
             "import": imp,
         }

@@ -7,6 +7,7 @@ Post-processing must stay near-linear: seconds, not minutes, at 100,000 operatio
     python benchmarks/postprocess_scaling.py            # up to 100k operations
     python benchmarks/postprocess_scaling.py --quick    # up to 10k
 """
+
 from __future__ import annotations
 
 import argparse

@@ -17,6 +17,7 @@ that the history can be replayed after loading):
 Numbers are printed, not asserted. The page cache makes a second read of a folder faster; each
 model is saved into a new folder and read once.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,13 +48,14 @@ def folder_bytes(folder: str) -> int:
 def main() -> None:
     torch.set_num_threads(1)
     names = sys.argv[1:] or ["resnet50", "gpt2"]
-    print(f"{'model':<10} {'layers':>6} {'raw MB':>8} {'folder MB':>9} {'trace s':>8} {'save s':>7} {'MB/s':>6} "
-          f"{'open s':>7} {'read s':>7}")
+    print(
+        f"{'model':<10} {'layers':>6} {'raw MB':>8} {'folder MB':>9} {'trace s':>8} {'save s':>7} {'MB/s':>6} "
+        f"{'open s':>7} {'read s':>7}"
+    )
     for name in names:
         model, args = build(name)
         start = time.perf_counter()
-        history = tl.log_forward_pass(model, list(args), layers_to_save="all", save_function_args=True,
-                                      random_seed=0)
+        history = tl.log_forward_pass(model, list(args), layers_to_save="all", save_function_args=True, random_seed=0)
         trace = time.perf_counter() - start
         with tempfile.TemporaryDirectory() as tmp:
             folder = os.path.join(tmp, name)
@@ -70,8 +72,10 @@ def main() -> None:
             assert read > 0
             del loaded
         raw = history.saved_tensor_bytes / 2**20
-        print(f"{name:<10} {len(history):>6} {raw:>8.0f} {size / 2**20:>9.0f} {trace:>8.2f} {save:>7.2f} "
-              f"{size / 2**20 / save:>6.0f} {opened:>7.3f} {reading:>7.2f}")
+        print(
+            f"{name:<10} {len(history):>6} {raw:>8.0f} {size / 2**20:>9.0f} {trace:>8.2f} {save:>7.2f} "
+            f"{size / 2**20 / save:>6.0f} {opened:>7.3f} {reading:>7.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ throughput of ``save_to`` (saved bytes / pass seconds; the pass includes computi
     python benchmarks/save_to_memory.py                      # 64 ops of 32 MB under a 600 MB cap
     python benchmarks/save_to_memory.py --ops 32 --budget-mb 400
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,9 +77,25 @@ def child(mode: str, ops: int, mb: int, budget_mb: int, folder: str) -> None:
 
 
 def run(mode: str, args: argparse.Namespace, folder: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", mode, "--ops", str(args.ops), "--mb", str(args.mb),
-                          "--budget-mb", str(args.budget_mb), "--folder", folder],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--ops",
+            str(args.ops),
+            "--mb",
+            str(args.mb),
+            "--budget-mb",
+            str(args.budget_mb),
+            "--folder",
+            folder,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise SystemExit(f"{mode} run printed no result (exit {out.returncode}):\n{out.stderr[-2000:]}")
@@ -101,14 +118,18 @@ def main() -> None:
         streamed = run("save_to", args, os.path.join(tmp, "s"))
         in_memory = run("in_memory", args, os.path.join(tmp, "m"))
     saved_mb = args.mb * (args.ops * 2 + 1)  # sin and mul per step, and the input
-    print(f"chain of {args.ops * 2} operations on {args.mb} MB tensors: about {saved_mb} MB of activations, "
-          f"memory cap {args.budget_mb} MB above the start ({saved_mb / args.budget_mb:.1f}x the cap)")
+    print(
+        f"chain of {args.ops * 2} operations on {args.mb} MB tensors: about {saved_mb} MB of activations, "
+        f"memory cap {args.budget_mb} MB above the start ({saved_mb / args.budget_mb:.1f}x the cap)"
+    )
     print(f"{'run':<11} {'ok':<4} {'seconds':>8} {'peak RSS MB':>12}  note")
     for r in (plain, streamed, in_memory):
         note = r.get("error", "")
         if r["mode"] == "save_to" and r["ok"]:
-            note = (f"{r['saved_bytes'] / 2**20:.0f} MB written, {r['saved_bytes'] / 2**20 / r['seconds']:.0f} MB/s "
-                    f"(pass included)")
+            note = (
+                f"{r['saved_bytes'] / 2**20:.0f} MB written, {r['saved_bytes'] / 2**20 / r['seconds']:.0f} MB/s "
+                f"(pass included)"
+            )
         print(f"{r['mode']:<11} {str(r['ok']):<4} {r['seconds']:>8.2f} {r['peak_rss_mb']:>12.0f}  {note}")
     if streamed["ok"]:
         print(f"save_to peak RSS / plain forward peak RSS: {streamed['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x")

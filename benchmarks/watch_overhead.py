@@ -20,6 +20,7 @@ Torch runs on one thread (a 2-thread pool stalls when another process holds a co
 
     .venv/bin/python benchmarks/watch_overhead.py [--steps 40] [--models resnet18,gpt2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,9 @@ def resnet18():
 def gpt2():
     import transformers
 
-    config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=5000, n_positions=128, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=4, n_embd=256, n_head=4, vocab_size=5000, n_positions=128, bos_token_id=0, eos_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 5000, (8, 64))
     mask = torch.ones(8, 64, dtype=torch.long)
@@ -87,8 +90,10 @@ def measure(name: str, steps: int) -> Dict[str, float]:
     base, loss_of = MODELS[name]()
     variants = {"plain": copy.deepcopy(base), "not logged": copy.deepcopy(base), "logged": copy.deepcopy(base)}
     folder = tempfile.mkdtemp()
-    watches = [tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
-               tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False)]
+    watches = [
+        tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
+        tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False),
+    ]
     times = interleaved_steps(variants, loss_of, steps)
     for w in watches:
         w.close()
@@ -112,8 +117,11 @@ def measure_backends(steps: int) -> Dict[str, float]:
     wandb.init(project="torchlens-bench", dir=folder)
     names = {"plain": None, "database only": None, "tensorboard": "tensorboard", "wandb": "wandb"}
     variants = {k: copy.deepcopy(base) for k in names}
-    watches = [tl.watch(variants[k], log_freq=1, run_dir=f"{folder}/{i}", backend=b, verbose=False)
-               for i, (k, b) in enumerate(names.items()) if k != "plain"]
+    watches = [
+        tl.watch(variants[k], log_freq=1, run_dir=f"{folder}/{i}", backend=b, verbose=False)
+        for i, (k, b) in enumerate(names.items())
+        if k != "plain"
+    ]
     times = interleaved_steps(variants, loss_of, steps)
     for w in watches:
         w.close()

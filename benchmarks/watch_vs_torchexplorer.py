@@ -16,6 +16,7 @@ Both use 100 samples per tensor and the same four kinds. torchexplorer needs
 backward hooks fail on in-place code); torchlens runs it as it is. torchexplorer writes with
 its ``'none'`` backend here (no files), torchlens into its run database.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,11 +48,27 @@ def main(steps: int = 30) -> None:
     folder = tempfile.mkdtemp()
     rows = {}
     for log_freq in (100, 1):
-        variants = {"plain": copy.deepcopy(base), "torchlens": copy.deepcopy(base), "torchexplorer": copy.deepcopy(base)}
-        w = tl.watch(variants["torchlens"], log_freq=log_freq, run_dir=os.path.join(folder, f"tl{log_freq}"),
-                     backend=None, verbose=False)
-        torchexplorer.watch(variants["torchexplorer"], log_freq=log_freq, backend="none", sample_n=100,
-                            disable_inplace=True, ignore_io_grad_classes=[BasicBlock], verbose=False)
+        variants = {
+            "plain": copy.deepcopy(base),
+            "torchlens": copy.deepcopy(base),
+            "torchexplorer": copy.deepcopy(base),
+        }
+        w = tl.watch(
+            variants["torchlens"],
+            log_freq=log_freq,
+            run_dir=os.path.join(folder, f"tl{log_freq}"),
+            backend=None,
+            verbose=False,
+        )
+        torchexplorer.watch(
+            variants["torchexplorer"],
+            log_freq=log_freq,
+            backend="none",
+            sample_n=100,
+            disable_inplace=True,
+            ignore_io_grad_classes=[BasicBlock],
+            verbose=False,
+        )
         optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in variants.items()}
         times = {k: [] for k in variants}
         for i in range(steps + 3):

@@ -25,6 +25,7 @@ How to run
 torch runs with one intra-op thread, as tests/test_zoo.py does (``--threads N`` to change it,
 ``--threads 0`` for torch's default).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
+from zoo_models import FAMILIES, FAST_SECONDS, ZOO, ZooModel  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from zoo_models import FAMILIES, FAST_SECONDS, ZOO, ZooModel  # noqa: E402
 
 
 def select(families: Optional[str], models: Optional[str], quick: bool) -> List[ZooModel]:
@@ -56,8 +57,7 @@ def select(families: Optional[str], models: Optional[str], quick: bool) -> List[
     if models:
         parts = [m.strip() for m in models.split(",") if m.strip()]
         exact = {e.name for e in chosen if e.name in parts}
-        chosen = [e for e in chosen
-                  if e.name in exact or any(p not in exact and p in e.name for p in parts)]
+        chosen = [e for e in chosen if e.name in exact or any(p not in exact and p in e.name for p in parts)]
     if quick:
         chosen = [e for e in chosen if not e.slow]
     return chosen
@@ -70,11 +70,12 @@ def run_one(entry: ZooModel, verbose: bool):
     ops_text, valid_text = "-", "-"
     try:
         model, args, kwargs = entry.build()
-        valid = tl.validate_model_activations(model, list(args), kwargs or None, random_seed=0,
-                                              verbose=verbose)
+        valid = tl.validate_model_activations(model, list(args), kwargs or None, random_seed=0, verbose=verbose)
         valid_text = str(valid)
-        counts = [len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None,
-                                          random_seed=0)) for _ in range(2)]
+        counts = [
+            len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None, random_seed=0))
+            for _ in range(2)
+        ]
         ops_text = str(counts[0]) if counts[0] == counts[1] else f"{counts[0]}!={counts[1]}"
     except Exception:  # noqa: BLE001 - reported in the table
         error = traceback.format_exc()
@@ -84,16 +85,22 @@ def run_one(entry: ZooModel, verbose: bool):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--family", help=f"comma-separated families ({', '.join(FAMILIES)})")
     parser.add_argument("--models", help="comma-separated model names or name substrings")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"only the models not marked slow (zoo test under {FAST_SECONDS:g}s)")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"only the models not marked slow (zoo test under {FAST_SECONDS:g}s)"
+    )
     parser.add_argument("--list", action="store_true", help="list the selected models and exit")
     parser.add_argument("--verbose", action="store_true", help="validate with verbose=True")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1, as in tests/test_zoo.py; 0: torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1, as in tests/test_zoo.py; 0: torch's default)",
+    )
     options = parser.parse_args(argv)
 
     if options.threads > 0:
@@ -126,8 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             status = "FAIL" if failed else "ok"
         statuses[status] = statuses.get(status, 0) + 1
-        print(f"{entry.name:<{width}}  {entry.family:<14} {ops:>7}  {valid:<8} {seconds:>8.2f}  {status}",
-              flush=True)
+        print(f"{entry.name:<{width}}  {entry.family:<14} {ops:>7}  {valid:<8} {seconds:>8.2f}  {status}", flush=True)
         if error:
             errors.append((entry.name, error))
         gc.collect()

@@ -6,6 +6,7 @@ same weights) and ``example_inputs_factory()`` returns ``(args, kwargs)`` -- fre
 tensors each call (some models mutate their inputs). A model class with an ``expected_error``
 attribute raises that exception type from ``forward`` on purpose.
 """
+
 from __future__ import annotations
 
 import random
@@ -14,12 +15,10 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from models_paths import paths_registry
 
 # Bound at import time, before any pass: torchlens must still trace these references.
-from torch import triu
+from torch import nn, triu
 from torch.nn.functional import gelu
 
 
@@ -833,11 +832,17 @@ REGISTRY: List[Tuple[str, Callable[[], nn.Module], Callable[[], Tuple[tuple, dic
     ("square_via_mul", _seeded(SquareViaMul), _inputs(_randn(2, 3))),
     ("two_ops_one_tensor", _seeded(TwoOpsOneTensor), _inputs(_randn(2, 3))),
     ("multi_input", _seeded(MultiInput), _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2), _randn(2, 3, seed=3))),
-    ("nested_list_input", _seeded(NestedListInput),
-     _inputs((_randn(2, 2, seed=1), [_randn(2, 2, seed=2), _randn(2, 2, seed=3)]))),
+    (
+        "nested_list_input",
+        _seeded(NestedListInput),
+        _inputs((_randn(2, 2, seed=1), [_randn(2, 2, seed=2), _randn(2, 2, seed=3)])),
+    ),
     ("dict_input", _seeded(DictInput), _inputs({"feats": _randn(3, 4, seed=1), "bias": _randn(3, 2, seed=2)})),
-    ("keyword_mask", _seeded(KeywordMask),
-     _inputs(_randn(2, 4), mask=torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]]))),
+    (
+        "keyword_mask",
+        _seeded(KeywordMask),
+        _inputs(_randn(2, 4), mask=torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])),
+    ),
     ("mixed_args", _seeded(MixedArgs), _inputs(_randn(2, 3), 0.25, "double")),
     ("tuple_output", _seeded(TupleOutput), _inputs(_randn(2, 3))),
     ("dict_output", _seeded(DictOutput), _inputs(_randn(2, 4))),
@@ -887,8 +892,11 @@ REGISTRY: List[Tuple[str, Callable[[], nn.Module], Callable[[], Tuple[tuple, dic
     ("constant_tensor_attribute", _seeded(ConstantTensorAttribute), _inputs(_randn(2, 3))),
     ("paramless_loop", _seeded(ParamlessLoop), _inputs(_randn(2, 3))),
     ("buffer_in_submodule", _seeded(BufferInSubmodule), _inputs(_randn(2, 3))),
-    ("shared_linear_two_branches", _seeded(SharedLinearTwoBranches),
-     _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2))),
+    (
+        "shared_linear_two_branches",
+        _seeded(SharedLinearTwoBranches),
+        _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2)),
+    ),
     ("complex_ops", _seeded(ComplexOps), _inputs(_randn(2, 3, 2))),
     ("keyword_tensor_call", _seeded(KeywordTensorCall), _inputs(_randn(2, 3, seed=1), _randn(2, 3, seed=2))),
     ("raises_in_submodule", _seeded(RaisesInSubmodule), _inputs(_randn(2, 3))),
@@ -906,6 +914,7 @@ REGISTRY_BY_NAME: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[tu
 }
 
 __all__ = ["REGISTRY", "REGISTRY_BY_NAME"] + [
-    name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, nn.Module)
-    and obj.__module__ == __name__
+    name
+    for name, obj in list(globals().items())
+    if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == __name__
 ]

@@ -6,6 +6,7 @@ Plain models, like ``models.py`` (whose ``REGISTRY`` includes ``PATHS_REGISTRY``
 torchlens traced these paths, each of them left an operation without the parent it was computed
 from.
 """
+
 from __future__ import annotations
 
 import torch
@@ -129,8 +130,11 @@ def paths_registry(seeded, inputs, randn):
     return [
         ("fused_encoder", seeded(FusedEncoder, train=False), inputs(randn(2, 5, 8), _padding())),
         ("fused_attention", seeded(FusedAttention, train=False), inputs(randn(2, 5, 8))),
-        ("roi_align_nms", seeded(RoiAlignNms), inputs(torch.rand(1, 3, 10, 10, generator=torch.Generator().manual_seed(3)),
-                                                      _boxes())),
+        (
+            "roi_align_nms",
+            seeded(RoiAlignNms),
+            inputs(torch.rand(1, 3, 10, 10, generator=torch.Generator().manual_seed(3)), _boxes()),
+        ),
         ("aten_ops", seeded(AtenOps), inputs(randn(2, 3))),
         ("custom_op", seeded(CustomOp), inputs(randn(2, 4))),
         ("sparse_matmul", seeded(SparseMatmul), inputs(randn(3, 3))),

@@ -5,6 +5,7 @@ fills (``raw_index`` is the position in the list, as the tracer makes it). Call 
 tuples: post-processing only hashes and slices ``call_frames``, so ``site(line)`` stands for
 the tracer's ``((code, line, bytecode offset), ...)``.
 """
+
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from torchlens.records.tensor_log import TensorLogEntry
@@ -23,8 +24,9 @@ class Records:
     def __init__(self) -> None:
         self.entries: List[TensorLogEntry] = []
 
-    def _new(self, kind: str, layer_type: str, func_name: str, parents: Sequence[TensorLogEntry] = (),
-             func=None, **fields) -> TensorLogEntry:
+    def _new(
+        self, kind: str, layer_type: str, func_name: str, parents: Sequence[TensorLogEntry] = (), func=None, **fields
+    ) -> TensorLogEntry:
         e = TensorLogEntry(len(self.entries), kind, layer_type, func, func_name)
         e.parent_refs = [(p, position) for position, p in enumerate(parents)]
         for name, value in fields.items():
@@ -41,12 +43,28 @@ class Records:
     def untraced(self) -> TensorLogEntry:
         return self._new("untraced", "untraced", "untraced", untraced_reason="hand-made")
 
-    def op(self, layer_type: str, *parents: TensorLogEntry, func_name: Optional[str] = None,
-           params: Iterable[str] = (), modules: ModuleStack = (), frames: tuple = (),
-           output_index=None, **fields) -> TensorLogEntry:
-        return self._new("op", layer_type, func_name or layer_type, parents, param_addresses=tuple(params),
-                         module_stack=tuple(modules), call_frames=frames, output_index=output_index,
-                         **fields)
+    def op(
+        self,
+        layer_type: str,
+        *parents: TensorLogEntry,
+        func_name: Optional[str] = None,
+        params: Iterable[str] = (),
+        modules: ModuleStack = (),
+        frames: tuple = (),
+        output_index=None,
+        **fields,
+    ) -> TensorLogEntry:
+        return self._new(
+            "op",
+            layer_type,
+            func_name or layer_type,
+            parents,
+            param_addresses=tuple(params),
+            module_stack=tuple(modules),
+            call_frames=frames,
+            output_index=output_index,
+            **fields,
+        )
 
     def output(self, parent: Optional[TensorLogEntry], address: str = "output") -> TensorLogEntry:
         return self._new("output", "output", "output", [parent] if parent is not None else [], address=address)

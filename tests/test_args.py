@@ -1,4 +1,5 @@
 """Finding tensors in inputs and outputs (torchlens.capture.args), cache objects included."""
+
 import dataclasses
 import inspect
 import time
@@ -14,8 +15,9 @@ from torchlens.capture.args import tensors_in
 def _tiny_gpt2():
     transformers = pytest.importorskip("transformers")
     transformers.utils.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=50, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=8, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config).eval()
 
@@ -29,8 +31,9 @@ def test_past_keys_and_values_of_a_cache_are_input_layers():
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     h = tl.log_forward_pass(model, [], {"input_ids": torch.randint(0, 50, (1, 1)), name: cache, "use_cache": True})
     addresses = [h[label].address for label in h.input_layers]
-    assert addresses == ["input.input_ids"] + [f"input.{name}.layers.{i}.{kv}" for i in (0, 1)
-                                               for kv in ("keys", "values")]
+    assert addresses == ["input.input_ids"] + [
+        f"input.{name}.layers.{i}.{kv}" for i in (0, 1) for kv in ("keys", "values")
+    ]
     past = h[f"input.{name}.layers.0.keys"]
     assert torch.equal(past.activation, past_keys)
     cat = h[past.child_layers[0]]  # the past keys and the new token's keys, concatenated

@@ -7,23 +7,23 @@
   recomputed by hand and the metadata a user relies on.
 * Regression tests for bugs found while writing the catalogue are at the end.
 """
+
 from __future__ import annotations
 
 import copy
 import random
 import re
 
+import models
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from models import REGISTRY, REGISTRY_BY_NAME
 from torch import nn
+from trace_holes import holes, tensors_alive
 
 import torchlens as tl
-
-import models
-from models import REGISTRY, REGISTRY_BY_NAME
-from trace_holes import holes, tensors_alive
 
 SEED = 1234
 LABEL_RE = re.compile(r"^([a-z0-9]+)_(\d+)_(\d+)(?::(\d+))?$")
@@ -71,23 +71,53 @@ def flatten_output(value, address="output"):
     return found
 
 
-_TENSOR_ATTRS = ("__add__", "__radd__", "__iadd__", "__mul__", "__matmul__", "__getitem__",
-                 "__setitem__", "relu", "relu_", "add_", "mul_", "view", "reshape", "T", "mT",
-                 "real", "data", "contiguous", "masked_fill", "__bool__")
+_TENSOR_ATTRS = (
+    "__add__",
+    "__radd__",
+    "__iadd__",
+    "__mul__",
+    "__matmul__",
+    "__getitem__",
+    "__setitem__",
+    "relu",
+    "relu_",
+    "add_",
+    "mul_",
+    "view",
+    "reshape",
+    "T",
+    "mT",
+    "real",
+    "data",
+    "contiguous",
+    "masked_fill",
+    "__bool__",
+)
 
 
 def torch_snapshot():
     """The objects torchlens patches during a pass (by identity)."""
     snap = {
-        "torch.relu": torch.relu, "torch.cat": torch.cat, "torch.triu": torch.triu,
-        "torch.from_numpy": torch.from_numpy, "torch.tensor": torch.tensor, "torch.rand": torch.rand,
-        "torch.lstm": torch.lstm, "torch._VF.lstm": torch._VF.lstm, "torch._VF.dropout": torch._VF.dropout,
+        "torch.relu": torch.relu,
+        "torch.cat": torch.cat,
+        "torch.triu": torch.triu,
+        "torch.from_numpy": torch.from_numpy,
+        "torch.tensor": torch.tensor,
+        "torch.rand": torch.rand,
+        "torch.lstm": torch.lstm,
+        "torch._VF.lstm": torch._VF.lstm,
+        "torch._VF.dropout": torch._VF.dropout,
         "torch._VF.vf": torch._VF.vf,
-        "F.relu": F.relu, "F.linear": F.linear, "F.gelu": F.gelu, "F.layer_norm": F.layer_norm,
+        "F.relu": F.relu,
+        "F.linear": F.linear,
+        "F.gelu": F.gelu,
+        "F.layer_norm": F.layer_norm,
         "F.multi_head_attention_forward": F.multi_head_attention_forward,
         "torch._C._nn.linear": torch._C._nn.linear,
-        "models.triu": models.triu, "models.gelu": models.gelu,
-        "torch._weight_norm": torch._weight_norm, "torch.sparse.mm": torch.sparse.mm,
+        "models.triu": models.triu,
+        "models.gelu": models.gelu,
+        "torch._weight_norm": torch._weight_norm,
+        "torch.sparse.mm": torch.sparse.mm,
         "torch.nested.to_padded_tensor": torch.nested.to_padded_tensor,
         "OpOverload.__call__": vars(torch._ops.OpOverload)["__call__"],
         "OpOverloadPacket.__call__": vars(torch._ops.OpOverloadPacket)["__call__"],
@@ -171,7 +201,7 @@ def assert_consistent_graph(h):
         assert e.nbytes == e.activation.nelement() * e.activation.element_size()
         assert e.label in str(e)
     assert h.input_layers == labels[: len(h.input_layers)]
-    assert h.output_layers == labels[len(labels) - len(h.output_layers):]
+    assert h.output_layers == labels[len(labels) - len(h.output_layers) :]
     text = str(h)
     for label in labels:
         assert label in text
@@ -248,8 +278,9 @@ def built_catalogue():
     return built, tensors_alive()
 
 
-@pytest.mark.parametrize("name", [name for name, make_model, _ in REGISTRY
-                                  if getattr(make_model(), "expected_error", None) is None])
+@pytest.mark.parametrize(
+    "name", [name for name, make_model, _ in REGISTRY if getattr(make_model(), "expected_error", None) is None]
+)
 def test_no_holes(name, built_catalogue):
     """Every tensor that enters a logged operation was logged or existed before the pass: no
     operation lost the parent it was computed from, and no untraced producer was needed."""
@@ -424,7 +455,10 @@ def test_dict_output():
 def test_nested_output():
     h, _, (x,), _ = log("nested_output")
     assert {h[label].address: h[label].parent_layers[0] for label in h.output_layers} == {
-        "output.a": "neg_1_1", "output.b.0": "abs_1_2", "output.b.1.0": "exp_1_3"}
+        "output.a": "neg_1_1",
+        "output.b.0": "abs_1_2",
+        "output.b.1.0": "exp_1_3",
+    }
     close(h["output.b.1.0"].activation, x.exp())
 
 
@@ -591,7 +625,14 @@ def test_mutates_input():
 def test_created_inside():
     h, _, (x,), _ = log("created_inside")
     assert h.internally_created_layers == [
-        "rand_1_1", "ones_1_2", "arange_1_3", "fromnumpy_1_4", "tensor_1_5", "mul_1_6", "mul_2_9"]
+        "rand_1_1",
+        "ones_1_2",
+        "arange_1_3",
+        "fromnumpy_1_4",
+        "tensor_1_5",
+        "mul_1_6",
+        "mul_2_9",
+    ]
     # the unused torch.rand(7) was dropped; the used one is kept
     assert [e.label for e in h if e.layer_type == "rand"] == ["rand_1_1"]
     assert h["rand_1_1"].shape == torch.Size([2, 4]) and h["rand_1_1"].parent_layers == []
@@ -955,7 +996,7 @@ def test_split_chunk():
     exact(splits[0].activation, x[:, :2])
     exact(splits[1].activation, x[:, 2:])
     for i, e in enumerate(chunks):
-        exact(e.activation, x[:, 2 * i: 2 * i + 2])
+        exact(e.activation, x[:, 2 * i : 2 * i + 2])
         assert e.parent_layers == ["input_1_0"] and len(e.child_layers) == 1
     assert h["input_1_0"].child_layers == [e.label for e in splits + chunks]
 
@@ -1003,7 +1044,11 @@ def test_residual_block():
     assert h.is_branching
     assert h["conv2d_1_1"].param_addresses == ("conv1.weight",)
     assert [h[b].address for b in h.buffer_layers] == [
-        "bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"]
+        "bn1.running_mean",
+        "bn1.running_var",
+        "bn2.running_mean",
+        "bn2.running_var",
+    ]
     with torch.no_grad():
         inner = m.bn2(m.conv2(F.relu(m.bn1(m.conv1(x)))))
     close(add.activation, inner + x)
@@ -1033,8 +1078,13 @@ def test_scalar_loss():
 def test_int_bool_ops():
     h, _, (x,), _ = log("int_bool_ops")
     dtypes = {k: h[k].dtype for k in ("argmax_1_1", "gt_1_2", "and_1_4", "sum_1_5", "float_1_7")}
-    assert dtypes == {"argmax_1_1": torch.int64, "gt_1_2": torch.bool, "and_1_4": torch.bool,
-                      "sum_1_5": torch.int64, "float_1_7": torch.float32}
+    assert dtypes == {
+        "argmax_1_1": torch.int64,
+        "gt_1_2": torch.bool,
+        "and_1_4": torch.bool,
+        "sum_1_5": torch.int64,
+        "float_1_7": torch.float32,
+    }
     both = (x > 0) & (x < 1)
     exact(h["and_1_4"].activation, both)
     exact(h["output.0"].activation, x.argmax(1) + both.sum(1))
@@ -1158,10 +1208,13 @@ def test_returned_buffer_has_buffer_layer():
     assert h[parent].is_buffer and h[parent].address == "b"
 
 
-@pytest.mark.parametrize("name, address, before", [
-    ("running_mean_inplace", "running_mean", torch.tensor([1.0, -2.0, 3.0])),
-    ("batchnorm_train", "bn.running_mean", torch.zeros(3)),
-])
+@pytest.mark.parametrize(
+    "name, address, before",
+    [
+        ("running_mean_inplace", "running_mean", torch.tensor([1.0, -2.0, 3.0])),
+        ("batchnorm_train", "bn.running_mean", torch.zeros(3)),
+    ],
+)
 def test_buffer_layer_saves_value_before_first_use(name, address, before):
     h, _, _, _ = log(name)
     exact(h[address].activation, before)

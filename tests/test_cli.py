@@ -1,4 +1,5 @@
 """The command line: models by source, inputs, errors."""
+
 import subprocess
 import sys
 import textwrap
@@ -7,7 +8,7 @@ import pytest
 
 from torchlens.cli import main
 
-MODEL_FILE = textwrap.dedent('''
+MODEL_FILE = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -19,7 +20,7 @@ MODEL_FILE = textwrap.dedent('''
 
         def forward(self, x):
             return self.fc2(torch.relu(self.fc1(x)))
-''')
+""")
 
 
 @pytest.fixture
@@ -42,14 +43,17 @@ def test_torchvision_model(capsys):
     assert "Log of SqueezeNet forward pass:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["torchvision:resnet81"], "Did you mean: resnet18"),
-    (["torchvision:resnet18", "--input", "1,x"], "comma-separated integers"),
-    (["torchvision:resnet18", "--input", "1,0"], "must be positive"),
-    (["nowhere:thing"], "unknown model source"),
-    (["resnet18"], "must look like"),
-    (["missing.py:Net"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["torchvision:resnet81"], "Did you mean: resnet18"),
+        (["torchvision:resnet18", "--input", "1,x"], "comma-separated integers"),
+        (["torchvision:resnet18", "--input", "1,0"], "must be positive"),
+        (["nowhere:thing"], "unknown model source"),
+        (["resnet18"], "must look like"),
+        (["missing.py:Net"], "no such file"),
+    ],
+)
 def test_clear_errors(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -63,13 +67,17 @@ def test_unknown_class_and_layer(model_file, capsys):
 
 
 def test_python_dash_m(model_file):
-    done = subprocess.run([sys.executable, "-m", "torchlens", f"{model_file}:TwoLayer", "--input", "1,10"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchlens", f"{model_file}:TwoLayer", "--input", "1,10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "linear_2_3" in done.stdout
 
 
-MORE_MODELS = textwrap.dedent('''
+MORE_MODELS = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -95,7 +103,7 @@ MORE_MODELS = textwrap.dedent('''
             return x @ torch.ones(3, 3)  # wrong inner size for a 2x10 input
 
     not_a_model = 3
-''')
+""")
 
 
 @pytest.fixture
@@ -110,7 +118,9 @@ def test_module_instances_and_functions_returning_modules(more_models, capsys):
     assert "Log of Sequential forward pass:" in capsys.readouterr().out
     assert main([f"{more_models}:build", "--input", "2,5", "--dtype", "long", "--validate"]) == 0
     out = capsys.readouterr().out
-    assert "Log of Tokens forward pass:" in out and "embedding_1_1" in out and "validate_model_activations: passed" in out
+    assert (
+        "Log of Tokens forward pass:" in out and "embedding_1_1" in out and "validate_model_activations: passed" in out
+    )
     assert main([f"{more_models}:not_a_model"]) == 2
     assert "is a int, not a torch.nn.Module" in capsys.readouterr().err
     assert main([f"{more_models}:broken"]) == 1

@@ -1,5 +1,6 @@
 """Saved activations are not copied until something could write into them (capture/shared.py),
 and every saved value is still the one the operation produced."""
+
 from __future__ import annotations
 
 import pytest

@@ -7,23 +7,22 @@
   output without a record, and did not exist before the pass, becomes an ``untraced`` node
   (printed, drawn, in ``to_pandas``), and ``validate_model_activations`` returns False naming it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import gc
 from types import SimpleNamespace
 
+import models_paths
 import pytest
 import torch
-import torchvision
 from torch import nn
+from trace_holes import holes, tensors_alive, tensors_in_arguments
 
 import torchlens as tl
-from torchlens.render import build_dot
-
-import models_paths
 from torchlens.records.tensor_log import ParentRef
-from trace_holes import holes, tensors_alive, tensors_in_arguments
+from torchlens.render import build_dot
 
 NESTED_WARNING = "ignore:The PyTorch API of nested tensors:UserWarning"
 
@@ -72,8 +71,7 @@ def test_transformer_encoder_fast_path_eval_no_grad(nested):
         if nested:  # padding dropped, layers on a nested tensor, padded again
             assert "nestedtensorfrommask" in types_of(h) and "topaddedtensor" in types_of(h)
             assert fused[0].shape == (2, None, 16)
-        assert tl.validate_model_activations(model, [x], {"src_key_padding_mask": padding}, random_seed=0,
-                                             verbose=True)
+        assert tl.validate_model_activations(model, [x], {"src_key_padding_mask": padding}, random_seed=0, verbose=True)
 
 
 def test_multihead_attention_fast_path():
@@ -84,13 +82,13 @@ def test_multihead_attention_fast_path():
         h = log_checked(model, x, x, x, need_weights=False)
         attention = h["nativemultiheadattention_1"]
         assert attention.parent_arg_positions == {"input_1_0": [0, 1, 2]}  # query, key, value
-        assert set(attention.param_addresses) == {"in_proj_weight", "in_proj_bias", "out_proj.weight",
-                                                  "out_proj.bias"}
+        assert set(attention.param_addresses) == {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
         assert tl.validate_model_activations(model, [x, x, x], {"need_weights": False}, random_seed=0)
 
 
 def test_weight_norm():
     """``parametrizations.weight_norm`` and ``torch._weight_norm`` called directly."""
+
     class Direct(nn.Module):
         def __init__(self):
             super().__init__()
@@ -99,7 +97,6 @@ def test_weight_norm():
 
         def forward(self, x):
             return x @ torch._weight_norm(self.v, self.g, 0).t()
-
 
     x = torch.randn(2, 4)
     h = log_checked(Direct(), x)
@@ -115,6 +112,7 @@ def test_weight_norm():
 
 def test_pack_padded_sequence():
     """``torch._VF._pack_padded_sequence`` (a private aten function) feeds the LSTM."""
+
     class Packed(nn.Module):
         def __init__(self):
             super().__init__()
@@ -228,7 +226,7 @@ def test_vmap_is_one_node():
 def test_func_transforms():
     class Transforms(nn.Module):
         def forward(self, x):
-            g = torch.func.grad(lambda v: (v ** 3).sum())(x)
+            g = torch.func.grad(lambda v: (v**3).sum())(x)
             out, vjp_fn = torch.func.vjp(torch.cos, x)
             (cotangent,) = vjp_fn(torch.ones_like(out))
             primal, tangent = torch.func.jvp(torch.exp, (x,), (torch.ones_like(x),))
@@ -266,8 +264,7 @@ def test_untraced_producer_is_visible():
     model, x = Unwrapped(), torch.randn(2, 3)
     alive = tensors_alive()
     h = tl.log_forward_pass(model, x, random_seed=0, save_function_args=True)
-    assert h.layer_labels == ["input_1_0", "mul_1_1", "untraced_1_2", "linear_1_3", "relu_1_4", "add_1_5",
-                              "output_1_6"]
+    assert h.layer_labels == ["input_1_0", "mul_1_1", "untraced_1_2", "linear_1_3", "relu_1_4", "add_1_5", "output_1_6"]
     gap = h["untraced_1_2"]
     assert gap.is_untraced and gap.kind == "untraced" and h.untraced_layers == ["untraced_1_2"]
     assert gap.parent_layers == [] and gap.child_layers == ["linear_1_3"]
@@ -369,8 +366,9 @@ def test_tensors_that_existed_before_the_pass_are_not_gaps():
     assert h.untraced_layers == []
     # one chain of the 13 operations from the input: each constant is an argument, not a node
     ops = [e for e in h if e.kind == "op"]
-    assert [e.layer_type for e in ops] == ["mul"] * 2 + ["add"] * 3 + ["mul"] * 2 + ["add", "mul", "add", "mul"] \
-        + ["add"] * 2
+    assert [e.layer_type for e in ops] == ["mul"] * 2 + ["add"] * 3 + ["mul"] * 2 + ["add", "mul", "add", "mul"] + [
+        "add"
+    ] * 2
     assert [e.parent_layers[0] for e in ops] == ["input_1_0"] + [e.label for e in ops[:-1]]
     assert h[ops[4].parent_layers[1]].kind == "buffer" and all(len(e.parent_layers) == 1 for e in ops[5:])
     assert tl.validate_model_activations(model, x, random_seed=0)
@@ -408,6 +406,7 @@ def test_tensors_made_during_the_pass_by_untraced_calls_are_still_gaps(grad):
 def test_the_pass_leaves_the_garbage_collector_as_it_was():
     """A pass freezes the collector's objects to tell old tensors from new ones, and always
     unfreezes them: after a pass, after a model that raised."""
+
     class Raises(nn.Module):
         def forward(self, x):
             raise ValueError("the model's own error")

@@ -3,6 +3,7 @@ drill-down and breadcrumbs, tooltips, drag-to-pin histogram panels, search, live
 model trains, the exported self-contained file, folders of runs, unreadable runs, and speed.
 
 Run with ``-s`` to see the measured timings."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,16 @@ def _find_chromium():
 
 CHROMIUM = _find_chromium()  # None: Playwright's own Chromium, when `playwright install chromium` put it there
 
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 15_000
 
@@ -120,8 +129,10 @@ def browser():
     except Exception as error:
         playwright.stop()
         if CHROMIUM is None:
-            pytest.skip("the browser tests need Chromium: /usr/bin/chromium (or TORCHLENS_CHROMIUM), or "
-                        f"`playwright install chromium` ({type(error).__name__})")
+            pytest.skip(
+                "the browser tests need Chromium: /usr/bin/chromium (or TORCHLENS_CHROMIUM), or "
+                f"`playwright install chromium` ({type(error).__name__})"
+            )
         raise
     yield browser
     browser.close()
@@ -280,8 +291,14 @@ def test_pinned_panels_draw_close_and_survive_a_reload(new_page, resnet_url):
     # dropping is not a click: the view did not change
     assert crumbs(p.page)[-1][0] == "layer1.0:1"
     drawn = strips(p.page, panel)
-    for key in ("io/input 0", "io/output 0", "io_grad/input 0", "io_grad/output 0", "params/weight",
-                "params_grad/weight"):
+    for key in (
+        "io/input 0",
+        "io/output 0",
+        "io_grad/input 0",
+        "io_grad/output 0",
+        "params/weight",
+        "params_grad/weight",
+    ):
         assert key in drawn, sorted(drawn)
     for key, (columns, heat) in drawn.items():
         assert columns == 3, key
@@ -357,10 +374,13 @@ def test_live_page_gets_new_columns_without_reload(new_page, tmp_path, threads):
         w.flush()
         p.page.wait_for_function(
             "([sel, n]) => { const c = document.querySelector(sel); return c && Number(c.dataset.columns) === n; }",
-            arg=[canvas, before + 1], timeout=10_000)
+            arg=[canvas, before + 1],
+            timeout=10_000,
+        )
         p.page.wait_for_function(
             "() => document.querySelector('[data-role=\"status\"]').textContent.includes('3 logged steps')",
-            timeout=5_000)
+            timeout=5_000,
+        )
         assert navigations == []  # no reload
         assert all(heat > 20 for _, heat in strips(p.page, panel).values())
         # after the new step, the page asked only for what is new
@@ -432,7 +452,8 @@ def test_folder_of_runs_has_a_run_picker(new_page, tmp_path, threads):
         assert "TinyMLP" in p.page.inner_text('[data-role="status"]')
         p.page.select_option('[data-role="run-picker"]', "a")
         p.page.wait_for_function(
-            "() => document.querySelector('[data-role=\"status\"]').textContent.includes('Sequential')")
+            "() => document.querySelector('[data-role=\"status\"]').textContent.includes('Sequential')"
+        )
         p.page.wait_for_selector('[data-node="0:1"]')
         assert "hidden:1" not in node_ids(p.page)
         assert "TinyMLP" not in p.page.inner_text('[data-role="status"]')
@@ -499,8 +520,9 @@ def test_unreadable_run_in_a_folder_of_runs(new_page, tmp_path, threads):
 
 def _gpt2_run(folder):
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=40, n_embd=64, n_head=2, vocab_size=500, n_positions=64,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=40, n_embd=64, n_head=2, vocab_size=500, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -545,10 +567,12 @@ def test_big_graph_and_long_strip(new_page, tmp_path, threads):
         p.close()
     finally:
         server.close()
-    print(f"\n[explorer speed] GPT-2 with {num_calls} module calls: first paint {first_node:.0f} ms after "
-          f"navigation start (seen by the test at {seen_at:.0f} ms; root graph fetch+draw {root['ms']:.0f} ms); "
-          f"drill-down transformer:1 {timings['transformer:1']:.0f} ms, "
-          f"transformer.h.5:1 {timings['transformer.h.5:1']:.0f} ms")
+    print(
+        f"\n[explorer speed] GPT-2 with {num_calls} module calls: first paint {first_node:.0f} ms after "
+        f"navigation start (seen by the test at {seen_at:.0f} ms; root graph fetch+draw {root['ms']:.0f} ms); "
+        f"drill-down transformer:1 {timings['transformer:1']:.0f} ms, "
+        f"transformer.h.5:1 {timings['transformer.h.5:1']:.0f} ms"
+    )
     assert blocks == 4  # the inside of one block: ln_1, attn, ln_2, mlp
 
     # a strip of 10,000 logged steps: at most 512 columns are kept, so drawing it stays quick
@@ -587,8 +611,10 @@ def test_big_graph_and_long_strip(new_page, tmp_path, threads):
         p.close()
     finally:
         server.close()
-    print(f"[explorer speed] strip of {steps} logged steps ({stored} columns stored, written in {writing:.1f} s): "
-          f"drop to drawn {draw_ms:.0f} ms")
+    print(
+        f"[explorer speed] strip of {steps} logged steps ({stored} columns stored, written in {writing:.1f} s): "
+        f"drop to drawn {draw_ms:.0f} ms"
+    )
     assert set(drawn) == {"params/weight", "params/bias"}
     for key, (columns, heat) in drawn.items():
         assert columns == stored and heat > 50, key

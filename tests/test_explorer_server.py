@@ -1,4 +1,5 @@
 """The explorer's server and exported file without a browser: routes, security, bad input."""
+
 from __future__ import annotations
 
 import http.client
@@ -55,8 +56,11 @@ def test_page_assets_and_run_routes(server):
     assert summary["steps"] == [0, 1, 2] and summary["calls"]["2:1"]["children"] == ["2.0:1", "2.1:1"]
     status, layout = get_json(server, "/api/layout?call=2:1")
     assert {n["id"] for n in layout["nodes"]} == {"input 0", "2.0:1", "2.1:1", "output 0"}
-    assert {(e["from"], e["to"]) for e in layout["edges"]} == {("input 0", "2.0:1"), ("2.0:1", "2.1:1"),
-                                                                ("2.1:1", "output 0")}
+    assert {(e["from"], e["to"]) for e in layout["edges"]} == {
+        ("input 0", "2.0:1"),
+        ("2.0:1", "2.1:1"),
+        ("2.1:1", "output 0"),
+    }
     assert all(n["w"] > 0 and "x" in n for n in layout["nodes"])
     status, panel = get_json(server, "/api/call_series?call=0:1")
     assert {(s["kind"], s["name"]) for s in panel["series"]} >= {("io", "output 0"), ("params_grad", "weight")}
@@ -69,12 +73,25 @@ def test_page_assets_and_run_routes(server):
     assert everything["steps"] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("path", [
-    "/assets/../server.py", "/assets/%2e%2e/server.py", "/assets/..%2fdata.py", "/assets//etc/passwd",
-    "/../../../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/assets/data.py", "/etc/passwd",
-    "/api/run?run=../../etc", "/api/run?run=/etc", "/api/layout?call=2:1&run=..", "/api/nothing",
-    "/assets/", "/api/layout?call=nope:1",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/assets/../server.py",
+        "/assets/%2e%2e/server.py",
+        "/assets/..%2fdata.py",
+        "/assets//etc/passwd",
+        "/../../../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/assets/data.py",
+        "/etc/passwd",
+        "/api/run?run=../../etc",
+        "/api/run?run=/etc",
+        "/api/layout?call=2:1&run=..",
+        "/api/nothing",
+        "/assets/",
+        "/api/layout?call=nope:1",
+    ],
+)
 def test_anything_else_is_404_and_the_server_keeps_serving(server, path):
     status, body = get(server, path)
     assert status == 404, (path, body[:200])
@@ -82,11 +99,17 @@ def test_anything_else_is_404_and_the_server_keeps_serving(server, path):
     assert get(server, "/api/runs")[0] == 200
 
 
-@pytest.mark.parametrize("path", [
-    "/api/layout", "/api/call_series?call=0:1&since=abc", "/api/poll?since=1.5",
-    "/api/series?call=0:1&kind=io", "/api/series?call=0:1&kind=bogus&name=x",
-    "/api/series?call=0:1&kind=io&name=nothing",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/layout",
+        "/api/call_series?call=0:1&since=abc",
+        "/api/poll?since=1.5",
+        "/api/series?call=0:1&kind=io",
+        "/api/series?call=0:1&kind=bogus&name=x",
+        "/api/series?call=0:1&kind=io&name=nothing",
+    ],
+)
 def test_malformed_queries_are_400(server, path):
     status, answer = get_json(server, path)
     assert status == 400 and answer["error"]
@@ -126,8 +149,11 @@ def test_export_is_self_contained(tmp_path, run_dir):
     page = export_html(run_dir, str(tmp_path / "page.html"))
     text = open(page, encoding="utf-8").read()
     assert "window.TORCHLENS_EXPORT" in text and "<style>" in text
-    assert 'src="/assets' not in text and 'href="/assets' not in text and "http://" not in text.replace(
-        "http://www.w3.org/2000/svg", "")
+    assert (
+        'src="/assets' not in text
+        and 'href="/assets' not in text
+        and "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+    )
     data = json.loads(text.split("window.TORCHLENS_EXPORT = ", 1)[1].split(";</script>", 1)[0].replace("<\\/", "</"))
     assert set(data["layouts"]) == {"", "2:1"}
     assert data["call_series"]["0:1"]["series"]

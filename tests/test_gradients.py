@@ -1,4 +1,5 @@
 """save_gradients=True: every layer the gradient flowed through has it on its entry."""
+
 import gc
 import weakref
 

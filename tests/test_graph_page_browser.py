@@ -7,6 +7,7 @@ The page's stable hooks: an operation's node has ``data-label``, a closed module
 run, which also has ``data-repeat``) ``data-module``; a drawn edge ``data-edge="<tail>><head>"``
 (each end named as in those); the search box is ``data-role="search"``, the side panel
 ``data-role="details"``."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,16 @@ def _find_chromium():
 
 CHROMIUM = _find_chromium()  # None: Playwright's own Chromium, when `playwright install chromium` put it there
 
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 15_000
 
@@ -69,8 +78,9 @@ def resnet_page(tmp_path_factory, threads):
 @pytest.fixture(scope="module")
 def gpt2_page(tmp_path_factory, threads):
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_embd=32, n_head=2, vocab_size=100, n_layer=12, use_cache=False,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_embd=32, n_head=2, vocab_size=100, n_layer=12, use_cache=False, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     history = tl.log_forward_pass(model, torch.randint(0, 100, (1, 16)), random_seed=0)
@@ -92,8 +102,10 @@ def browser():
     except Exception as error:
         playwright.stop()
         if CHROMIUM is None:
-            pytest.skip("the browser tests need Chromium: /usr/bin/chromium (or TORCHLENS_CHROMIUM), or "
-                        f"`playwright install chromium` ({type(error).__name__})")
+            pytest.skip(
+                "the browser tests need Chromium: /usr/bin/chromium (or TORCHLENS_CHROMIUM), or "
+                f"`playwright install chromium` ({type(error).__name__})"
+            )
         raise
     yield browser
     browser.close()
@@ -152,8 +164,10 @@ def rows(handle, selector):
 
 def wait_for_text(page, selector, start):
     """Wait until the text of ``selector`` starts with ``start``."""
-    page.wait_for_function("([sel, start]) => (document.querySelector(sel) || {textContent: ''}).textContent.startsWith(start)",
-                           arg=[selector, start])
+    page.wait_for_function(
+        "([sel, start]) => (document.querySelector(sel) || {textContent: ''}).textContent.startsWith(start)",
+        arg=[selector, start],
+    )
 
 
 def labels(page):
@@ -162,8 +176,9 @@ def labels(page):
 
 def modules(page):
     """The closed modules shown, as ``[address, repeat or None]``."""
-    return page.eval_on_selector_all("[data-module]",
-                                     "els => els.map(e => [e.dataset.module, e.dataset.repeat || null])")
+    return page.eval_on_selector_all(
+        "[data-module]", "els => els.map(e => [e.dataset.module, e.dataset.repeat || null])"
+    )
 
 
 def click_module(page, address, repeat=None):
@@ -224,8 +239,12 @@ def edge_crossings(page, edge=None, selectors=None):
 def inside_graph(page, selector):
     graph = page.locator('[data-role="graph"]').bounding_box()
     rect = page.locator(selector).bounding_box()
-    return (rect["x"] >= graph["x"] and rect["x"] + rect["width"] <= graph["x"] + graph["width"]
-            and rect["y"] >= graph["y"] and rect["y"] + rect["height"] <= graph["y"] + graph["height"])
+    return (
+        rect["x"] >= graph["x"]
+        and rect["x"] + rect["width"] <= graph["x"] + graph["width"]
+        and rect["y"] >= graph["y"]
+        and rect["y"] + rect["height"] <= graph["y"] + graph["height"]
+    )
 
 
 # ----- tests ----------------------------------------------------------------------------------
@@ -293,8 +312,13 @@ def test_resnet18_skip_connection_runs_beside_the_open_block(open_page, resnet_p
     page.wait_for_selector('[data-box="layer1.0"]')
     edges = page.eval_on_selector_all("path.edge", "els => els.map(e => e.dataset.edge)")
     assert {"maxpool2d_1_6>conv2d_2_7", "maxpool2d_1_6>iadd_1_16", "layer1.0.bn2>iadd_1_16"} <= set(edges)
-    chain = ['[data-label="conv2d_2_7"]', '[data-module="layer1.0.bn1"]', '[data-label="relu_2_11"]',
-             '[data-label="conv2d_3_12"]', '[data-module="layer1.0.bn2"]']
+    chain = [
+        '[data-label="conv2d_2_7"]',
+        '[data-module="layer1.0.bn1"]',
+        '[data-label="relu_2_11"]',
+        '[data-label="conv2d_3_12"]',
+        '[data-module="layer1.0.bn2"]',
+    ]
     found = edge_crossings(page, "maxpool2d_1_6>iadd_1_16", chain)
     assert found["crossed"] == []
     assert all(found["beside"])  # it does run down the whole chain, beside it
@@ -313,8 +337,9 @@ def test_gpt2_twelve_layers_fold_into_one_block(open_page, gpt2_page):
     assert not page.query_selector('[data-module="transformer.h.0"]:not([data-repeat])')
     if page.query_selector('[data-module="transformer"]'):  # how deep it starts open depends on the window
         click_module(page, "transformer")
-    folds = page.eval_on_selector_all("[data-repeat]",
-                                      "els => els.map(e => [e.dataset.module, e.dataset.repeat, e.dataset.members])")
+    folds = page.eval_on_selector_all(
+        "[data-repeat]", "els => els.map(e => [e.dataset.module, e.dataset.repeat, e.dataset.members])"
+    )
     members = " ".join(f"transformer.h.{i}" for i in range(12))
     assert folds == [["transformer.h.0", "12", members]]
     assert "GPT2Block ×12" in page.text_content("[data-repeat]")
@@ -337,7 +362,9 @@ def test_recurrent_rolled_view_shows_passes(open_page, recurrent_page):
     toggle = page.locator('[data-role="mode"]')
     assert toggle.is_visible()
     assert page.is_checked('[name="tl-mode"][value="unrolled"]')
-    assert [label for label in labels(page) if label.startswith("linear_1_1")] == [f"linear_1_1:{i}" for i in range(1, 5)]
+    assert [label for label in labels(page) if label.startswith("linear_1_1")] == [
+        f"linear_1_1:{i}" for i in range(1, 5)
+    ]
     page.check('[name="tl-mode"][value="rolled"]')
     node = page.wait_for_selector('[data-label="linear_1_1"]')
     assert node.get_attribute("data-passes") == "4"
@@ -450,7 +477,7 @@ def test_no_network_request(browser, alexnet, gpt2_page):
         p = Page(browser)
         outside = []
 
-        def block(route):
+        def block(route, outside=outside):
             if route.request.url.startswith("file:"):
                 route.continue_()
             else:
@@ -461,7 +488,7 @@ def test_no_network_request(browser, alexnet, gpt2_page):
             p.page.route("**/*", block)
             page = p.open(path)
             page.click('[data-role="expand-all"]')  # everything drawn once
-            page.click('[data-label]')
+            page.click("[data-label]")
             page.wait_for_selector('[data-role="details"]', state="visible")
             page.wait_for_timeout(300)  # late requests, if any
             assert outside == []

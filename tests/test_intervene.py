@@ -1,5 +1,6 @@
 """Interventions during the pass (intervene=) and after it (history.rerun), each checked against
 the model run by hand with a forward hook making the same change."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,7 +55,10 @@ def test_layer_label_matches_a_forward_hook():
     expected = hooked(model, model[1], lambda out: out * 0 + 0.5, x)
     assert torch.equal(h[h.output_layers[0]].activation, expected)
     assert torch.equal(h["relu_1_2"].activation, torch.full((5, 4), 0.5))
-    assert h["relu_1_2"].intervened == "replaced by intervene['relu_1_2'] (test_layer_label_matches_a_forward_hook.<locals>.<lambda>)"
+    assert (
+        h["relu_1_2"].intervened
+        == "replaced by intervene['relu_1_2'] (test_layer_label_matches_a_forward_hook.<locals>.<lambda>)"
+    )
     assert not h["linear_2_3"].intervened
     assert "Intervened: replaced by intervene['relu_1_2']" in str(h["relu_1_2"])
     table = h.to_pandas()
@@ -148,15 +152,18 @@ def test_gradients_flow_through_the_replacement():
     assert h["linear_2_3"].gradient is not None
 
 
-@pytest.mark.parametrize("intervene,error,match", [
-    ({"relu_9_9": double}, ValueError, r"intervene: 'relu_9_9' matches no layer.*Close matches"),
-    ({-100: double}, ValueError, r"intervene: position -100 is out of range"),
-    ({"relu_1_2": 3}, TypeError, r"intervene\['relu_1_2'\] must be a function"),
-    ([("relu_1_2", double)], TypeError, r"intervene must be a dict"),
-    ({"input_1_0": double}, ValueError, r"an input layer; intervene on an operation"),
-    ({"relu_1_2": lambda a, e: 1.0}, TypeError, r"returned float for layer relu_1_2; it must return a tensor"),
-    ({"relu_1_2": double, "relu": double}, ValueError, r"relu_1_2 is named by two keys"),
-])
+@pytest.mark.parametrize(
+    "intervene,error,match",
+    [
+        ({"relu_9_9": double}, ValueError, r"intervene: 'relu_9_9' matches no layer.*Close matches"),
+        ({-100: double}, ValueError, r"intervene: position -100 is out of range"),
+        ({"relu_1_2": 3}, TypeError, r"intervene\['relu_1_2'\] must be a function"),
+        ([("relu_1_2", double)], TypeError, r"intervene must be a dict"),
+        ({"input_1_0": double}, ValueError, r"an input layer; intervene on an operation"),
+        ({"relu_1_2": lambda a, e: 1.0}, TypeError, r"returned float for layer relu_1_2; it must return a tensor"),
+        ({"relu_1_2": double, "relu": double}, ValueError, r"relu_1_2 is named by two keys"),
+    ],
+)
 def test_bad_interventions_are_refused_clearly(intervene, error, match):
     with pytest.raises(error, match=match):
         tl.log_forward_pass(mlp(), torch.rand(5, 3), intervene=intervene)
@@ -232,8 +239,9 @@ def test_rerun_refuses_clearly():
     with pytest.raises(RerunError, match="save_function_args=True"):
         plain.rerun({"relu_1_2": torch.zeros(5, 4)})
     # the sum needs linear_1_1, which is not downstream of the change and was not saved
-    subset = tl.log_forward_pass(Skip(), x, save_function_args=True, layers_to_save=["relu_1_2"],
-                                 keep_unsaved_layers=True)
+    subset = tl.log_forward_pass(
+        Skip(), x, save_function_args=True, layers_to_save=["relu_1_2"], keep_unsaved_layers=True
+    )
     with pytest.raises(RerunError, match="needs the activation of its parent linear_1_1"):
         subset.rerun({"relu_1_2": torch.zeros(5, 3)})
     full = tl.log_forward_pass(model, x, save_function_args=True)

@@ -1,5 +1,6 @@
 """Lookup keys (torchlens.postprocess.labels): per-output keys of modules with several outputs,
 ambiguity errors whose advice works, and the outputs of one multi-output call shown together."""
+
 import re
 
 import pytest
@@ -58,18 +59,21 @@ def _suggested(history, key):
     return message, suggestions
 
 
-@pytest.mark.parametrize("key, expected", [
-    ("lstm", ["lstm:1.0", "lstm:1.1.0", "lstm:1.1.1", "lstm:2.0", "lstm:2.1.0", "lstm:2.1.1"]),
-    ("lstm:2", ["lstm:2.0", "lstm:2.1.0", "lstm:2.1.1"]),
-    ("block", ["block:1.hidden", "block:1.gate"]),
-    ("fc", ["fc:1", "fc:2"]),
-    ("linear_1", ["linear_1_9:1", "linear_1_9:2"]),
-])
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("lstm", ["lstm:1.0", "lstm:1.1.0", "lstm:1.1.1", "lstm:2.0", "lstm:2.1.0", "lstm:2.1.1"]),
+        ("lstm:2", ["lstm:2.0", "lstm:2.1.0", "lstm:2.1.1"]),
+        ("block", ["block:1.hidden", "block:1.gate"]),
+        ("fc", ["fc:1", "fc:2"]),
+        ("linear_1", ["linear_1_9:1", "linear_1_9:2"]),
+    ],
+)
 def test_ambiguity_errors_suggest_keys_that_work(history, key, expected):
     message, suggestions = _suggested(history, key)
-    assert suggestions[:len(expected)] == expected[:6]
+    assert suggestions[: len(expected)] == expected[:6]
     labels = message.split("): ")[1].split(". Pick")[0].split(", ")
-    assert [history[k].label for k in suggestions] == labels[:len(suggestions)]  # each names one layer
+    assert [history[k].label for k in suggestions] == labels[: len(suggestions)]  # each names one layer
 
 
 def test_outputs_of_one_call_are_shown_together(history):

@@ -5,6 +5,7 @@
 An import found by walking the syntax trees of every module (also imports inside functions)
 that this table does not allow fails the test, naming the file, the line and the rule.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,8 +36,18 @@ ALLOWED: Dict[str, Set[str]] = {
     "storage": {"records", "history", "capture", "postprocess", "version"},
     "intervene": {"records", "history", "capture", "layer_request"},
     "rerun": {"records", "history", "postprocess", "layer_request", "storage", "validate"},
-    "api": {"records", "history", "capture", "postprocess", "input_copy", "layer_request", "render", "validate",
-            "storage", "intervene"},
+    "api": {
+        "records",
+        "history",
+        "capture",
+        "postprocess",
+        "input_copy",
+        "layer_request",
+        "render",
+        "validate",
+        "storage",
+        "intervene",
+    },
     "show": {"api", "render"},
     "watch": {"capture", "records", "assets"},
     "integrations": {"watch"},
@@ -100,8 +111,9 @@ def _violations(package: pathlib.Path = PACKAGE) -> Iterator[str]:
                 yield f"{path.relative_to(root)}: layer {here!r} is not in ALLOWED"
                 break
             if there not in ALLOWED[here]:
-                yield (f"{path.relative_to(root)}:{line} imports {target} ({there!r}), "
-                       f"which layer {here!r} may not import")
+                yield (
+                    f"{path.relative_to(root)}:{line} imports {target} ({there!r}), which layer {here!r} may not import"
+                )
 
 
 def test_every_import_points_down():
@@ -117,8 +129,9 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     probe.mkdir(parents=True)
     (probe / "model_history.py").write_text("import torch\n\n\ndef f():\n    from ..render import build_dot\n")
     found = list(_violations(tmp_path / "torchlens"))
-    assert found == ["torchlens/history/model_history.py:5 imports torchlens.render ('render'), which layer "
-                     "'history' may not import"]
+    assert found == [
+        "torchlens/history/model_history.py:5 imports torchlens.render ('render'), which layer 'history' may not import"
+    ]
 
 
 def test_the_table_names_every_layer():

@@ -1,4 +1,5 @@
 """Options of log_forward_pass and the ModelHistory views users rely on."""
+
 import pytest
 import torch
 from torch import nn
@@ -33,15 +34,18 @@ def net():
 X = torch.rand(1, 1, 7, 7)
 
 
-@pytest.mark.parametrize("request_keys, passes, labels", [
-    (["conv2d"], 1, ["conv2d_1_1", "conv2d_2_3"]),
-    (["conv"], 1, ["conv2d_1_1"]),  # a module address wins over a substring
-    (["block"], 1, ["conv2d_2_3"]),
-    (["block.0", "fc"], 1, ["relu_1_2", "linear_1_5"]),
-    (["conv2d_2_3"], 2, ["conv2d_2_3"]),
-    ([-2, 1], 2, ["conv2d_1_1", "linear_1_5"]),
-    (["relu_1:1"], 2, ["relu_1_2"]),
-])
+@pytest.mark.parametrize(
+    "request_keys, passes, labels",
+    [
+        (["conv2d"], 1, ["conv2d_1_1", "conv2d_2_3"]),
+        (["conv"], 1, ["conv2d_1_1"]),  # a module address wins over a substring
+        (["block"], 1, ["conv2d_2_3"]),
+        (["block.0", "fc"], 1, ["relu_1_2", "linear_1_5"]),
+        (["conv2d_2_3"], 2, ["conv2d_2_3"]),
+        ([-2, 1], 2, ["conv2d_1_1", "linear_1_5"]),
+        (["relu_1:1"], 2, ["relu_1_2"]),
+    ],
+)
 def test_layers_to_save_forms_and_number_of_passes(net, request_keys, passes, labels):
     h = tl.log_forward_pass(net, X, layers_to_save=request_keys)
     assert net.calls == passes
@@ -67,11 +71,14 @@ class DictOut(nn.Module):
         return {"logits": y, "loss": y.sum()}
 
 
-@pytest.mark.parametrize("request_keys, labels", [
-    (["input.x"], ["input_1_0"]),
-    (["output.logits", "output.loss"], ["output_1_9", "output_2_10"]),
-    (["scale", "bn.running_mean"], ["buffer_1_2", "buffer_3_5"]),
-])
+@pytest.mark.parametrize(
+    "request_keys, labels",
+    [
+        (["input.x"], ["input_1_0"]),
+        (["output.logits", "output.loss"], ["output_1_9", "output_2_10"]),
+        (["scale", "bn.running_mean"], ["buffer_1_2", "buffer_3_5"]),
+    ],
+)
 def test_input_output_and_buffer_addresses_are_saved_in_one_pass(request_keys, labels):
     model = DictOut()
     h = tl.log_forward_pass(model, torch.rand(4, 3), layers_to_save=request_keys)
@@ -164,8 +171,15 @@ def test_history_views(net):
 
 def test_to_pandas(net):
     frame = tl.log_forward_pass(net, X).to_pandas()
-    assert list(frame["label"]) == ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3",
-                                    "mean_1_4", "linear_1_5", "output_1_6"]
+    assert list(frame["label"]) == [
+        "input_1_0",
+        "conv2d_1_1",
+        "relu_1_2",
+        "conv2d_2_3",
+        "mean_1_4",
+        "linear_1_5",
+        "output_1_6",
+    ]
     assert frame.loc[1, "num_params"] == 2 * 9 + 2
     assert frame.loc[3, "containing_module"] == "block.1"
 
@@ -193,8 +207,7 @@ def test_summary_of_a_subset_describes_the_whole_pass(net):
     assert len(h) == 1 and h.num_tensors == len(full) == 7
     assert h.tensor_bytes == full.tensor_bytes and h.num_param_operations == full.num_param_operations == 3
     text = str(h)
-    assert f"7 tensors ({tl.records.format.human_bytes(full.tensor_bytes)}) computed in forward pass; " \
-           "1 tensors" in text
+    assert f"7 tensors ({tl.records.format.human_bytes(full.tensor_bytes)}) computed in forward pass; 1 tensors" in text
     assert "used by 3 operations" in text and "Layers (1 of 7 kept" in text
     assert "Layer linear_1_5, operation 6/7:" in str(h["linear_1_5"])  # its place in the pass, as in full
 

@@ -1,6 +1,7 @@
 """postprocess/__init__.py on hand-built records: ``build_history`` (prune, passes, labels,
 links, lookup wired together) and ``drop_unsaved``. The tracer and the inventory are stand-ins
 holding only what post-processing reads."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -12,14 +13,29 @@ from torchlens.postprocess import build_history, drop_unsaved
 from torchlens.records.tensor_log import ParentRef
 
 
-def _result(r, module_outputs, module_pass_counts, param_info, placeholders=(), depths=None,
-            save_gradients=False, module_types=None):
-    tracer = SimpleNamespace(entries=r.entries, notes=[], module_frame_depths=depths or {}, module_outputs=module_outputs,
-                             parent_placeholders=list(placeholders), module_pass_counts=module_pass_counts,
-                             save_gradients=save_gradients)
+def _result(
+    r,
+    module_outputs,
+    module_pass_counts,
+    param_info,
+    placeholders=(),
+    depths=None,
+    save_gradients=False,
+    module_types=None,
+):
+    tracer = SimpleNamespace(
+        entries=r.entries,
+        notes=[],
+        module_frame_depths=depths or {},
+        module_outputs=module_outputs,
+        parent_placeholders=list(placeholders),
+        module_pass_counts=module_pass_counts,
+        save_gradients=save_gradients,
+    )
     types = module_types or {"": "Model", **{a: "Linear" for a in module_pass_counts}}
-    inventory = SimpleNamespace(param_info=param_info, module_types=types,
-                                module_children={"": [a for a in types if a]})
+    inventory = SimpleNamespace(
+        param_info=param_info, module_types=types, module_children={"": [a for a in types if a]}
+    )
     return PassResult(tracer=tracer, inventory=inventory, model_name="Model", random_seed=7, elapsed=0.5)
 
 
@@ -80,7 +96,10 @@ def test_build_history_describes_parameters_and_module_outputs():
     assert (l1.param_shapes, l1.num_params, l1.param_bytes) == ([torch.Size([3, 3]), torch.Size([3])], 12, 48)
     assert (act.param_shapes, act.num_params, act.param_bytes) == ([], 0, 0)
     assert (l1.module_output_positions, l2.module_output_positions, act.module_output_positions) == (
-        {("fc", 1): ()}, {("fc", 2): ()}, None)
+        {("fc", 1): ()},
+        {("fc", 2): ()},
+        None,
+    )
     assert history["fc:2"] is l2 and history["linear_1_1:1"] is l1 and history[-2] is act
     with pytest.raises(KeyError, match=r"'fc' names several layers \(module fc has 2 passes\).*'fc:1', 'fc:2'"):
         history["fc"]
@@ -143,8 +162,9 @@ def test_a_tensor_returned_twice_by_one_module_call_keeps_its_first_position():
     y.output_of_modules += [("pair", 1), ("pair", 1)]
     r.output(y, "output.0")
     r.output(y, "output.1")
-    history = build_history(_result(r, {("pair", 1): [((0,), y), ((1,), y)]}, {"pair": 1}, {},
-                                    module_types={"": "Model", "pair": "Pair"}))
+    history = build_history(
+        _result(r, {("pair", 1): [((0,), y), ((1,), y)]}, {"pair": 1}, {}, module_types={"": "Model", "pair": "Pair"})
+    )
     assert y.module_output_positions == {("pair", 1): (0,)}
     assert history["pair"] is y and history["pair:1"] is y and history["pair:1.0"] is y
     assert "pair:1.1" not in history

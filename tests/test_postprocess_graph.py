@@ -3,6 +3,7 @@
 The rule (``prune``'s docstring): keep inputs, outputs, everything computed from an input (or
 from an ``untraced`` node) and every ancestor of a kept record; drop the rest.
 """
+
 from postprocess_records import Records, raw
 
 from torchlens.postprocess.graph import children_of, prune
@@ -175,8 +176,7 @@ def test_children_mirror_parents():
     children = children_of(r.entries)
     edges_from_parents = sorted((p.raw_index, e.raw_index) for e in r.entries for p, _ in e.parent_refs)
     edges_from_children = sorted((k, c.raw_index) for k, cs in children.items() for c in cs)
-    assert edges_from_parents == edges_from_children == [(0, 1), (0, 2), (0, 5), (1, 3), (2, 3), (3, 4), (3, 5),
-                                                        (5, 6)]
+    assert edges_from_parents == edges_from_children == [(0, 1), (0, 2), (0, 5), (1, 3), (2, 3), (3, 4), (3, 5), (5, 6)]
 
 
 def test_a_parent_used_twice_by_one_call_lists_the_child_once():

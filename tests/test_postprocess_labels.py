@@ -4,6 +4,7 @@
 first pass); ``:<pass>`` only for layers with several passes. ``build_lookup`` is in
 test_postprocess_lookup.py.
 """
+
 from postprocess_records import Records, site
 
 from torchlens.postprocess.graph import prune
@@ -71,8 +72,14 @@ def test_inputs_buffers_and_outputs_are_numbered_like_any_layer():
     o1 = r.output(s, "output.0")
     o2 = r.output(x, "output.1")
     assign_labels([[e] for e in r.entries])
-    assert [e.label for e in (x, y, b, s, o1, o2)] == ["input_1_0", "input_2_1", "buffer_1_2", "add_1_3",
-                                                        "output_1_4", "output_2_5"]
+    assert [e.label for e in (x, y, b, s, o1, o2)] == [
+        "input_1_0",
+        "input_2_1",
+        "buffer_1_2",
+        "add_1_3",
+        "output_1_4",
+        "output_2_5",
+    ]
 
 
 def test_labels_follow_the_order_of_the_layers_given():

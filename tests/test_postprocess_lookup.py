@@ -1,5 +1,6 @@
 """postprocess/labels.py ``build_lookup`` on hand-built, labelled records: every key form of
 every entry, ``Ambiguous`` for keys naming several, ``lookup_keys`` and the suggestions."""
+
 from postprocess_records import Records
 
 from torchlens.postprocess.labels import Ambiguous, assign_labels, build_lookup
@@ -7,8 +8,10 @@ from torchlens.postprocess.labels import Ambiguous, assign_labels, build_lookup
 
 def _named(lookup):
     """key -> label, or ('ambiguous', what, labels, suggestions)."""
-    return {k: (v.label if not isinstance(v, Ambiguous) else ("ambiguous", v.what, v.labels, v.suggestions))
-            for k, v in lookup.items()}
+    return {
+        k: (v.label if not isinstance(v, Ambiguous) else ("ambiguous", v.what, v.labels, v.suggestions))
+        for k, v in lookup.items()
+    }
 
 
 def _module_output(e, address, pass_num, position=()):
@@ -44,12 +47,28 @@ def _linear_twice():
 def test_every_key_of_a_single_pass_history():
     entries = _one_linear()
     assert _named(build_lookup(entries, {"fc": 1})) == {
-        0: "input_1_0", -3: "input_1_0", "input_1_0": "input_1_0", "input_1_0:1": "input_1_0",
-        "input_1:1": "input_1_0", "input_1": "input_1_0", "input.x": "input_1_0",
-        1: "linear_1_1", -2: "linear_1_1", "linear_1_1": "linear_1_1", "linear_1_1:1": "linear_1_1",
-        "linear_1:1": "linear_1_1", "linear_1": "linear_1_1", "fc": "linear_1_1", "fc:1": "linear_1_1",
-        2: "output_1_2", -1: "output_1_2", "output_1_2": "output_1_2", "output_1_2:1": "output_1_2",
-        "output_1:1": "output_1_2", "output_1": "output_1_2", "output": "output_1_2",
+        0: "input_1_0",
+        -3: "input_1_0",
+        "input_1_0": "input_1_0",
+        "input_1_0:1": "input_1_0",
+        "input_1:1": "input_1_0",
+        "input_1": "input_1_0",
+        "input.x": "input_1_0",
+        1: "linear_1_1",
+        -2: "linear_1_1",
+        "linear_1_1": "linear_1_1",
+        "linear_1_1:1": "linear_1_1",
+        "linear_1:1": "linear_1_1",
+        "linear_1": "linear_1_1",
+        "fc": "linear_1_1",
+        "fc:1": "linear_1_1",
+        2: "output_1_2",
+        -1: "output_1_2",
+        "output_1_2": "output_1_2",
+        "output_1_2:1": "output_1_2",
+        "output_1:1": "output_1_2",
+        "output_1": "output_1_2",
+        "output": "output_1_2",
     }
 
 
@@ -94,8 +113,11 @@ def test_input_output_and_buffer_addresses():
     assign_labels([[e] for e in r.entries])
     named = _named(build_lookup(r.entries, {"bn": 1}))
     assert {k: named[k] for k in ("input.x", "input.y", "bn.running_mean", "output.0", "output.1")} == {
-        "input.x": "input_1_0", "input.y": "input_2_1", "bn.running_mean": "buffer_1_2",
-        "output.0": "output_1_4", "output.1": "output_2_5",
+        "input.x": "input_1_0",
+        "input.y": "input_2_1",
+        "bn.running_mean": "buffer_1_2",
+        "output.0": "output_1_4",
+        "output.1": "output_2_5",
     }
     assert "bn" not in named  # a module is found by the tensors it returned, not the ones inside it
 
@@ -104,13 +126,21 @@ def test_input_output_and_buffer_addresses():
 def test_every_key_of_a_layer_with_two_passes():
     entries = _linear_twice()
     named = _named(build_lookup(entries, {"fc": 2}))
-    layer = ("ambiguous", "layer linear_1_1 has 2 passes", ["linear_1_1:1", "linear_1_1:2"],
-             ["linear_1_1:1", "linear_1_1:2"])
+    layer = (
+        "ambiguous",
+        "layer linear_1_1 has 2 passes",
+        ["linear_1_1:1", "linear_1_1:2"],
+        ["linear_1_1:1", "linear_1_1:2"],
+    )
     assert {k: v for k, v in named.items() if "linear" in str(k) or "fc" in str(k)} == {
-        "linear_1_1:1": "linear_1_1:1", "linear_1_1:2": "linear_1_1:2",
-        "linear_1:1": "linear_1_1:1", "linear_1:2": "linear_1_1:2",
-        "fc:1": "linear_1_1:1", "fc:2": "linear_1_1:2",
-        "linear_1_1": layer, "linear_1": layer,
+        "linear_1_1:1": "linear_1_1:1",
+        "linear_1_1:2": "linear_1_1:2",
+        "linear_1:1": "linear_1_1:1",
+        "linear_1:2": "linear_1_1:2",
+        "fc:1": "linear_1_1:1",
+        "fc:2": "linear_1_1:2",
+        "linear_1_1": layer,
+        "linear_1": layer,
         "fc": ("ambiguous", "module fc has 2 passes", ["linear_1_1:1", "linear_1_1:2"], ["fc:1", "fc:2"]),
     }
     assert [named[i] for i in (1, 2, -3, -2)] == ["linear_1_1:1", "linear_1_1:2"] * 2
@@ -119,8 +149,7 @@ def test_every_key_of_a_layer_with_two_passes():
 def test_lookup_keys_of_a_pass_leave_out_the_ambiguous_keys():
     entries = _linear_twice()
     build_lookup(entries, {"fc": 2})
-    assert [e.lookup_keys for e in entries[1:3]] == [[-3, 1, "fc:1", "linear_1_1:1"],
-                                                    [-2, 2, "fc:2", "linear_1_1:2"]]
+    assert [e.lookup_keys for e in entries[1:3]] == [[-3, 1, "fc:1", "linear_1_1:1"], [-2, 2, "fc:2", "linear_1_1:2"]]
 
 
 # ----- module calls returning several tensors ----------------------------------------------
@@ -141,7 +170,9 @@ def test_one_module_call_returning_several_tensors():
     labels = ["lstm_1_1", "lstm_2_2", "lstm_3_3"]
     suggestions = ["lstm:1.0", "lstm:1.1.0", "lstm:1.1.1"]
     assert {k: v for k, v in named.items() if str(k).startswith("lstm:") or k == "lstm"} == {
-        "lstm:1.0": "lstm_1_1", "lstm:1.1.0": "lstm_2_2", "lstm:1.1.1": "lstm_3_3",
+        "lstm:1.0": "lstm_1_1",
+        "lstm:1.1.0": "lstm_2_2",
+        "lstm:1.1.1": "lstm_3_3",
         "lstm:1": ("ambiguous", "module call lstm:1 returned several tensors", labels, suggestions),
         "lstm": ("ambiguous", "module lstm returned several tensors", labels, suggestions),
     }
@@ -161,11 +192,18 @@ def test_a_module_with_several_passes_and_several_outputs():
     assign_labels([[r.entries[0]], [outs[0], outs[2]], [outs[1], outs[3]]])
     named = _named(build_lookup(r.entries, {"split": 2}))
     assert [e.label for e in outs] == ["chunk_1_1:1", "chunk_2_2:1", "chunk_1_1:2", "chunk_2_2:2"]
-    assert named["split"] == ("ambiguous", "module split has 2 passes",
-                              ["chunk_1_1:1", "chunk_2_2:1", "chunk_1_1:2", "chunk_2_2:2"],
-                              ["split:1.0", "split:1.1", "split:2.0", "split:2.1"])
-    assert named["split:2"] == ("ambiguous", "module call split:2 returned several tensors",
-                                ["chunk_1_1:2", "chunk_2_2:2"], ["split:2.0", "split:2.1"])
+    assert named["split"] == (
+        "ambiguous",
+        "module split has 2 passes",
+        ["chunk_1_1:1", "chunk_2_2:1", "chunk_1_1:2", "chunk_2_2:2"],
+        ["split:1.0", "split:1.1", "split:2.0", "split:2.1"],
+    )
+    assert named["split:2"] == (
+        "ambiguous",
+        "module call split:2 returned several tensors",
+        ["chunk_1_1:2", "chunk_2_2:2"],
+        ["split:2.0", "split:2.1"],
+    )
     assert [named[f"split:{n}.{i}"] for n in (1, 2) for i in (0, 1)] == [e.label for e in outs]
 
 

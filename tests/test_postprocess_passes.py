@@ -5,6 +5,7 @@ objects, output position); parameter-free ones by call site (function, module ad
 stack from the innermost weighted module's ``forward``, output position) and split by their
 anchor, the latest weighted ancestor; inputs, outputs and buffers are layers of their own.
 """
+
 from postprocess_records import Records, layer_ids, site
 
 from torchlens.postprocess.labels import assign_labels
@@ -65,10 +66,10 @@ def test_outputs_at_different_positions_of_a_weighted_call_are_different_layers(
     x = r.input()
     params = ("lstm.weight_ih_l0", "lstm.weight_hh_l0")
     frames = site(10)
-    outs = [r.op("lstm", x, params=params, modules=(("lstm", 1),), frames=frames, output_index=(i,))
-            for i in range(3)]
-    again = [r.op("lstm", outs[0], params=params, modules=(("lstm", 2),), frames=frames, output_index=(i,))
-             for i in range(3)]
+    outs = [r.op("lstm", x, params=params, modules=(("lstm", 1),), frames=frames, output_index=(i,)) for i in range(3)]
+    again = [
+        r.op("lstm", outs[0], params=params, modules=(("lstm", 2),), frames=frames, output_index=(i,)) for i in range(3)
+    ]
     r.output(again[0])
     layers = group_passes(r.entries)
     assert layer_ids(layers) == [[0], [1, 4], [2, 5], [3, 6], [7]]
@@ -85,8 +86,15 @@ def test_interleaved_weighted_layers_are_ordered_by_first_pass():
     layers = group_passes(r.entries)
     assert layer_ids(layers) == [[0], [1, 3, 4], [2, 5], [6]]
     assign_labels(layers)
-    assert [e.label for e in r.entries] == ["input_1_0", "linear_1_1:1", "linear_2_2:1", "linear_1_1:2",
-                                           "linear_1_1:3", "linear_2_2:2", "output_1_3"]
+    assert [e.label for e in r.entries] == [
+        "input_1_0",
+        "linear_1_1:1",
+        "linear_2_2:1",
+        "linear_1_1:2",
+        "linear_1_1:3",
+        "linear_2_2:2",
+        "output_1_3",
+    ]
 
 
 # ----- parameter-free operations: call site and anchor -------------------------------------
@@ -172,8 +180,16 @@ def test_a_weight_free_loop_is_one_layer_per_call_site():
     layers = group_passes(r.entries)
     assert layer_ids(layers) == [[0], [1, 3, 5], [2, 4, 6], [7]]
     assign_labels(layers)
-    assert [e.label for e in r.entries] == ["input_1_0", "sin_1_1:1", "mul_1_2:1", "sin_1_1:2", "mul_1_2:2",
-                                           "sin_1_1:3", "mul_1_2:3", "output_1_3"]
+    assert [e.label for e in r.entries] == [
+        "input_1_0",
+        "sin_1_1:1",
+        "mul_1_2:1",
+        "sin_1_1:2",
+        "mul_1_2:2",
+        "sin_1_1:3",
+        "mul_1_2:3",
+        "output_1_3",
+    ]
 
 
 def test_the_same_function_at_other_lines_or_instructions_stays_separate():
@@ -275,8 +291,13 @@ def test_the_innermost_weighted_module_sets_where_the_call_site_starts():
     h = r.input()
     for n, line in ((1, 30), (2, 31)):
         stack = (("outer", 1), ("outer.inner", n))
-        h = r.op("linear", h, params=("outer.inner.fc.weight",), modules=stack + (("outer.inner.fc", n),),
-                 frames=site(5, line, 6, 3))
+        h = r.op(
+            "linear",
+            h,
+            params=("outer.inner.fc.weight",),
+            modules=stack + (("outer.inner.fc", n),),
+            frames=site(5, line, 6, 3),
+        )
         h = r.op("relu", h, modules=stack, frames=site(5, line, 6))
     r.output(h)
     depths = {("outer", 1): 1, ("outer.inner", 1): 2, ("outer.inner", 2): 2}
@@ -298,8 +319,15 @@ def test_inputs_outputs_and_buffers_are_layers_of_their_own():
     layers = group_passes(r.entries)
     assert layer_ids(layers) == [[0], [1], [2], [3], [4], [5], [6]]
     assign_labels(layers)
-    assert [e.label for e in r.entries] == ["input_1_0", "input_2_1", "buffer_1_2", "add_1_3", "mul_1_4",
-                                           "output_1_5", "output_2_6"]
+    assert [e.label for e in r.entries] == [
+        "input_1_0",
+        "input_2_1",
+        "buffer_1_2",
+        "add_1_3",
+        "mul_1_4",
+        "output_1_5",
+        "output_2_6",
+    ]
 
 
 def test_the_readme_recurrent_example():

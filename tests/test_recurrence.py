@@ -1,11 +1,11 @@
 """Recurrence detection: which operations are passes of one layer, with exact labels."""
+
 import pytest
 import torch
 from torch import nn
 
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent as SpecRecurrent
-
 
 
 class NestedLoops(nn.Module):
@@ -172,7 +172,8 @@ class HelperCalledTwice(nn.Module):
 class TwoOpsOneLine(nn.Module):
     def forward(self, x):
         for _ in range(2):
-            x = x + 1; x = x + 1  # noqa: E702  (two call sites on one line)
+            x = x + 1
+            x = x + 1  # noqa: E702  (two call sites on one line)
         return x
 
 
@@ -254,62 +255,133 @@ def _p(label, n):
 
 
 CASES = [
-    (SpecRecurrent, (torch.rand(6, 5),),
-     ["input_1_0"] + [x for i in range(1, 5) for x in (f"linear_1_1:{i}", f"add_1_2:{i}", f"mul_1_3:{i}")]
-     + ["output_1_4"]),
-    (NestedLoops, (torch.rand(2),),
-     ["input_1_0", "add_1_1:1", "add_1_1:2", "add_1_1:3", "mul_1_2:1",
-      "add_1_1:4", "add_1_1:5", "add_1_1:6", "mul_1_2:2", "output_1_3"]),
-    (Interleaved, (torch.rand(1, 3),),
-     ["input_1_0", "linear_1_1:1", "linear_2_2:1", "linear_1_1:2", "linear_1_1:3", "linear_2_2:2",
-      "output_1_3"]),
-    (WeightFreeLoop, (torch.rand(2),),
-     ["input_1_0", "sin_1_1:1", "mul_1_2:1", "sin_1_1:2", "mul_1_2:2", "sin_1_1:3", "mul_1_2:3",
-      "output_1_3"]),
-    (EvenOdd, (torch.rand(2),),
-     ["input_1_0", "add_1_1:1", "mul_1_2:1", "add_1_1:2", "mul_1_2:2", "output_1_3"]),
-    (FakeLoop, (torch.rand(1, 1, 2, 2),),
-     ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1_5"]),
-    (ModuleListStack, (torch.rand(1, 1, 2, 2),),
-     ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "conv2d_3_5", "relu_3_6",
-      "output_1_7"]),
-    (ActivationBeforeEachConv, (torch.rand(1, 1, 2, 2),),
-     ["input_1_0", "tanh_1_1", "conv2d_1_2", "tanh_2_3", "conv2d_2_4", "tanh_3_5", "conv2d_3_6",
-      "output_1_7"]),
-    (ParallelLookAlike, (torch.rand(2),),
-     ["input_1_0", "mul_1_1", "sin_1_2", "mul_2_3", "sin_2_4", "add_1_5", "output_1_6"]),
-    (RNNCell10, (torch.rand(2, 10, 4),),
-     ["input_1_0", "zeros_1_1"]
-     + [x for i in range(1, 11) for x in (f"getitem_1_2:{i}", f"cat_1_3:{i}", f"linear_1_4:{i}", f"tanh_1_5:{i}")]
-     + ["output_1_6"]),
-    (FusedLSTM, (torch.rand(2, 5, 3),),
-     # one fused op with three outputs (out, h, c); h and c are unused dead ends, kept
-     ["input_1_0", "zeros_1_1", "zeros_2_2", "lstm_1_3", "lstm_2_4", "lstm_3_5", "output_1_6"]),
-    (ReusedInAndOut, (torch.rand(1, 3),),
-     ["input_1_0", "relu_1_1", "linear_1_2:1", "relu_2_3:1", "linear_1_2:2", "relu_2_3:2",
-      "output_1_4"]),
-    (WeightedBlockTwice, (torch.rand(1, 3),),
-     ["input_1_0", "linear_1_1:1", "tanh_1_2:1", "linear_1_1:2", "tanh_1_2:2", "output_1_3"]),
-    (TiedWeights, (torch.rand(1, 3),),
-     ["input_1_0", "linear_1_1:1", "mul_1_2", "linear_1_1:2", "add_1_3", "output_1_4"]),
-    (HelperCalledTwice, (torch.rand(2),),
-     ["input_1_0", "exp_1_1", "exp_2_2", "output_1_3"]),
-    (TwoOpsOneLine, (torch.rand(2),),
-     ["input_1_0", "add_1_1:1", "add_2_2:1", "add_1_1:2", "add_2_2:2", "output_1_3"]),
-    (LoopInSubmodule, (torch.rand(2),),
-     ["input_1_0", "sin_1_1:1", "mul_1_2:1", "sin_1_1:2", "mul_1_2:2", "sin_1_1:3", "mul_1_2:3",
-      "add_1_3", "output_1_4"]),
-    (InitThenLoop, (torch.rand(1, 3),),
-     ["input_1_0", "linear_1_1", "mul_1_2:1", "linear_2_3:1", "mul_1_2:2", "linear_2_3:2",
-      "mul_1_2:3", "linear_2_3:3", "output_1_4"]),
-    (ComprehensionBranches, (torch.rand(2),),
-     ["input_1_0", "mul_1_1:1", "mul_1_1:2", "mul_1_1:3", "stack_1_2", "sum_1_3", "output_1_4"]),
-    (SharedCellTwoLoops, (torch.rand(1, 2),),
-     ["input_1_0"] + _p("linear_1_1", 4) + ["output_1_2"]),
-    (UniversalStack, (torch.rand(1, 2),),
-     ["input_1_0"] + [x for i in range(1, 4) for x in
-                      (f"linear_1_1:{i}", f"relu_1_2:{i}", f"linear_2_3:{i}", f"relu_2_4:{i}")]
-     + ["output_1_5"]),
+    (
+        SpecRecurrent,
+        (torch.rand(6, 5),),
+        ["input_1_0"]
+        + [x for i in range(1, 5) for x in (f"linear_1_1:{i}", f"add_1_2:{i}", f"mul_1_3:{i}")]
+        + ["output_1_4"],
+    ),
+    (
+        NestedLoops,
+        (torch.rand(2),),
+        [
+            "input_1_0",
+            "add_1_1:1",
+            "add_1_1:2",
+            "add_1_1:3",
+            "mul_1_2:1",
+            "add_1_1:4",
+            "add_1_1:5",
+            "add_1_1:6",
+            "mul_1_2:2",
+            "output_1_3",
+        ],
+    ),
+    (
+        Interleaved,
+        (torch.rand(1, 3),),
+        ["input_1_0", "linear_1_1:1", "linear_2_2:1", "linear_1_1:2", "linear_1_1:3", "linear_2_2:2", "output_1_3"],
+    ),
+    (
+        WeightFreeLoop,
+        (torch.rand(2),),
+        ["input_1_0", "sin_1_1:1", "mul_1_2:1", "sin_1_1:2", "mul_1_2:2", "sin_1_1:3", "mul_1_2:3", "output_1_3"],
+    ),
+    (EvenOdd, (torch.rand(2),), ["input_1_0", "add_1_1:1", "mul_1_2:1", "add_1_1:2", "mul_1_2:2", "output_1_3"]),
+    (
+        FakeLoop,
+        (torch.rand(1, 1, 2, 2),),
+        ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1_5"],
+    ),
+    (
+        ModuleListStack,
+        (torch.rand(1, 1, 2, 2),),
+        ["input_1_0", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "conv2d_3_5", "relu_3_6", "output_1_7"],
+    ),
+    (
+        ActivationBeforeEachConv,
+        (torch.rand(1, 1, 2, 2),),
+        ["input_1_0", "tanh_1_1", "conv2d_1_2", "tanh_2_3", "conv2d_2_4", "tanh_3_5", "conv2d_3_6", "output_1_7"],
+    ),
+    (
+        ParallelLookAlike,
+        (torch.rand(2),),
+        ["input_1_0", "mul_1_1", "sin_1_2", "mul_2_3", "sin_2_4", "add_1_5", "output_1_6"],
+    ),
+    (
+        RNNCell10,
+        (torch.rand(2, 10, 4),),
+        ["input_1_0", "zeros_1_1"]
+        + [x for i in range(1, 11) for x in (f"getitem_1_2:{i}", f"cat_1_3:{i}", f"linear_1_4:{i}", f"tanh_1_5:{i}")]
+        + ["output_1_6"],
+    ),
+    (
+        FusedLSTM,
+        (torch.rand(2, 5, 3),),
+        # one fused op with three outputs (out, h, c); h and c are unused dead ends, kept
+        ["input_1_0", "zeros_1_1", "zeros_2_2", "lstm_1_3", "lstm_2_4", "lstm_3_5", "output_1_6"],
+    ),
+    (
+        ReusedInAndOut,
+        (torch.rand(1, 3),),
+        ["input_1_0", "relu_1_1", "linear_1_2:1", "relu_2_3:1", "linear_1_2:2", "relu_2_3:2", "output_1_4"],
+    ),
+    (
+        WeightedBlockTwice,
+        (torch.rand(1, 3),),
+        ["input_1_0", "linear_1_1:1", "tanh_1_2:1", "linear_1_1:2", "tanh_1_2:2", "output_1_3"],
+    ),
+    (
+        TiedWeights,
+        (torch.rand(1, 3),),
+        ["input_1_0", "linear_1_1:1", "mul_1_2", "linear_1_1:2", "add_1_3", "output_1_4"],
+    ),
+    (HelperCalledTwice, (torch.rand(2),), ["input_1_0", "exp_1_1", "exp_2_2", "output_1_3"]),
+    (TwoOpsOneLine, (torch.rand(2),), ["input_1_0", "add_1_1:1", "add_2_2:1", "add_1_1:2", "add_2_2:2", "output_1_3"]),
+    (
+        LoopInSubmodule,
+        (torch.rand(2),),
+        [
+            "input_1_0",
+            "sin_1_1:1",
+            "mul_1_2:1",
+            "sin_1_1:2",
+            "mul_1_2:2",
+            "sin_1_1:3",
+            "mul_1_2:3",
+            "add_1_3",
+            "output_1_4",
+        ],
+    ),
+    (
+        InitThenLoop,
+        (torch.rand(1, 3),),
+        [
+            "input_1_0",
+            "linear_1_1",
+            "mul_1_2:1",
+            "linear_2_3:1",
+            "mul_1_2:2",
+            "linear_2_3:2",
+            "mul_1_2:3",
+            "linear_2_3:3",
+            "output_1_4",
+        ],
+    ),
+    (
+        ComprehensionBranches,
+        (torch.rand(2),),
+        ["input_1_0", "mul_1_1:1", "mul_1_1:2", "mul_1_1:3", "stack_1_2", "sum_1_3", "output_1_4"],
+    ),
+    (SharedCellTwoLoops, (torch.rand(1, 2),), ["input_1_0"] + _p("linear_1_1", 4) + ["output_1_2"]),
+    (
+        UniversalStack,
+        (torch.rand(1, 2),),
+        ["input_1_0"]
+        + [x for i in range(1, 4) for x in (f"linear_1_1:{i}", f"relu_1_2:{i}", f"linear_2_3:{i}", f"relu_2_4:{i}")]
+        + ["output_1_5"],
+    ),
 ]
 
 

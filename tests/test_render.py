@@ -4,6 +4,7 @@ styles, overrides, real files in three formats, and a missing ``dot``.
 Golden DOT files live in tests/golden/; regenerate them with ``pytest tests/test_render.py
 --regen-golden`` (or TORCHLENS_REGEN_GOLDEN=1) and review the diff.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,19 +19,19 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens import show_model_graph
 from torchlens.examples.models import SimpleRecurrent
 from torchlens.history.model_history import ModelHistory, ModuleInfo
 from torchlens.records.tensor_log import TensorLogEntry
-from torchlens import show_model_graph
-from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, svg_of
+from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, style, svg_of
 from torchlens.render import graphviz as tl_graphviz
-from torchlens.render import style
 
 GOLDEN = Path(__file__).parent / "golden"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot program is not installed")
 
 
 # ----- small models ---------------------------------------------------------------------------------
+
 
 class SkipSub(nn.Module):
     """A skip connection (``b + x``) and a ``sub`` whose argument order matters."""
@@ -141,20 +142,27 @@ def _edge(edges, tail, head):
 
 # ----- golden DOT files -----------------------------------------------------------------------------
 def _regen(request) -> bool:
-    return bool(request.config.getoption("--regen-golden", default=False)) or os.environ.get(
-        "TORCHLENS_REGEN_GOLDEN") == "1"
+    return (
+        bool(request.config.getoption("--regen-golden", default=False))
+        or os.environ.get("TORCHLENS_REGEN_GOLDEN") == "1"
+    )
 
 
-@pytest.mark.parametrize("name, options", [
-    ("recurrent_unrolled", {"vis_mode": "unrolled"}),
-    ("recurrent_rolled", {"vis_mode": "rolled"}),
-    ("skip_sub", {"direction": "topdown"}),
-    ("nested_depth1", {"vis_nesting_depth": 1}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("recurrent_unrolled", {"vis_mode": "unrolled"}),
+        ("recurrent_rolled", {"vis_mode": "rolled"}),
+        ("skip_sub", {"direction": "topdown"}),
+        ("nested_depth1", {"vis_nesting_depth": 1}),
+    ],
+)
 def test_golden_dot(request, name, options):
-    history = {"recurrent": lambda: request.getfixturevalue("recurrent"),
-               "skip": lambda: request.getfixturevalue("skip_sub"),
-               "nested": lambda: request.getfixturevalue("nested")}[name.split("_")[0]]()
+    history = {
+        "recurrent": lambda: request.getfixturevalue("recurrent"),
+        "skip": lambda: request.getfixturevalue("skip_sub"),
+        "nested": lambda: request.getfixturevalue("nested"),
+    }[name.split("_")[0]]()
     source = build_dot(history, **options).source
     path = GOLDEN / f"{name}.dot"
     if _regen(request):
@@ -182,7 +190,12 @@ def test_argument_positions_only_where_order_matters(skip_sub):
 
 def test_nodes_sit_in_their_innermost_module_and_edges_in_the_deepest_common_one(nested):
     nodes, edges = parse_dot(build_dot(nested, inline_single_op_modules=False).source)
-    assert nodes["linear_1_1"] == ["cluster_blocks", "cluster_blocks.0", "cluster_blocks.0.mlp", "cluster_blocks.0.mlp.0"]
+    assert nodes["linear_1_1"] == [
+        "cluster_blocks",
+        "cluster_blocks.0",
+        "cluster_blocks.0.mlp",
+        "cluster_blocks.0.mlp.0",
+    ]
     assert nodes["add_1_4"] == ["cluster_blocks", "cluster_blocks.0"]
     assert nodes["input_1_0"] == [] and nodes["output_1_10"] == []
     # linear -> relu: in mlp (not in mlp.0 or mlp.1); mlp output -> add: in blocks.0;
@@ -240,12 +253,14 @@ def test_collapsed_modules(nested):
     assert nodes["module.blocks.1.pass1"] == ["cluster_blocks"]
     assert not any(n.startswith(("linear_1", "linear_2", "relu", "add")) for n in nodes)
     # blocks.0 -> blocks.1 carried two logged edges (into the first linear and the skip add): one drawn
-    assert sorted(e[:2] for e in edges) == sorted([
-        ("input_1_0", "module.blocks.0.pass1"),
-        ("module.blocks.0.pass1", "module.blocks.1.pass1"),
-        ("module.blocks.1.pass1", "linear_5_9"),
-        ("linear_5_9", "output_1_10"),
-    ])
+    assert sorted(e[:2] for e in edges) == sorted(
+        [
+            ("input_1_0", "module.blocks.0.pass1"),
+            ("module.blocks.0.pass1", "module.blocks.1.pass1"),
+            ("module.blocks.1.pass1", "linear_5_9"),
+            ("linear_5_9", "output_1_10"),
+        ]
+    )
     assert all(tail != head for tail, head, _, _ in edges)
     assert "4 ops, 24 params" in source and "out: 2x3 (24 B)" in source and "shape=box3d" in source
     top = parse_dot(build_dot(nested, vis_nesting_depth=0).source)[0]
@@ -301,11 +316,18 @@ def test_created_inside_and_buffer_looks():
 # ----- options and overrides -------------------------------------------------------------------------
 def test_attribute_overrides_values_and_callables(nested):
     dot = build_dot(
-        nested, vis_nesting_depth=2, direction="leftright",
+        nested,
+        vis_nesting_depth=2,
+        direction="leftright",
         graph_attrs={"bgcolor": "ivory", "label": lambda h: h.model_name},
-        node_attrs={"fontsize": "13", "fillcolor": lambda item: "pink" if getattr(item, "layer_type", "") == "add" else None},
-        edge_attrs={"color": lambda parent, child: "red" if getattr(child, "kind", "") == "output" else None,
-                    "penwidth": 2},
+        node_attrs={
+            "fontsize": "13",
+            "fillcolor": lambda item: "pink" if getattr(item, "layer_type", "") == "add" else None,
+        },
+        edge_attrs={
+            "color": lambda parent, child: "red" if getattr(child, "kind", "") == "output" else None,
+            "penwidth": 2,
+        },
         module_attrs={"color": lambda address: "blue" if address == "blocks" else None, "style": "dashed"},
     )
     source = dot.source
@@ -316,7 +338,7 @@ def test_attribute_overrides_values_and_callables(nested):
     assert "color=red" in _edge(edges, "linear_5_9", "output_1_10")[3]
     assert "color=red" not in _edge(edges, "input_1_0", "module.blocks.0.mlp.pass1")[3]
     assert all("penwidth=2" in e[3] for e in edges)
-    blocks = source[source.index("subgraph cluster_blocks {"):]
+    blocks = source[source.index("subgraph cluster_blocks {") :]
     assert "color=blue" in blocks.splitlines()[1] and "style=dashed" in blocks.splitlines()[1]
 
 
@@ -330,12 +352,15 @@ def test_extra_edges_hook(recurrent):
         build_dot(recurrent, extra_edges=[("nope", "input_1_0", {})])
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"vis_mode": "sideways"}, "vis_mode"),
-    ({"vis_nesting_depth": -1}, "vis_nesting_depth"),
-    ({"vis_nesting_depth": 1.5}, "vis_nesting_depth"),
-    ({"direction": "up"}, "direction"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"vis_mode": "sideways"}, "vis_mode"),
+        ({"vis_nesting_depth": -1}, "vis_nesting_depth"),
+        ({"vis_nesting_depth": 1.5}, "vis_nesting_depth"),
+        ({"direction": "up"}, "direction"),
+    ],
+)
 def test_bad_options(recurrent, options, message):
     with pytest.raises(ValueError, match=message):
         build_dot(recurrent, **options)
@@ -372,10 +397,15 @@ def test_renders_a_hand_built_history():
     ]
     for e in entries:
         e.child_layers = [c.label for c in entries if e.label in c.parent_layers]
-    modules = ModuleInfo(addresses=["enc"], types={"": "HandMade", "enc": "Encoder"},
-                         children={"": ["enc"], "enc": []}, passes={"enc": 1})
-    history = ModelHistory("HandMade", entries, {e.label: e for e in entries}, [e.label for e in entries],
-                           modules, {}, 0, 0.0, 0.0)
+    modules = ModuleInfo(
+        addresses=["enc"],
+        types={"": "HandMade", "enc": "Encoder"},
+        children={"": ["enc"], "enc": []},
+        passes={"enc": 1},
+    )
+    history = ModelHistory(
+        "HandMade", entries, {e.label: e for e in entries}, [e.label for e in entries], modules, {}, 0, 0.0, 0.0
+    )
     source = build_dot(history, inline_single_op_modules=False).source
     nodes, edges = parse_dot(source)
     assert nodes["linear_1_1"] == ["cluster_enc"] and "params: 3x3" in source
@@ -419,8 +449,12 @@ def test_render_graph_writes_files(tmp_path, skip_sub, fileformat):
 def test_svg_of_and_show_model_graph(tmp_path, recurrent, monkeypatch):
     assert "<svg" in svg_of(recurrent, vis_mode="rolled")
     out = tmp_path / "shown"
-    assert show_model_graph(SimpleRecurrent(), torch.rand(2, 5), outpath=str(out), fileformat="svg",
-                            save_only=True, random_seed=0) is None
+    assert (
+        show_model_graph(
+            SimpleRecurrent(), torch.rand(2, 5), outpath=str(out), fileformat="svg", save_only=True, random_seed=0
+        )
+        is None
+    )
     assert (tmp_path / "shown.svg").read_bytes().startswith(b"<?xml")
     shown = []
     monkeypatch.setattr("torchlens.show.in_notebook", lambda: True)
@@ -552,24 +586,41 @@ def test_vis_names_everywhere_and_the_older_names_as_aliases(tmp_path, recurrent
     assert (tmp_path / "new.svg").exists()
     render_graph(recurrent, outpath=str(tmp_path / "old"), fileformat="svg", save_only=True)  # still accepted
     assert (tmp_path / "old.svg").exists()
-    show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_outpath=str(tmp_path / "shown"), vis_fileformat="svg",
-                     vis_save_only=True)
+    show_model_graph(
+        SimpleRecurrent(),
+        torch.rand(2, 5),
+        vis_outpath=str(tmp_path / "shown"),
+        vis_fileformat="svg",
+        vis_save_only=True,
+    )
     assert (tmp_path / "shown.svg").exists()
     assert build_dot(recurrent, vis_direction="topdown").source == build_dot(recurrent, direction="topdown").source
     assert "rankdir=TB" in build_dot(recurrent, vis_direction="topdown").source
-    tl.log_forward_pass(SimpleRecurrent(), torch.rand(2, 5), vis_mode="rolled", vis_outpath=str(tmp_path / "log"),
-                        vis_fileformat="svg", vis_save_only=True, vis_direction="leftright")
+    tl.log_forward_pass(
+        SimpleRecurrent(),
+        torch.rand(2, 5),
+        vis_mode="rolled",
+        vis_outpath=str(tmp_path / "log"),
+        vis_fileformat="svg",
+        vis_save_only=True,
+        vis_direction="leftright",
+    )
     assert (tmp_path / "log.svg").exists()
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda h: render_graph(h, vis_outpath="a", outpath="b"), "got both vis_outpath= and outpath="),
-    (lambda h: render_graph(h, vis_save_only=True, save_only=True), "pass only vis_save_only="),
-    (lambda h: build_dot(h, vis_direction="topdown", direction="topdown"), "got both vis_direction="),
-    (lambda h: show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_fileformat="svg", fileformat="png"),
-     "got both vis_fileformat="),
-    (lambda h: render_graph(h, out_path="x"), "unexpected keyword argument 'out_path'"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda h: render_graph(h, vis_outpath="a", outpath="b"), "got both vis_outpath= and outpath="),
+        (lambda h: render_graph(h, vis_save_only=True, save_only=True), "pass only vis_save_only="),
+        (lambda h: build_dot(h, vis_direction="topdown", direction="topdown"), "got both vis_direction="),
+        (
+            lambda h: show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_fileformat="svg", fileformat="png"),
+            "got both vis_fileformat=",
+        ),
+        (lambda h: render_graph(h, out_path="x"), "unexpected keyword argument 'out_path'"),
+    ],
+)
 def test_both_spellings_of_an_option_are_a_type_error(recurrent, call, message):
     with pytest.raises(TypeError, match=message):
         call(recurrent)

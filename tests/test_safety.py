@@ -1,4 +1,5 @@
 """Nothing is left behind: torch, the model, the caller's RNG and threads are as before."""
+
 import gc
 import random
 import threading
@@ -102,8 +103,11 @@ def test_output_unchanged_and_caller_rng_restored():
     random.seed(5)
     np.random.seed(5)
     h = tl.log_forward_pass(model, x, random_seed=77)
-    assert (torch.rand(3).equal(expected_next[0]) and random.random() == expected_next[1]
-            and np.random.rand() == expected_next[2])
+    assert (
+        torch.rand(3).equal(expected_next[0])
+        and random.random() == expected_next[1]
+        and np.random.rand() == expected_next[2]
+    )
     torch.manual_seed(77)
     assert torch.equal(model(x), h["output_1_3"].activation)
 
@@ -202,8 +206,15 @@ def test_lazy_modules_are_created_as_in_a_plain_forward():
         torch.manual_seed(0)
         model = make()
         h = tl.log_forward_pass(model, x, layers_to_save=layers_to_save, keep_unsaved_layers=True)
-        assert h.layer_labels == ["input_1_0", "linear_1_1", "buffer_1_2", "buffer_2_3",
-                                  "batchnorm_1_4", "relu_1_5", "output_1_6"]
+        assert h.layer_labels == [
+            "input_1_0",
+            "linear_1_1",
+            "buffer_1_2",
+            "buffer_2_3",
+            "batchnorm_1_4",
+            "relu_1_5",
+            "output_1_6",
+        ]
         assert h["linear_1_1"].num_params == 24 and h.num_params == 32
         assert h.param_info["0.weight"][0] == (4, 5) and h.module_types["0"] == "Linear"
         for (key, value), expected in zip(model.state_dict().items(), plain.state_dict().values()):

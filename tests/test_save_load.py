@@ -1,4 +1,5 @@
 """history.save / tl.load: round trips, lazy reading, and a clear error for every broken file."""
+
 from __future__ import annotations
 
 import json
@@ -118,8 +119,10 @@ def test_gradients_round_trip(tmp_path):
 
 def test_source_text_is_stored(tmp_path, monkeypatch):
     source = tmp_path / "mymodel.py"
-    source.write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
-                      "        return torch.tanh(x)  # the call\n")
+    source.write_text(
+        "import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return torch.tanh(x)  # the call\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
 
@@ -142,7 +145,9 @@ def test_loading_reads_no_tensor_until_used(tmp_path, monkeypatch):
     folder = h.save(tmp_path / "lazy")
     reads = []
     original = TensorStore.dense
-    monkeypatch.setattr(TensorStore, "dense", lambda self, key, record: reads.append(key) or original(self, key, record))
+    monkeypatch.setattr(
+        TensorStore, "dense", lambda self, key, record: reads.append(key) or original(self, key, record)
+    )
     loaded = tl.load(folder)
     str(loaded), loaded.to_pandas(), build_dot(loaded), loaded.num_tensors_saved, loaded.saved_tensor_bytes
     assert reads == []
@@ -152,8 +157,12 @@ def test_loading_reads_no_tensor_until_used(tmp_path, monkeypatch):
 
 
 def test_postfunc_results_are_stored_safely(tmp_path):
-    h = tl.log_forward_pass(Loop(), torch.rand(2, 3), random_seed=0,
-                            activation_postfunc=lambda t: {"mean": t.mean(), "shape": t.shape, "n": (1, 2.5, None)})
+    h = tl.log_forward_pass(
+        Loop(),
+        torch.rand(2, 3),
+        random_seed=0,
+        activation_postfunc=lambda t: {"mean": t.mean(), "shape": t.shape, "n": (1, 2.5, None)},
+    )
     loaded = tl.load(h.save(tmp_path / "p"))
     for a, b in zip(h, loaded):
         assert set(a.activation) == set(b.activation)

@@ -1,4 +1,5 @@
 """log_forward_pass(save_to=folder): activations written to disk as they are produced."""
+
 from __future__ import annotations
 
 import os
@@ -64,10 +65,16 @@ def test_streamed_activations_are_not_kept_in_memory(tmp_path):
 
 def test_subset_and_postfunc(tmp_path):
     model, x = Branchy().eval(), torch.rand(2, 3, 6, 6)
-    h = tl.log_forward_pass(model, x, layers_to_save=["conv2d_1_1", "linear"], save_to=tmp_path / "a",
-                            activation_postfunc=lambda t: t.mean())
-    expected = tl.log_forward_pass(model, x, layers_to_save=["conv2d_1_1", "linear"],
-                                   activation_postfunc=lambda t: t.mean())
+    h = tl.log_forward_pass(
+        model,
+        x,
+        layers_to_save=["conv2d_1_1", "linear"],
+        save_to=tmp_path / "a",
+        activation_postfunc=lambda t: t.mean(),
+    )
+    expected = tl.log_forward_pass(
+        model, x, layers_to_save=["conv2d_1_1", "linear"], activation_postfunc=lambda t: t.mean()
+    )
     assert h.layer_labels == expected.layer_labels
     for a, b in zip(expected, h):
         assert torch.equal(a.activation, b.activation)

@@ -1,8 +1,8 @@
 """The examples users read first (the spec's AlexNet and recurrent examples), exactly."""
+
 import pytest
 import torch
 import torchvision
-from torch import nn
 
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
@@ -66,10 +66,17 @@ def test_alexnet_activation_matches_recomputation(alexnet, alexnet_history):
 
 
 def test_alexnet_layers_to_save_example(alexnet):
-    h = tl.log_forward_pass(alexnet, torch.rand(1, 3, 224, 224),
-                            layers_to_save=["conv2d_3_7", "features", -5, "linear"])
-    assert h.layer_labels == ["conv2d_3_7", "maxpool2d_3_13", "linear_1_17", "dropout_2_19",
-                              "linear_2_20", "linear_3_22"]
+    h = tl.log_forward_pass(
+        alexnet, torch.rand(1, 3, 224, 224), layers_to_save=["conv2d_3_7", "features", -5, "linear"]
+    )
+    assert h.layer_labels == [
+        "conv2d_3_7",
+        "maxpool2d_3_13",
+        "linear_1_17",
+        "dropout_2_19",
+        "linear_2_20",
+        "linear_3_22",
+    ]
     assert all(e.activation is not None for e in h)
 
 
@@ -83,7 +90,6 @@ def test_alexnet_func_call_stack(alexnet_history):
     assert text.startswith("FuncCallLocation:\n  file: ")
     assert "\n  function: forward\n  code:\n" in text
     assert "--->  x = self.classifier(x)" in text
-
 
 
 def test_recurrent_example_passes():

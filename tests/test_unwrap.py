@@ -1,5 +1,6 @@
 """TorchScript models are refused; torch.compile'd models and submodules are traced eagerly
 (torchlens.capture.unwrap)."""
+
 import time
 import warnings
 

@@ -1,19 +1,23 @@
 """validate_model_activations: says True for correct logs, False (with the reason) otherwise."""
+
 import pytest
 import torch
+from models import REGISTRY
 from torch import nn
 
 import torchlens as tl
 import torchlens.api as api_module
 import torchlens.validate as validate_module
-from models import REGISTRY
 
 # Models that raise on purpose.
 EXPECTED_NOT_VALID = {"raises_midway", "raises_in_submodule"}
 
 
-@pytest.mark.parametrize("name, make_model, make_inputs",
-                         [r for r in REGISTRY if r[0] not in EXPECTED_NOT_VALID], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "name, make_model, make_inputs",
+    [r for r in REGISTRY if r[0] not in EXPECTED_NOT_VALID],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_catalogue_models_validate(name, make_model, make_inputs):
     args, kwargs = make_inputs()
     assert tl.validate_model_activations(make_model(), list(args), kwargs, random_seed=0, verbose=True)
@@ -27,8 +31,15 @@ def test_write_through_a_view_is_replayed():
             return y * 2
 
     h = tl.log_forward_pass(ViewWrite(), torch.rand(3))
-    assert h.layer_labels == ["input_1_0", "zeros_1_1", "getitem_1_2", "copy_1_3", "viewwrite_1_4",
-                              "mul_1_5", "output_1_6"]
+    assert h.layer_labels == [
+        "input_1_0",
+        "zeros_1_1",
+        "getitem_1_2",
+        "copy_1_3",
+        "viewwrite_1_4",
+        "mul_1_5",
+        "output_1_6",
+    ]
     assert h["viewwrite_1_4"].parent_layers == ["zeros_1_1", "copy_1_3"]
     assert tl.validate_model_activations(ViewWrite(), torch.rand(3), verbose=True)
 
@@ -63,8 +74,9 @@ def test_a_fake_edge_is_caught(monkeypatch, capsys):
     monkeypatch.setattr(api_module, "log_forward_pass", with_fake_parent)
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     assert not tl.validate_model_activations(model, torch.rand(2, 3), verbose=True)
-    assert ("relu_1_2: parent input_1_0 is recorded as argument 1, but the saved call does not have it "
-            "among its arguments") in capsys.readouterr().out
+    assert (
+        "relu_1_2: parent input_1_0 is recorded as argument 1, but the saved call does not have it among its arguments"
+    ) in capsys.readouterr().out
 
 
 def test_model_and_rng_left_as_found():
@@ -206,8 +218,9 @@ def test_validate_history_refuses_what_it_cannot_check():
     with pytest.raises(ValueError, match="save_function_args=True"):
         validate_module.validate_history(tl.log_forward_pass(model, torch.rand(2, 3)))
     with pytest.raises(ValueError, match="layers_to_save='all'"):
-        validate_module.validate_history(tl.log_forward_pass(model, torch.rand(2, 3), layers_to_save=["relu"],
-                                                             save_function_args=True))
+        validate_module.validate_history(
+            tl.log_forward_pass(model, torch.rand(2, 3), layers_to_save=["relu"], save_function_args=True)
+        )
     with pytest.raises(TypeError, match="expects a ModelHistory"):
         validate_module.validate_history([1, 2])
 
@@ -268,8 +281,9 @@ def test_a_non_leaf_input_is_copied():
 def _tiny_gpt2():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, 100, (1, 8))
 
@@ -292,6 +306,7 @@ def test_a_dynamic_cache_grows_once():
     assert past.get_seq_length() == 9
     assert len(h) == 1
     past = cache()
-    assert tl.validate_model_activations(model, [new_token], {"past_key_values": past, "use_cache": True},
-                                         random_seed=0, verbose=True)
+    assert tl.validate_model_activations(
+        model, [new_token], {"past_key_values": past, "use_cache": True}, random_seed=0, verbose=True
+    )
     assert past.get_seq_length() == 9

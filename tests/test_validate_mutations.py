@@ -20,6 +20,7 @@ A report names a layer when one of its failures is about that layer. Inputs and 
 replay of their own (their record is the only witness of their value), so a corrupted source is
 named by the failing replay of a consumer that lists it among its parents.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +34,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import pytest
 import torch
+from models import LoopWeighted, ResidualBlock
 from torch import nn
 
 import torchlens as tl
@@ -40,7 +42,6 @@ from torchlens.examples.models import SimpleRecurrent
 from torchlens.history.model_history import ModelHistory
 from torchlens.records.tensor_log import ParentRef
 from torchlens.validate import validate_history
-from models import LoopWeighted, ResidualBlock
 
 # a warning raised by this file's own code fails its test, as for torchlens (pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("error:::test_validate_mutations")
@@ -54,8 +55,16 @@ class MLP(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.Identity(), nn.ReLU(),
-                                 nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+        self.net = nn.Sequential(
+            nn.Linear(6, 8),
+            nn.ReLU(),
+            nn.Linear(8, 8),
+            nn.Identity(),
+            nn.ReLU(),
+            nn.Linear(8, 8),
+            nn.Tanh(),
+            nn.Linear(8, 3),
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -176,8 +185,13 @@ def _alike(h: ModelHistory, a: str, b: str) -> bool:
     """Saved tensors of one shape and dtype but different values: exchanging them is no
     equivalent mutant."""
     x, y = h[a].activation, h[b].activation
-    return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
-            and x.dtype == y.dtype and not torch.equal(x, y))
+    return (
+        isinstance(x, torch.Tensor)
+        and isinstance(y, torch.Tensor)
+        and x.shape == y.shape
+        and x.dtype == y.dtype
+        and not torch.equal(x, y)
+    )
 
 
 def _spread(sites: list, cap: int = CAP) -> list:
@@ -188,17 +202,40 @@ def _spread(sites: list, cap: int = CAP) -> list:
 
 
 # Functions for which exchanging two arguments gives the same result.
-COMMUTATIVE = frozenset({"__add__", "__radd__", "add", "__iadd__", "add_", "__mul__", "__rmul__", "mul",
-                         "__imul__", "mul_", "maximum", "minimum", "__and__", "__or__", "__xor__",
-                         "eq", "ne", "__eq__", "__ne__"})
+COMMUTATIVE = frozenset(
+    {
+        "__add__",
+        "__radd__",
+        "add",
+        "__iadd__",
+        "add_",
+        "__mul__",
+        "__rmul__",
+        "mul",
+        "__imul__",
+        "mul_",
+        "maximum",
+        "minimum",
+        "__and__",
+        "__or__",
+        "__xor__",
+        "eq",
+        "ne",
+        "__eq__",
+        "__ne__",
+    }
+)
 
 
 # ----- the mutations: sites of a trace (labels), and how to corrupt a copy at one ------------------
 def _sites_swap_parents(h: ModelHistory) -> list:
-    return [(e.label, p, q) for e in h if e.func_args is not None and e.func_name not in COMMUTATIVE
-            for p, q in itertools.combinations(
-                [p for p in e.parent_layers if p in _refs((e.func_args, e.func_kwargs))], 2)
-            if _alike(h, p, q)]
+    return [
+        (e.label, p, q)
+        for e in h
+        if e.func_args is not None and e.func_name not in COMMUTATIVE
+        for p, q in itertools.combinations([p for p in e.parent_layers if p in _refs((e.func_args, e.func_kwargs))], 2)
+        if _alike(h, p, q)
+    ]
 
 
 def _swap_parents(h: ModelHistory, site: tuple) -> List[str]:
@@ -210,9 +247,13 @@ def _swap_parents(h: ModelHistory, site: tuple) -> List[str]:
 
 def _sites_repoint_parent(h: ModelHistory) -> list:
     order = {e.label: i for i, e in enumerate(h)}
-    return [(e.label, p, r.label) for e in h for p in e.parent_layers
-            for r in h.layer_list[:order[e.label]]
-            if r.kind != "output" and r.label not in e.parent_layers and _alike(h, p, r.label)]
+    return [
+        (e.label, p, r.label)
+        for e in h
+        for p in e.parent_layers
+        for r in h.layer_list[: order[e.label]]
+        if r.kind != "output" and r.label not in e.parent_layers and _alike(h, p, r.label)
+    ]
 
 
 def _repoint_parent(h: ModelHistory, site: tuple) -> List[str]:
@@ -225,8 +266,14 @@ def _repoint_parent(h: ModelHistory, site: tuple) -> List[str]:
 
 def _sites_nudge_activation(h: ModelHistory) -> list:
     # an element below ~1e-3 may change by less than the replay's tolerance (1e-6 + 1e-4 relative)
-    return [(e.label,) for e in h if isinstance(e.activation, torch.Tensor) and e.activation.is_floating_point()
-            and e.activation.numel() and float(e.activation.abs().max()) > 1e-2]
+    return [
+        (e.label,)
+        for e in h
+        if isinstance(e.activation, torch.Tensor)
+        and e.activation.is_floating_point()
+        and e.activation.numel()
+        and float(e.activation.abs().max()) > 1e-2
+    ]
 
 
 def _nudge_activation(h: ModelHistory, site: tuple) -> List[str]:
@@ -377,8 +424,10 @@ def test_mutation_score():
             total[kind] += 1
             caught[kind] += m.caught
     lines = [f"{kind:18s} {caught[kind]:4d}/{total[kind]}" for kind in ALL]
-    lines.append(f"{'mutation score':18s} {sum(caught.values()):4d}/{sum(total.values())}"
-                 f" = {sum(caught.values()) / sum(total.values()):.1%}")
+    lines.append(
+        f"{'mutation score':18s} {sum(caught.values()):4d}/{sum(total.values())}"
+        f" = {sum(caught.values()) / sum(total.values()):.1%}"
+    )
     print("\n" + "\n".join(lines))
     assert set(total) == set(ALL) and caught == total, "\n".join(lines)
 

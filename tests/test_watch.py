@@ -1,5 +1,6 @@
 """tl.watch and tl.open_run on real training loops: what is recorded, the numbers, the graph,
 training left bitwise unchanged, and bad input."""
+
 from __future__ import annotations
 
 import copy
@@ -68,8 +69,15 @@ def test_call_graph_of_a_toy_model(tmp_path):
     assert [n for n, _ in root.outputs] == ["output 0", "output 1"]
     assert root.outputs[0][1] == [5, 3]
     assert set(root.edges) == {
-        ("input 0", "shared:1"), ("input 1", "shared:2"), ("shared:1", "mix:1"), ("shared:2", "mix:1"),
-        ("mix:1", "pos:1"), ("pos:1", "output 0"), ("shared:1", "output 1"), ("shared:2", "output 1")}
+        ("input 0", "shared:1"),
+        ("input 1", "shared:2"),
+        ("shared:1", "mix:1"),
+        ("shared:2", "mix:1"),
+        ("mix:1", "pos:1"),
+        ("pos:1", "output 0"),
+        ("shared:1", "output 1"),
+        ("shared:2", "output 1"),
+    }
     assert root.attached == ["joined"]
     assert calls["shared:2"].parent == "" and calls["shared:2"].class_name == "Linear"
     assert calls["shared:1"].extra_repr == "in_features=4, out_features=4, bias=True"
@@ -85,8 +93,11 @@ def test_call_graph_of_a_toy_model(tmp_path):
 def test_a_branch_taken_later_is_added_as_a_call(tmp_path):
     model = TwoInTwoOut()
     w = quiet_watch(model, tmp_path)
-    train(model, [(torch.ones(3, 4), torch.ones(3, 4)), (-torch.ones(3, 4), torch.ones(3, 4))],
-          make_loss=lambda out: out[0].sum())
+    train(
+        model,
+        [(torch.ones(3, 4), torch.ones(3, 4)), (-torch.ones(3, 4), torch.ones(3, 4))],
+        make_loss=lambda out: out[0].sum(),
+    )
     w.close()
     run = tl.open_run(w.run_dir)
     assert run.calls["neg:1"].parent == "" and run.calls["neg:1"].class_name == "Sigmoid"
@@ -352,8 +363,7 @@ class QueryDecoder(nn.Module):
 
 
 def _hook_counts(*tensors):
-    return [(len(t._backward_hooks or {}), len(getattr(t, "_post_accumulate_grad_hooks", None) or {}))
-            for t in tensors]
+    return [(len(t._backward_hooks or {}), len(getattr(t, "_post_accumulate_grad_hooks", None) or {})) for t in tensors]
 
 
 def test_no_gradient_hook_outlives_its_step(tmp_path):
@@ -516,8 +526,13 @@ def test_calls_with_non_differentiable_outputs(tmp_path):
     pick, root = run.calls["pick:1"], run.calls[""]
     assert pick.outputs == [("output 0", [6, 4]), ("output 1", [6])]
     assert root.outputs == [("output 0", [6]), ("output 1", [6])]
-    assert {("lin:1", "pick:1"), ("pick:1", "embed:1"), ("pick:1", "output 0"), ("pick:1", "output 1"),
-            ("embed:1", "output 0")} == set(root.edges) - {("input 0", "lin:1")}
+    assert {
+        ("lin:1", "pick:1"),
+        ("pick:1", "embed:1"),
+        ("pick:1", "output 0"),
+        ("pick:1", "output 1"),
+        ("embed:1", "output 0"),
+    } == set(root.edges) - {("input 0", "lin:1")}
     index = run.series("pick:1", "io", "output 1")
     assert index.counts.sum(axis=1).tolist() == [6, 6] and index.min.min() >= 0 and index.max.max() <= 3
     names = run.series_names()
@@ -542,8 +557,10 @@ def test_default_run_dir_is_printed_once(tmp_path, monkeypatch, capsys):
     assert os.path.dirname(os.path.realpath(w.run_dir)) == runs
     assert os.path.basename(w.run_dir).endswith("-Linear") and os.path.isfile(os.path.join(w.run_dir, "run.db"))
     assert other.run_dir != w.run_dir and os.path.dirname(os.path.realpath(other.run_dir)) == runs
-    assert out.splitlines() == [f"torchlens: watching Linear, run saved in {w.run_dir}",
-                                f"torchlens: watching Linear, run saved in {other.run_dir}"]
+    assert out.splitlines() == [
+        f"torchlens: watching Linear, run saved in {w.run_dir}",
+        f"torchlens: watching Linear, run saved in {other.run_dir}",
+    ]
     assert tl.open_run(w.run_dir).steps.tolist() == [0, 1, 2]
 
 

@@ -1,5 +1,6 @@
 """Backends of tl.watch with the real libraries: TensorBoard event files, a wandb offline run,
 and a Lightning fit on the CPU. No mocks: what each library wrote is read back."""
+
 from __future__ import annotations
 
 import glob
@@ -9,7 +10,6 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -28,8 +28,10 @@ def three_steps(model):
 
 
 def test_importing_torchlens_imports_no_backend():
-    code = ("import sys, torchlens; bad = [m for m in ('wandb', 'tensorboard', 'lightning', 'pytorch_lightning') "
-            "if m in sys.modules]; print(bad)")
+    code = (
+        "import sys, torchlens; bad = [m for m in ('wandb', 'tensorboard', 'lightning', 'pytorch_lightning') "
+        "if m in sys.modules]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -104,20 +106,30 @@ def test_tensorboard_gets_the_module_graph(tmp_path):
 
 def test_tensorboard_into_the_users_writer(tmp_path):
     pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
     model = tiny()
-    with tl.watch(model, backend=("tensorboard",), tensorboard_writer=writer, run_dir=str(tmp_path / "run"),
-                  verbose=False, log=("params",)):
+    with tl.watch(
+        model,
+        backend=("tensorboard",),
+        tensorboard_writer=writer,
+        run_dir=str(tmp_path / "run"),
+        verbose=False,
+        log=("params",),
+    ):
         three_steps(model)
     writer.add_scalar("loss", 1.0, 0)  # still the user's, still open
     writer.close()
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"histograms": 0})
     events.Reload()
-    assert sorted(events.Tags()["histograms"]) == ["torchlens/0:1/params/bias", "torchlens/0:1/params/weight",
-                                                   "torchlens/2:1/params/bias", "torchlens/2:1/params/weight"]
+    assert sorted(events.Tags()["histograms"]) == [
+        "torchlens/0:1/params/bias",
+        "torchlens/0:1/params/weight",
+        "torchlens/2:1/params/bias",
+        "torchlens/2:1/params/weight",
+    ]
     assert events.Tags()["scalars"] == ["loss"]
 
 
@@ -134,8 +146,8 @@ def _wandb_records(path):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
-        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):  # full, first
             pending = data
         elif kind in (3, 4):  # middle, last
@@ -161,8 +173,9 @@ def test_wandb_histograms_and_page(tmp_path, offline_wandb):
     wandb = offline_wandb
     run = wandb.init(project="torchlens-test", dir=str(tmp_path))
     model = tiny()
-    w = tl.watch(model, backend=("standalone", "wandb"), port=0, run_dir=str(tmp_path / "run"), verbose=False,
-                 wandb_html_every=2)
+    w = tl.watch(
+        model, backend=("standalone", "wandb"), port=0, run_dir=str(tmp_path / "run"), verbose=False, wandb_html_every=2
+    )
     three_steps(model)
     w.close()
     offline_dir = os.path.dirname(run.dir)
@@ -227,10 +240,18 @@ def test_lightning_fit(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     callback = TorchlensCallback(run_dir=str(tmp_path / "run"), backend=None, verbose=False, log_freq=1)
-    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        callbacks=[callback],
-                        enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=2,
-                        default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=2,
+        default_root_dir=str(tmp_path),
+    )
     module = Regressor()
     trainer.fit(module, loader, loader)
     assert callback.watch.closed and not module._forward_pre_hooks

@@ -4,7 +4,7 @@ in a fresh process with and without a watch.
 
 Every helper script is written to ``tmp_path`` and run with this interpreter; nothing is mocked.
 """
-import json
+
 import os
 import signal
 import socket
@@ -27,7 +27,8 @@ MLP_SERIES = sorted(
     [(c, "io", n) for c in MLP_CALLS for n in ("input 0", "output 0")]
     + [("", "io_grad", "output 0"), ("0:1", "io_grad", "output 0")]
     + [(c, "io_grad", n) for c in ("1:1", "2:1") for n in ("input 0", "output 0")]
-    + [(c, k, n) for c in ("0:1", "2:1") for k in ("params", "params_grad") for n in ("weight", "bias")])
+    + [(c, k, n) for c in ("0:1", "2:1") for k in ("params", "params_grad") for n in ("weight", "bias")]
+)
 
 # Child processes: one intra-op thread each (two processes share two cores), and the working
 # tree's torchlens first on the path.
@@ -55,8 +56,14 @@ def _script(tmp_path, name, body):
 
 
 def _start(script, *args, **env):
-    return subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, script, *map(str, args)],
+        cwd=REPO,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _stop(proc):
@@ -288,8 +295,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-                    reason="needs torch.distributed with gloo")
+@pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="needs torch.distributed with gloo",
+)
 def test_ddp_two_processes_only_rank0_records(tmp_path):
     num_steps = 6
     script = _script(tmp_path, "ddp.py", _DDP_CHILD)
@@ -297,8 +306,7 @@ def test_ddp_two_processes_only_rank0_records(tmp_path):
     procs = []
     try:
         for rank in range(2):
-            env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=2,
-                       LOCAL_RANK=rank)
+            env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank)
             if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
                 env["GLOO_SOCKET_IFNAME"] = "lo"
             procs.append(_start(script, tmp_path / f"run{rank}", tmp_path / f"out{rank}.pt", num_steps, **env))
@@ -342,8 +350,9 @@ def test_ddp_two_processes_only_rank0_records(tmp_path):
                 g, on_rank1 = grads[name], r1["grads"][step][name]
                 assert torch.equal(g, on_rank1), (name, step)  # the two ranks agree on the average
                 assert s.counts[step].sum() == g.numel()
-                assert (s.min[step], s.max[step]) == pytest.approx((g.min().item(), g.max().item()),
-                                                                  rel=1e-6, abs=1e-9), (name, step)
+                assert (s.min[step], s.max[step]) == pytest.approx(
+                    (g.min().item(), g.max().item()), rel=1e-6, abs=1e-9
+                ), (name, step)
 
     # DDP kept both replicas identical: watching rank 0 disturbed neither the gradients'
     # all-reduce nor the parameters
@@ -402,8 +411,10 @@ def test_fresh_process_trains_identically_with_and_without_watch(tmp_path):
     """Two fresh interpreters, one never importing torchlens: same losses, weights, BatchNorm
     statistics, evaluation output and global random state, with logged and unlogged steps."""
     script = _script(tmp_path, "fresh.py", _FRESH_CHILD)
-    procs = [_start(script, "plain", tmp_path / "plain.pt"),
-             _start(script, "watch", tmp_path / "watch.pt", tmp_path / "run")]
+    procs = [
+        _start(script, "plain", tmp_path / "plain.pt"),
+        _start(script, "watch", tmp_path / "watch.pt", tmp_path / "run"),
+    ]
     try:
         results = [p.communicate(timeout=120) for p in procs]
     finally:

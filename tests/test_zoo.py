@@ -17,15 +17,15 @@ Models whose test takes ``zoo_models.SLOW_SECONDS`` or more are marked ``slow`` 
 inside torchlens still fails the test, and a fixed bug shows up as an XPASS (a failure) so that
 the mark gets removed. ``benchmarks/zoo_table.py`` prints the same checks as a table with timings.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-import torchlens as tl
-
 from trace_holes import holes, tensors_alive
 from zoo_models import TV_CLASSIFICATION_LEFT_OUT, ZOO, ZooModel, tv_classification_names
+
+import torchlens as tl
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,12 +57,15 @@ def _params():
 def test_zoo_model(entry: ZooModel):
     model, args, kwargs = entry.build()
     alive = tensors_alive()
-    first = tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None, random_seed=0,
-                                save_function_args=True)
+    first = tl.log_forward_pass(
+        model, list(args), kwargs or None, layers_to_save=None, random_seed=0, save_function_args=True
+    )
     found = holes(first, alive)
     assert not found, f"{entry.name}: {len(found)} holes in the trace: " + "; ".join(found[:5])
-    counts = [len(first), len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None,
-                                                  random_seed=0))]
+    counts = [
+        len(first),
+        len(tl.log_forward_pass(model, list(args), kwargs or None, layers_to_save=None, random_seed=0)),
+    ]
     del alive, first
     assert counts[0] == counts[1], f"{entry.name}: {counts[0]} operations, then {counts[1]}"
     assert counts[0] > 2, f"{entry.name}: only {counts[0]} layers logged"
@@ -74,7 +77,7 @@ def test_zoo_model(entry: ZooModel):
 def test_zoo_covers_torchvision_classification():
     """Every classification model of this torchvision is in the zoo or left out with a reason."""
     names = set(tv_classification_names())
-    in_zoo = {e.name[len("tv."):] for e in ZOO if e.family == "classification" and not e.name.endswith(".train")}
+    in_zoo = {e.name[len("tv.") :] for e in ZOO if e.family == "classification" and not e.name.endswith(".train")}
     assert not in_zoo & set(TV_CLASSIFICATION_LEFT_OUT), "a model is both in the zoo and left out"
     missing = names - in_zoo - set(TV_CLASSIFICATION_LEFT_OUT)
     assert not missing, f"torchvision classification models neither in the zoo nor left out: {sorted(missing)}"
@@ -82,6 +85,7 @@ def test_zoo_covers_torchvision_classification():
 
 def test_zoo_names_unique_and_families_known():
     from zoo_models import FAMILIES
+
     names = [e.name for e in ZOO]
     assert len(names) == len(set(names))
     assert {e.family for e in ZOO} <= set(FAMILIES)
@@ -91,7 +95,7 @@ def test_zoo_names_unique_and_families_known():
 def test_zoo_builds_are_deterministic():
     """Two builds of an entry give the same weights and inputs (the zoo tests rely on it)."""
     entry = next(e for e in ZOO if e.name == "nn.LSTM.packed")
-    (m1, a1, k1), (m2, a2, k2) = entry.build(), entry.build()
+    (m1, a1, _), (m2, a2, _) = entry.build(), entry.build()
     for p1, p2 in zip(m1.state_dict().values(), m2.state_dict().values()):
         assert torch.equal(p1, p2)
     for x1, x2 in zip(a1, a2):

@@ -6,6 +6,7 @@ the garbage collector. A tensor that enters an operation without a record and wa
 before the pass was made by a call torchlens did not log: a hole, whether or not torchlens
 noticed (an ``untraced`` node) or not (an operation without the parent it was computed from).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,7 @@ def tensors_alive() -> Dict[int, torch.Tensor]:
 _MAX_DEPTH = 6
 _MAX_VISITS = 10_000
 # entered by no walk: a module's tensors are its parameters and buffers, not an argument's data
-_NOT_ENTERED = (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                types.MethodType)
+_NOT_ENTERED = (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
 class _Walk:
@@ -90,8 +90,10 @@ def holes(history: ModelHistory, alive_before: Dict[int, torch.Tensor]) -> List[
             for t in tensors_in_arguments(e.func_args or (), kwargs):
                 if alive_before.get(id(t)) is not t:
                     what = "parentless " if not e.parent_layers and not e.param_addresses else ""
-                    found.append(f"{e.label} ({what}{e.func_name}): an argument of shape {tuple(t.shape)} "
-                                 "was neither logged nor alive before the pass")
+                    found.append(
+                        f"{e.label} ({what}{e.func_name}): an argument of shape {tuple(t.shape)} "
+                        "was neither logged nor alive before the pass"
+                    )
     return found
 
 

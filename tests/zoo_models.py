@@ -10,6 +10,7 @@ Used by ``tests/test_zoo.py`` and ``benchmarks/zoo_table.py``. Entries not in ``
 ones whose zoo test took under ``FAST_SECONDS`` on the 2-core CI machine) are marked ``slow``.
 Entries in ``XFAIL`` fail because of a known torchlens bug, described in ``BUGS``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,16 +28,15 @@ SEED = 0
 
 @dataclass(frozen=True)
 class ZooModel:
-    name: str                       # unique id, e.g. "tv.resnet18"
-    family: str                     # see FAMILIES
+    name: str  # unique id, e.g. "tv.resnet18"
+    family: str  # see FAMILIES
     build: Callable[[], Built]
-    slow: bool = True               # not in FAST: marked slow in the tests
-    xfail: Optional[str] = None     # a known torchlens bug: the reason (tests use strict xfail)
-    note: str = ""                  # input size / configuration, for the table
+    slow: bool = True  # not in FAST: marked slow in the tests
+    xfail: Optional[str] = None  # a known torchlens bug: the reason (tests use strict xfail)
+    note: str = ""  # input size / configuration, for the table
 
 
-FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow",
-            "transformers", "timm", "recurrent")
+FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "transformers", "timm", "recurrent")
 
 
 def _seeded(build: Callable[[], Built]) -> Callable[[], Built]:
@@ -46,6 +46,7 @@ def _seeded(build: Callable[[], Built]) -> Callable[[], Built]:
             warnings.simplefilter("ignore")
             model, args, kwargs = build()
         return model, tuple(args), dict(kwargs)
+
     wrapped.__name__ = getattr(build, "__name__", "build")
     return wrapped
 
@@ -65,21 +66,25 @@ _TV_CLASSIFICATION_SPECIAL: Dict[str, Tuple[int, Dict[str, Any]]] = {
 }
 
 
-def _tv_classification(name: str, train: bool = False, batch: int = 1,
-                       override: Optional[Dict[str, Any]] = None) -> Callable[[], Built]:
+def _tv_classification(
+    name: str, train: bool = False, batch: int = 1, override: Optional[Dict[str, Any]] = None
+) -> Callable[[], Built]:
     size, extra = _TV_CLASSIFICATION_SPECIAL.get(name, (64, {}))
     extra = {**extra, **(override or {})}
 
     def build() -> Built:
         import torchvision
+
         model = torchvision.models.get_model(name, weights=None, **extra)
         model.train(train)
         return model, (_images(batch, 3, size, size),), {}
+
     return build
 
 
 def tv_classification_names() -> List[str]:
     import torchvision
+
     return list(torchvision.models.list_models(module=torchvision.models))
 
 
@@ -106,19 +111,27 @@ def _det_targets(name: str, n_images: int, height: int, width: int) -> List[Dict
 
 
 # small proposal counts keep the region heads (and the graph) small
-_RCNN_SMALL = dict(rpn_pre_nms_top_n_train=200, rpn_post_nms_top_n_train=50, rpn_pre_nms_top_n_test=100,
-                   rpn_post_nms_top_n_test=30, box_batch_size_per_image=32, box_detections_per_img=5)
+_RCNN_SMALL = dict(
+    rpn_pre_nms_top_n_train=200,
+    rpn_post_nms_top_n_train=50,
+    rpn_pre_nms_top_n_test=100,
+    rpn_post_nms_top_n_test=30,
+    box_batch_size_per_image=32,
+    box_detections_per_img=5,
+)
 
 
 def _tv_detection(name: str, size: int, train: bool, extra: Dict[str, Any]) -> Callable[[], Built]:
     def build() -> Built:
         import torchvision
+
         model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=5, **extra)
         model.train(train)
         images = [_images(3, size, size), _images(3, size - 16, size)]
         if train:
             return model, (images, _det_targets(name, len(images), size - 16, size)), {}
         return model, (images,), {}
+
     return build
 
 
@@ -130,8 +143,8 @@ _TV_DETECTION: Dict[str, Tuple[int, Dict[str, Any]]] = {
     "keypointrcnn_resnet50_fpn": (96, dict(min_size=96, max_size=96, num_keypoints=3, **_RCNN_SMALL)),
     "retinanet_resnet50_fpn": (96, dict(min_size=96, max_size=96, topk_candidates=50, detections_per_img=20)),
     "fcos_resnet50_fpn": (96, dict(min_size=96, max_size=96, topk_candidates=50, detections_per_img=20)),
-    "ssdlite320_mobilenet_v3_large": (128, {}),   # resized to 320 x 320 inside
-    "ssd300_vgg16": (128, {}),                    # resized to 300 x 300 inside
+    "ssdlite320_mobilenet_v3_large": (128, {}),  # resized to 320 x 320 inside
+    "ssd300_vgg16": (128, {}),  # resized to 300 x 300 inside
 }
 
 
@@ -139,16 +152,20 @@ _TV_DETECTION: Dict[str, Tuple[int, Dict[str, Any]]] = {
 def _tv_segmentation(name: str, size: int, extra: Dict[str, Any]) -> Callable[[], Built]:
     def build() -> Built:
         import torchvision
+
         model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=5, **extra)
         return model.eval(), (_images(1, 3, size, size),), {}
+
     return build
 
 
 def _tv_video(name: str, shape: Tuple[int, ...], extra: Dict[str, Any]) -> Callable[[], Built]:
     def build() -> Built:
         import torchvision
+
         model = torchvision.models.get_model(name, weights=None, num_classes=10, **extra)
         return model.eval(), (_images(*shape),), {}
+
     return build
 
 
@@ -156,25 +173,32 @@ def _tv_mvit(name: str, frames: int, size: int) -> Callable[[], Built]:
     """MViT with a smaller input than its builder allows: ``mvit_v1_b``/``mvit_v2_s`` hard-code
     ``spatial_size=(224, 224), temporal_size=16`` (the size of the positional embeddings); the
     builder is run with those two values replaced, the blocks are those of the named model."""
+
     def build() -> Built:
         from unittest import mock
+
         from torchvision.models.video import mvit
+
         real = mvit._mvit
 
         def smaller(**kwargs: Any):
             kwargs.update(spatial_size=(size, size), temporal_size=frames)
             return real(**kwargs)
+
         with mock.patch.object(mvit, "_mvit", smaller):
             model = getattr(mvit, name)(weights=None, num_classes=10)
         return model.eval(), (_images(1, 3, frames, size, size),), {}
+
     return build
 
 
 def _tv_flow(name: str, size: int, updates: int) -> Callable[[], Built]:
     def build() -> Built:
         import torchvision
+
         model = torchvision.models.get_model(name, weights=None).eval()
         return model, (_images(1, 3, size, size), _images(1, 3, size, size)), {"num_flow_updates": updates}
+
     return build
 
 
@@ -192,79 +216,165 @@ def _mask(batch: int, length: int) -> torch.Tensor:
 def _hf_gpt2(attention: Optional[str] = None) -> Callable[[], Built]:
     def build() -> Built:
         from transformers import GPT2Config, GPT2LMHeadModel
-        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
-                            bos_token_id=1, eos_token_id=2)
+
+        config = GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=1, eos_token_id=2
+        )
         if attention:
             config._attn_implementation = attention
         return GPT2LMHeadModel(config).eval(), (), {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8)}
+
     return build
 
 
 def _hf_bert(train: bool) -> Callable[[], Built]:
     def build() -> Built:
         from transformers import BertConfig, BertForSequenceClassification
-        config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                            vocab_size=100, max_position_embeddings=32, num_labels=3)
+
+        config = BertConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=100,
+            max_position_embeddings=32,
+            num_labels=3,
+        )
         model = BertForSequenceClassification(config).train(train)
-        return model, (), {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8),
-                           "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
+        return (
+            model,
+            (),
+            {
+                "input_ids": _ids(2, 8),
+                "attention_mask": _mask(2, 8),
+                "token_type_ids": torch.zeros(2, 8, dtype=torch.long),
+            },
+        )
+
     return build
 
 
 def _hf_t5() -> Built:
     from transformers import T5Config, T5ForConditionalGeneration
-    config = T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
-                      num_heads=4, decoder_start_token_id=0, pad_token_id=0)
-    return T5ForConditionalGeneration(config).eval(), (), {
-        "input_ids": _ids(2, 8), "attention_mask": _mask(2, 8), "decoder_input_ids": _ids(2, 5)}
+
+    config = T5Config(
+        vocab_size=100,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    return (
+        T5ForConditionalGeneration(config).eval(),
+        (),
+        {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8), "decoder_input_ids": _ids(2, 5)},
+    )
 
 
 def _hf_vit() -> Built:
     from transformers import ViTConfig, ViTForImageClassification
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=128, num_labels=5)
+
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=5,
+    )
     return ViTForImageClassification(config).eval(), (), {"pixel_values": _images(1, 3, 32, 32)}
 
 
 def _hf_clip() -> Built:
     from transformers import CLIPConfig, CLIPModel
+
     config = CLIPConfig(
-        text_config=dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=16, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=4),
-        projection_dim=32)
-    return CLIPModel(config).eval(), (), {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8),
-                                          "pixel_values": _images(2, 3, 32, 32)}
+        text_config=dict(
+            vocab_size=100,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
+        projection_dim=32,
+    )
+    return (
+        CLIPModel(config).eval(),
+        (),
+        {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8), "pixel_values": _images(2, 3, 32, 32)},
+    )
 
 
 def _hf_llama(attention: Optional[str] = None) -> Callable[[], Built]:
     def build() -> Built:
         from transformers import LlamaConfig, LlamaForCausalLM
-        config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+
+        config = LlamaConfig(
+            vocab_size=100,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
         if attention:
             config._attn_implementation = attention
         return LlamaForCausalLM(config).eval(), (), {"input_ids": _ids(2, 8), "attention_mask": _mask(2, 8)}
+
     return build
 
 
 def _hf_whisper() -> Built:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
-    config = WhisperConfig(vocab_size=100, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
-                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
-                           decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+    config = WhisperConfig(
+        vocab_size=100,
+        num_mel_bins=16,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=16,
+        max_target_positions=16,
+        decoder_start_token_id=1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     # the encoder wants exactly 2 * max_source_positions frames
-    return WhisperForConditionalGeneration(config).eval(), (), {
-        "input_features": torch.randn(1, 16, 32), "decoder_input_ids": _ids(1, 5)}
+    return (
+        WhisperForConditionalGeneration(config).eval(),
+        (),
+        {"input_features": torch.randn(1, 16, 32), "decoder_input_ids": _ids(1, 5)},
+    )
 
 
 # ----- timm (models not in torchvision) --------------------------------------------------------
 def _timm(name: str, size: int, extra: Dict[str, Any]) -> Callable[[], Built]:
     def build() -> Built:
         import timm
+
         model = timm.create_model(name, pretrained=False, num_classes=10, **extra).eval()
         x = _images(1, 3, size, size)
         if name.startswith("levit"):
@@ -273,6 +383,7 @@ def _timm(name: str, size: int, extra: Dict[str, Any]) -> Callable[[], Built]:
             with torch.no_grad():
                 model(x)
         return model, (x,), {}
+
     return build
 
 
@@ -306,8 +417,7 @@ class RecurrentHead(nn.Module):
 
     def __init__(self, kind: str):
         super().__init__()
-        self.rnn = getattr(nn, kind)(input_size=8, hidden_size=16, num_layers=2, batch_first=True,
-                                     bidirectional=True)
+        self.rnn = getattr(nn, kind)(input_size=8, hidden_size=16, num_layers=2, batch_first=True, bidirectional=True)
         self.out = nn.Linear(32, 4)
 
     def forward(self, x):
@@ -341,8 +451,7 @@ class PackedLSTM(nn.Module):
         self.out = nn.Linear(16, 4)
 
     def forward(self, x, lengths):
-        packed = nn.utils.rnn.pack_padded_sequence(self.embed(x), lengths, batch_first=True,
-                                                   enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(x), lengths, batch_first=True, enforce_sorted=False)
         sequence, (h, _) = self.lstm(packed)
         padded, _ = nn.utils.rnn.pad_packed_sequence(sequence, batch_first=True)
         return self.out(padded).sum(1) + self.out(h[-1])
@@ -367,12 +476,14 @@ def _transformer_encoder(train: bool) -> Callable[[], Built]:
         padding = torch.zeros(2, 6, dtype=torch.bool)
         padding[1, -2:] = True
         return model, (torch.randn(2, 6, 32),), {"src_key_padding_mask": padding}
+
     return build
 
 
 def _transformer() -> Built:
-    model = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                           dim_feedforward=64, batch_first=True).eval()
+    model = nn.Transformer(
+        d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, batch_first=True
+    ).eval()
     mask = nn.Transformer.generate_square_subsequent_mask(4)
     return model, (torch.randn(2, 6, 32), torch.randn(2, 4, 32)), {"tgt_mask": mask}
 
@@ -391,19 +502,34 @@ def _zoo() -> List[ZooModel]:
     for name, override in TV_CLASSIFICATION_TRAIN.items():
         size, extra = _TV_CLASSIFICATION_SPECIAL.get(name, (64, {}))
         shown = "".join(f", {k}={v}" for k, v in override.items())
-        add(f"tv.{name}.train", "classification", _tv_classification(name, True, 2, override),
-            f"2x3x{size}x{size}, train mode{shown}")
+        add(
+            f"tv.{name}.train",
+            "classification",
+            _tv_classification(name, True, 2, override),
+            f"2x3x{size}x{size}, train mode{shown}",
+        )
     for name, (size, extra) in _TV_DETECTION.items():
         for train in (False, True):
-            add(f"tv.{name}.{'train' if train else 'eval'}", "detection",
+            add(
+                f"tv.{name}.{'train' if train else 'eval'}",
+                "detection",
                 _tv_detection(name, size, train, extra),
-                f"2 images {size}x{size} + {size - 16}x{size}" + (", with targets" if train else ""))
-    for name, size, extra in (("fcn_resnet50", 64, dict(aux_loss=True)), ("deeplabv3_resnet50", 64, {}),
-                              ("deeplabv3_mobilenet_v3_large", 64, {}), ("lraspp_mobilenet_v3_large", 64, {})):
+                f"2 images {size}x{size} + {size - 16}x{size}" + (", with targets" if train else ""),
+            )
+    for name, size, extra in (
+        ("fcn_resnet50", 64, dict(aux_loss=True)),
+        ("deeplabv3_resnet50", 64, {}),
+        ("deeplabv3_mobilenet_v3_large", 64, {}),
+        ("lraspp_mobilenet_v3_large", 64, {}),
+    ):
         add(f"tv.{name}", "segmentation", _tv_segmentation(name, size, extra), f"1x3x{size}x{size}, eval")
-    for name, shape, extra in (("r3d_18", (1, 3, 4, 32, 32), {}), ("mc3_18", (1, 3, 4, 32, 32), {}),
-                               ("r2plus1d_18", (1, 3, 4, 32, 32), {}), ("s3d", (1, 3, 16, 224, 224), {}),
-                               ("swin3d_t", (1, 3, 4, 64, 64), {})):
+    for name, shape, extra in (
+        ("r3d_18", (1, 3, 4, 32, 32), {}),
+        ("mc3_18", (1, 3, 4, 32, 32), {}),
+        ("r2plus1d_18", (1, 3, 4, 32, 32), {}),
+        ("s3d", (1, 3, 16, 224, 224), {}),
+        ("swin3d_t", (1, 3, 4, 64, 64), {}),
+    ):
         add(f"tv.{name}", "video", _tv_video(name, shape, extra), "x".join(map(str, shape)) + ", eval")
     for name in ("mvit_v1_b", "mvit_v2_s"):
         add(f"tv.{name}", "video", _tv_mvit(name, 4, 64), "1x3x4x64x64 (builder's sizes replaced), eval")
@@ -438,8 +564,15 @@ def _zoo() -> List[ZooModel]:
 # classification models also run in train mode (batch-norm statistics, dropout, stochastic depth)
 # (batch of 2: batch norm in training mode needs more than one value per channel)
 TV_CLASSIFICATION_TRAIN: Dict[str, Dict[str, Any]] = {
-    "resnet18": {}, "googlenet": dict(aux_logits=True), "inception_v3": {}, "efficientnet_b0": {},
-    "convnext_tiny": {}, "swin_t": {}, "vit_b_16": {}, "mobilenet_v3_small": {}, "densenet121": {},
+    "resnet18": {},
+    "googlenet": dict(aux_logits=True),
+    "inception_v3": {},
+    "efficientnet_b0": {},
+    "convnext_tiny": {},
+    "swin_t": {},
+    "vit_b_16": {},
+    "mobilenet_v3_small": {},
+    "densenet121": {},
 }
 
 # torchvision classification models not in the zoo: name -> why. (Empty: all of them fit in the
@@ -449,7 +582,8 @@ TV_CLASSIFICATION_LEFT_OUT: Dict[str, str] = {}
 # Entries whose zoo test took under FAST_SECONDS (benchmarks/zoo_table.py, 2-core machine): not
 # marked slow, so `pytest -m "not slow"` still runs a cross-section of the zoo. Every other
 # entry -- including any new one until it is measured -- is slow.
-FAST = frozenset("""
+FAST = frozenset(
+    """
     tv.googlenet tv.mnasnet0_5 tv.mnasnet0_75 tv.mnasnet1_0 tv.mnasnet1_3 tv.mobilenet_v2
     tv.mobilenet_v3_large tv.mobilenet_v3_small tv.regnet_y_400mf tv.regnet_y_800mf tv.resnet18
     tv.resnet34 tv.shufflenet_v2_x0_5 tv.shufflenet_v2_x1_0 tv.shufflenet_v2_x1_5 tv.shufflenet_v2_x2_0
@@ -459,7 +593,8 @@ FAST = frozenset("""
     timm.beit_base_patch16_224
     nn.LSTM nn.GRU nn.RNN nn.LSTMCell nn.LSTM.packed nn.TransformerEncoder nn.TransformerEncoder.train
     nn.Transformer
-""".split())
+""".split()
+)
 
 # Known failures of validate_model_activations: bug key -> description. Empty: the last five
 # (a result that legitimately ignores a parent's values for the zoo's inputs: clamp(min=k, max=k)

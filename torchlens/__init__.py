@@ -6,14 +6,15 @@ Example:
     >>> history.layer_labels
     ['input_1_0', 'linear_1_1', 'output_1_2']
 """
+
 from .api import get_model_metadata, log_forward_pass, validate_model_activations
-from .records.func_call import FuncCallLocation
 from .history.model_history import ModelHistory
+from .records.func_call import FuncCallLocation
 from .records.tensor_log import TensorLogEntry
-from .storage import HistoryFileError, UnsavedValuesWarning, load
 from .render import GraphvizNotFoundError, render_graph
 from .rerun import RerunError
 from .show import show_model_graph
+from .storage import HistoryFileError, UnsavedValuesWarning, load
 from .validate import validate_history
 from .version import __version__
 from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch

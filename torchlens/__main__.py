@@ -1,4 +1,5 @@
 """``python -m torchlens``: see ``torchlens.cli``."""
+
 import sys
 
 from .cli import main

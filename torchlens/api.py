@@ -1,5 +1,6 @@
 """The public entry points: ``log_forward_pass``, ``get_model_metadata`` and
 ``validate_model_activations`` (which traces, so it lives here, above ``validate``)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,17 +12,17 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .capture.modules import BufferSnapshot
 from .capture.args import tensors_in
+from .capture.modules import BufferSnapshot
 from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
-from .intervene import check_applied, check_intervene, plan_interventions
-from .storage.stream import StreamedSave
 from .input_copy import as_args, copy_inputs
+from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
+from .storage.stream import StreamedSave
 from .validate import validate_history
 
 
@@ -115,14 +116,20 @@ def log_forward_pass(
         keep_unsaved_layers = request.save_all or request.saves_nothing
 
     interventions = check_intervene(intervene) if intervene is not None else None
-    stream = StreamedSave(save_to, save_gradients) if save_to is not None else None  # before the pass: bad paths fail now
+    stream = (
+        StreamedSave(save_to, save_gradients) if save_to is not None else None
+    )  # before the pass: bad paths fail now
 
     def plan(**which) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        return make(output_device=output_device, activation_postfunc=activation_postfunc,
-                    detach=detach_saved_tensors, **which)
+        return make(
+            output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
+        )
 
-    with eager_only(), (stream or contextlib.nullcontext()):  # compiled submodules run eagerly, so their operations are seen
+    with (
+        eager_only(),
+        stream or contextlib.nullcontext(),
+    ):  # compiled submodules run eagerly, so their operations are seen
         if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
             # cache, a tensor the model writes into) must be used once, by the pass they get
@@ -134,9 +141,16 @@ def log_forward_pass(
             del first_args, first_kwargs
             buffers.restore()
             chosen = frozenset(resolve_request(request, first))
-            second = plan(raw_indices=chosen) if request.needs_labels else plan(
-                save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
-                addresses=request.addresses)
+            second = (
+                plan(raw_indices=chosen)
+                if request.needs_labels
+                else plan(
+                    save_all=request.save_all,
+                    type_substrings=request.type_substrings,
+                    modules=request.modules,
+                    addresses=request.addresses,
+                )
+            )
             if interventions:  # resolved on the first pass, like layers_to_save keys
                 second.intervention = plan_interventions(interventions, first)
             result = run_pass(model, args, kwargs, second, seed, save_function_args, save_gradients)
@@ -151,10 +165,18 @@ def log_forward_pass(
                 )
         else:
             result = run_pass(
-                model, args, kwargs,
-                plan(save_all=request.save_all, type_substrings=request.type_substrings, modules=request.modules,
-                     addresses=request.addresses),
-                seed, save_function_args, save_gradients,
+                model,
+                args,
+                kwargs,
+                plan(
+                    save_all=request.save_all,
+                    type_substrings=request.type_substrings,
+                    modules=request.modules,
+                    addresses=request.addresses,
+                ),
+                seed,
+                save_function_args,
+                save_gradients,
             )
             history = build_history(result)
             resolve_request(request, history)  # unknown keys raise, with close matches
@@ -168,16 +190,24 @@ def log_forward_pass(
         from .render import GraphvizNotFoundError, render_graph
 
         try:
-            render_graph(history, vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=vis_direction,
-                         vis_outpath=vis_outpath, vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
+            render_graph(
+                history,
+                vis_mode=vis_mode,
+                vis_nesting_depth=vis_nesting_depth,
+                vis_direction=vis_direction,
+                vis_outpath=vis_outpath,
+                vis_fileformat=vis_fileformat,
+                vis_save_only=vis_save_only,
+            )
         except GraphvizNotFoundError as error:
             error.history = history  # the trace is not lost: error.history
             raise
     return history
 
 
-def get_model_metadata(model: nn.Module, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None,
-                       random_seed: Optional[int] = None) -> ModelHistory:
+def get_model_metadata(
+    model: nn.Module, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None, random_seed: Optional[int] = None
+) -> ModelHistory:
     """Everything ``log_forward_pass`` records except activations (none are saved).
 
     Example:
@@ -231,8 +261,15 @@ def validate_model_activations(
         expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
         del plain_args, plain_kwargs
         buffers.restore()
-        history = log_forward_pass(model, list(args), kwargs, layers_to_save="all",
-                                   save_function_args=True, detach_saved_tensors=True, random_seed=seed)
+        history = log_forward_pass(
+            model,
+            list(args),
+            kwargs,
+            layers_to_save="all",
+            save_function_args=True,
+            detach_saved_tensors=True,
+            random_seed=seed,
+        )
         return validate_history(history, expected, verbose)
     finally:
         buffers.restore()

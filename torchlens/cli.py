@@ -9,6 +9,7 @@ Examples:
     torchlens explore torchlens_runs/ --port 8080      # the explorer page of watched runs
     torchlens explore RUN_DIR --export page.html       # one self-contained file
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def _torchvision_model(name: str) -> nn.Module:
         import difflib
 
         close = difflib.get_close_matches(name, available, n=5)
-        raise CliError(f"unknown torchvision model '{name}'." + (f" Did you mean: {', '.join(close)}?" if close else ""))
+        raise CliError(
+            f"unknown torchvision model '{name}'." + (f" Did you mean: {', '.join(close)}?" if close else "")
+        )
     return torchvision.models.get_model(name, weights=None)
 
 
@@ -97,13 +100,17 @@ def _file_model(spec: str) -> nn.Module:
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):
-        raise CliError(f"{path}:{name} is a {type(obj).__name__}, not a torch.nn.Module, a module class or a "
-                       "function returning a module")
+        raise CliError(
+            f"{path}:{name} is a {type(obj).__name__}, not a torch.nn.Module, a module class or a "
+            "function returning a module"
+        )
     try:
         model = obj()
     except TypeError as error:
-        raise CliError(f"{path}:{name}() needs arguments ({error}); give the name of a module instance, or of a "
-                       "class or function that needs none") from error
+        raise CliError(
+            f"{path}:{name}() needs arguments ({error}); give the name of a module instance, or of a "
+            "class or function that needs none"
+        ) from error
     except Exception as error:
         raise ModelError(f"building {path}:{name}() failed", error) from error
     if not isinstance(model, nn.Module):
@@ -137,13 +144,25 @@ def parse_shape(text: str) -> Tuple[int, ...]:
     return shape
 
 
-DTYPES = {"float": torch.float32, "float32": torch.float32, "float64": torch.float64, "double": torch.float64,
-          "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "long": torch.int64,
-          "int64": torch.int64, "int": torch.int32, "int32": torch.int32, "bool": torch.bool}
+DTYPES = {
+    "float": torch.float32,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "long": torch.int64,
+    "int64": torch.int64,
+    "int": torch.int32,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
 
 
-def make_inputs(model: nn.Module, kind: str, shape: Tuple[int, ...], dtype: Optional[str] = None,
-                high: Optional[int] = None) -> Tuple[List[Any], Dict[str, Any]]:
+def make_inputs(
+    model: nn.Module, kind: str, shape: Tuple[int, ...], dtype: Optional[str] = None, high: Optional[int] = None
+) -> Tuple[List[Any], Dict[str, Any]]:
     """Random images, random token ids (``input_ids=``) for language models, or one random tensor
     of ``dtype``: floats in [0, 1), integers in [0, ``high``) (default: the smallest
     ``nn.Embedding`` of the model, else 2), bools.
@@ -179,17 +198,33 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("Examples:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", help="torchvision:NAME, timm:NAME, hf:TYPE or path/to/file.py:NAME (a module "
-                                      "class, a module instance, or a function returning a module)")
-    parser.add_argument("--input", default=None,
-                        help="input shape, e.g. 1,3,224,224 (token ids shape for hf: models; default "
-                             "1,3,224,224 for images, 1,16 for language models)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                        help="dtype of the random input of file models (default float; long for token ids)")
-    parser.add_argument("--high", type=int, default=None,
-                        help="integer inputs are drawn from [0, HIGH) (default: the vocabulary size for hf: "
-                             "models; the smallest nn.Embedding of a file model, else 2)")
-    parser.add_argument("-o", "--output", help="write the drawing here (.svg, .png or .pdf; .html: the interactive graph page)")
+    parser.add_argument(
+        "model",
+        help="torchvision:NAME, timm:NAME, hf:TYPE or path/to/file.py:NAME (a module "
+        "class, a module instance, or a function returning a module)",
+    )
+    parser.add_argument(
+        "--input",
+        default=None,
+        help="input shape, e.g. 1,3,224,224 (token ids shape for hf: models; default "
+        "1,3,224,224 for images, 1,16 for language models)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="dtype of the random input of file models (default float; long for token ids)",
+    )
+    parser.add_argument(
+        "--high",
+        type=int,
+        default=None,
+        help="integer inputs are drawn from [0, HIGH) (default: the vocabulary size for hf: "
+        "models; the smallest nn.Embedding of a file model, else 2)",
+    )
+    parser.add_argument(
+        "-o", "--output", help="write the drawing here (.svg, .png or .pdf; .html: the interactive graph page)"
+    )
     parser.add_argument("--rolled", action="store_true", help="draw one node per layer (passes folded)")
     parser.add_argument("--depth", type=int, default=None, help="collapse modules deeper than this")
     parser.add_argument("--validate", action="store_true", help="check the saved activations by replaying them")
@@ -204,9 +239,10 @@ def explore_main(argv: Sequence[str]) -> int:
     from .explorer import PortInUseError, explore, export_html
     from .watch.reader import RunError
 
-    parser = argparse.ArgumentParser(prog="torchlens explore",
-                                     description="Serve the explorer page of a run written by tl.watch, "
-                                                 "or of a folder of runs.")
+    parser = argparse.ArgumentParser(
+        prog="torchlens explore",
+        description="Serve the explorer page of a run written by tl.watch, or of a folder of runs.",
+    )
     parser.add_argument("run_dir", help="a run folder (w.run_dir) or a folder holding runs")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--host", default="127.0.0.1")
@@ -240,13 +276,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model, kind = load_model(args.model)
         model.eval()
         if args.dtype and kind != "file":
-            raise CliError(f"--dtype is for file models; {kind} models get "
-                           + ("token ids" if kind == "language" else "float images"))
+            raise CliError(
+                f"--dtype is for file models; {kind} models get "
+                + ("token ids" if kind == "language" else "float images")
+            )
         shape = parse_shape(args.input) if args.input else ((1, 16) if kind == "language" else (1, 3, 224, 224))
         input_args, input_kwargs = make_inputs(model, kind, shape, args.dtype, args.high)
         try:
-            history = tl.log_forward_pass(model, input_args, input_kwargs, layers_to_save="all",
-                                          random_seed=args.seed)
+            history = tl.log_forward_pass(model, input_args, input_kwargs, layers_to_save="all", random_seed=args.seed)
         except Exception as error:
             raise ModelError(f"tracing {args.model} with an input of shape {tuple(shape)} failed", error) from error
         print(history)
@@ -276,8 +313,11 @@ def _print_model_error(error: ModelError, full: bool) -> None:
     without torchlens's and torch's frames unless --traceback."""
     cause = error.error
     print(f"torchlens: error: {error.what}:", file=sys.stderr)
-    lines = traceback.format_exception(type(cause), cause, cause.__traceback__) if full else \
-        traceback.format_exception_only(type(cause), cause)
+    lines = (
+        traceback.format_exception(type(cause), cause, cause.__traceback__)
+        if full
+        else traceback.format_exception_only(type(cause), cause)
+    )
     print("".join(lines).rstrip(), file=sys.stderr)
     if not full:
         print("(add --traceback for the full traceback)", file=sys.stderr)
@@ -301,8 +341,14 @@ def _draw(history: Any, args: argparse.Namespace, fileformat: str) -> None:
         history.to_html(args.output)
         print(f"\nInteractive graph written to {args.output}")
         return
-    render_graph(history, vis_mode="rolled" if args.rolled else "unrolled", vis_nesting_depth=args.depth,
-                 vis_outpath=root, vis_fileformat=fileformat, vis_save_only=True)
+    render_graph(
+        history,
+        vis_mode="rolled" if args.rolled else "unrolled",
+        vis_nesting_depth=args.depth,
+        vis_outpath=root,
+        vis_fileformat=fileformat,
+        vis_save_only=True,
+    )
     print(f"\nDrawing written to {root}.{fileformat}")
 
 

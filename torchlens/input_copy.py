@@ -7,6 +7,7 @@ run. A model may change what it is given: a HuggingFace ``DynamicCache`` passed 
 tensor. So every extra run gets its own deep copy of the inputs, and only the run whose result
 the user gets sees the user's objects: they end exactly as after one plain forward.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,9 +49,11 @@ def copy_inputs(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[
         copied_args, copied_kwargs = copy.deepcopy((args, kwargs), memo)
         return tuple(copied_args), dict(copied_kwargs), None
     except Exception as error:  # noqa: BLE001 - any failure of a user's __deepcopy__ falls back
-        note = (f"the inputs could not be deep-copied ({type(error).__name__}: {error}); the extra run of the "
-                "model got copies of the tensors in lists, tuples and dicts but shared the other objects, "
-                "which it may have changed")
+        note = (
+            f"the inputs could not be deep-copied ({type(error).__name__}: {error}); the extra run of the "
+            "model got copies of the tensors in lists, tuples and dicts but shared the other objects, "
+            "which it may have changed"
+        )
         return replace_tensors(args, torch.clone), replace_tensors(dict(kwargs), torch.clone), note
 
 

@@ -13,16 +13,17 @@ too (a forward hook would change only what the module returns; the two agree whe
 returns its last result, as almost every module does). An in-place operation keeps its tensor:
 the new value is copied into it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import torch
 
 from .capture.args import replace_tensors
 from .history.model_history import ModelHistory
-from .records.tensor_log import TensorLogEntry
 from .layer_request import entries_for_key
+from .records.tensor_log import TensorLogEntry
 
 Intervention = Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]
 
@@ -30,12 +31,16 @@ Intervention = Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]
 def check_intervene(intervene: Any) -> Dict[Any, Intervention]:
     """``intervene`` as a dict of key -> function; a clear error for anything else."""
     if not isinstance(intervene, Mapping):
-        raise TypeError("intervene must be a dict of layer key -> function(activation, entry) returning the new "
-                        f"activation, e.g. {{'relu_1_2': lambda a, e: a * 0}}; got {type(intervene).__name__}.")
+        raise TypeError(
+            "intervene must be a dict of layer key -> function(activation, entry) returning the new "
+            f"activation, e.g. {{'relu_1_2': lambda a, e: a * 0}}; got {type(intervene).__name__}."
+        )
     for key, fn in intervene.items():
         if not callable(fn):
-            raise TypeError(f"intervene[{key!r}] must be a function(activation, entry) returning the new activation; "
-                            f"got {type(fn).__name__}.")
+            raise TypeError(
+                f"intervene[{key!r}] must be a function(activation, entry) returning the new activation; "
+                f"got {type(fn).__name__}."
+            )
     return dict(intervene)
 
 
@@ -58,17 +63,21 @@ class Interventions:
         key, fn, first = target
         new = fn(tensor, first)
         if not isinstance(new, torch.Tensor):
-            raise TypeError(f"intervene[{key!r}] returned {type(new).__name__} for layer {first.label}; it must return "
-                            "a tensor (the activation the rest of the model uses).")
+            raise TypeError(
+                f"intervene[{key!r}] returned {type(new).__name__} for layer {first.label}; it must return "
+                "a tensor (the activation the rest of the model uses)."
+            )
         e.intervened = f"replaced by intervene[{key!r}] ({_name(fn)})"
         self.applied[e.raw_index] = first.label
         if new is tensor:
             return tensor
         if e.is_inplace or e.kind != "op":  # the model holds this very tensor: change its value
             if new.shape != tensor.shape:
-                raise ValueError(f"intervene[{key!r}]: layer {first.label} is an in-place operation (or not an "
-                                 f"operation's result), so its value is changed in place; the new value must keep "
-                                 f"its shape {tuple(tensor.shape)}, not {tuple(new.shape)}.")
+                raise ValueError(
+                    f"intervene[{key!r}]: layer {first.label} is an in-place operation (or not an "
+                    f"operation's result), so its value is changed in place; the new value must keep "
+                    f"its shape {tuple(tensor.shape)}, not {tuple(new.shape)}."
+                )
             tensor.copy_(new)
             return tensor
         self.substitutes[id(tensor)] = new
@@ -88,7 +97,8 @@ def plan_interventions(intervene: Dict[Any, Intervention], first: ModelHistory) 
             if e.kind in ("input", "output", "buffer"):
                 raise ValueError(
                     f"intervene: {key!r} names {e.label}, an {e.kind} layer; intervene on an operation instead "
-                    f"({'change the input you pass' if e.kind == 'input' else 'e.g. ' + (e.parent_layers or ['its parent'])[0]}).")
+                    f"({'change the input you pass' if e.kind == 'input' else 'e.g. ' + (e.parent_layers or ['its parent'])[0]})."
+                )
             if e.raw_index in targets:
                 raise ValueError(f"intervene: {e.label} is named by two keys, {targets[e.raw_index][0]!r} and {key!r}.")
             targets[e.raw_index] = (key, fn, e)
@@ -104,7 +114,8 @@ def check_applied(interventions: Interventions, history: ModelHistory) -> None:
             raise RuntimeError(
                 f"intervene[{key!r}] was meant for {first.label}, but with the earlier replacements the model ran "
                 "differently (its control flow depends on the replaced values), so that operation was not where it "
-                "was in the unchanged pass. Intervene on fewer layers at once, or on the earlier one only.")
+                "was in the unchanged pass. Intervene on fewer layers at once, or on the earlier one only."
+            )
 
 
 def _name(fn: Any) -> str:

@@ -7,6 +7,7 @@ recorded) or a substring of layer types (``'conv'``, ``'linear'``): a string wit
 ``:`` that is not all digits can only match inside the type part of a label. Keys that need
 final labels or ordinals (``'conv2d_3_7'``, ``-5``) need a first, metadata-only pass.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -33,15 +34,19 @@ class LayerRequest:
         return not self.save_all and not self.keys
 
 
-def parse_request(layers_to_save: Any, module_addresses: Collection[str],
-                  buffer_addresses: Collection[str] = ()) -> LayerRequest:
+def parse_request(
+    layers_to_save: Any, module_addresses: Collection[str], buffer_addresses: Collection[str] = ()
+) -> LayerRequest:
     """Classify each key of ``layers_to_save`` (see the module docstring)."""
     if isinstance(layers_to_save, str) and layers_to_save == "all":
         return LayerRequest(save_all=True)
     if layers_to_save is None or (isinstance(layers_to_save, str) and layers_to_save == "none"):
         return LayerRequest()
-    keys = [layers_to_save] if isinstance(layers_to_save, str) or not hasattr(layers_to_save, "__iter__") \
+    keys = (
+        [layers_to_save]
+        if isinstance(layers_to_save, str) or not hasattr(layers_to_save, "__iter__")
         else list(layers_to_save)
+    )
     substrings: List[str] = []
     modules: Set[Union[str, Tuple[str, int]]] = set()
     addresses: Set[str] = set()
@@ -98,6 +103,4 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
     candidates = history.lookup_keys()
     close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
     hint = f" Close matches: {', '.join(close)}." if close else ""
-    raise ValueError(
-        f"{option}: {key!r} matches no layer label, module address or substring of a label.{hint}"
-    )
+    raise ValueError(f"{option}: {key!r} matches no layer label, module address or substring of a label.{hint}")

@@ -1,5 +1,6 @@
 """``show_model_graph``: trace a model (metadata only) and draw it in one call (the package's face:
 it uses both the tracer and the drawing, which do not know each other)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -8,11 +9,19 @@ from .api import get_model_metadata
 from .render.graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
 
 
-def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None,
-                     vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-                     vis_direction: Optional[str] = None, vis_outpath: Optional[str] = None,
-                     vis_fileformat: Optional[str] = None, vis_save_only: Optional[bool] = None,
-                     random_seed: Optional[int] = None, **render_options: Any) -> None:
+def show_model_graph(
+    model: Any,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    vis_mode: str = "unrolled",
+    vis_nesting_depth: Optional[int] = None,
+    vis_direction: Optional[str] = None,
+    vis_outpath: Optional[str] = None,
+    vis_fileformat: Optional[str] = None,
+    vis_save_only: Optional[bool] = None,
+    random_seed: Optional[int] = None,
+    **render_options: Any,
+) -> None:
     """Run ``torchlens.get_model_metadata(model, input_args, input_kwargs)`` and draw the graph.
 
     ``vis_fileformat='html'`` writes the interactive graph page instead (``vis_outpath + '.html'``,
@@ -36,12 +45,19 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
         True
     """
     old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
-    names = resolve_names("show_model_graph", old_names, vis_direction=vis_direction, vis_outpath=vis_outpath,
-                          vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
+    names = resolve_names(
+        "show_model_graph",
+        old_names,
+        vis_direction=vis_direction,
+        vis_outpath=vis_outpath,
+        vis_fileformat=vis_fileformat,
+        vis_save_only=vis_save_only,
+    )
     outpath = vis_outpath if "outpath" not in old_names else old_names["outpath"]  # None: no file in a notebook
     history = get_model_metadata(model, input_args, input_kwargs, random_seed=random_seed)
-    options = dict(vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"],
-                   **render_options)
+    options = dict(
+        vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"], **render_options
+    )
     save_only = names["vis_save_only"]
     if names["vis_fileformat"] == "html":  # the interactive page (graph_page), not a graphviz drawing
         _html_page(history, outpath, save_only)
@@ -51,8 +67,13 @@ def show_model_graph(model: Any, input_args: Any, input_kwargs: Optional[Dict[st
         if outpath is None:
             return None
         save_only = True
-    render_graph(history, vis_outpath=outpath or "graph", vis_fileformat=names["vis_fileformat"],
-                 vis_save_only=save_only, **options)
+    render_graph(
+        history,
+        vis_outpath=outpath or "graph",
+        vis_fileformat=names["vis_fileformat"],
+        vis_save_only=save_only,
+        **options,
+    )
     return None
 
 

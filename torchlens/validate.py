@@ -22,6 +22,7 @@ comparison that does not flip) is a property of the function for these inputs, n
 against the trace: a recorded parent is wrong only when it is not what the operation consumed,
 and then either its value does not reproduce the result (check 3) or the structure says so.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -42,8 +43,9 @@ _PASS_THROUGH = frozenset({"identity", "output"})
 _MAX_DEPTH = 6  # as deep as capture.args looks for tensors in arguments
 
 
-def validate_history(history: ModelHistory, expected_outputs: Optional[Sequence[torch.Tensor]] = None,
-                     verbose: bool = False) -> bool:
+def validate_history(
+    history: ModelHistory, expected_outputs: Optional[Sequence[torch.Tensor]] = None, verbose: bool = False
+) -> bool:
     """Checks 2 to 4 of the module docstring on an existing history, and check 1 when
     ``expected_outputs`` (the model's output tensors, in ``tensors_in`` order) are given.
 
@@ -71,17 +73,26 @@ def validate_history(history: ModelHistory, expected_outputs: Optional[Sequence[
 
 def _require_replayable(history: ModelHistory) -> None:
     if len(history) != history.num_tensors:
-        raise ValueError(f"validate_history needs every layer, but {history.num_tensors - len(history)} of "
-                         f"{history.num_tensors} were dropped: record it with layers_to_save='all'.")
+        raise ValueError(
+            f"validate_history needs every layer, but {history.num_tensors - len(history)} of "
+            f"{history.num_tensors} were dropped: record it with layers_to_save='all'."
+        )
     unsaved = [e.label for e in history if e.activation is None and e.kind != "untraced"]
     if unsaved:
-        raise ValueError(f"validate_history needs every activation, but {len(unsaved)} layers have none "
-                         f"({', '.join(unsaved[:3])}): record it with layers_to_save='all'.")
-    without_args = [e.label for e in history
-                    if e.kind == "op" and e.func is not None and e.func_args is None and e.func_name not in _PASS_THROUGH]
+        raise ValueError(
+            f"validate_history needs every activation, but {len(unsaved)} layers have none "
+            f"({', '.join(unsaved[:3])}): record it with layers_to_save='all'."
+        )
+    without_args = [
+        e.label
+        for e in history
+        if e.kind == "op" and e.func is not None and e.func_args is None and e.func_name not in _PASS_THROUGH
+    ]
     if without_args:
-        raise ValueError(f"validate_history re-runs each operation, but {without_args[0]} has no saved "
-                         "arguments: record the history with save_function_args=True.")
+        raise ValueError(
+            f"validate_history re-runs each operation, but {without_args[0]} has no saved "
+            "arguments: record the history with save_function_args=True."
+        )
 
 
 def _validate(history: ModelHistory, expected: Optional[List[torch.Tensor]], report: "_Report") -> bool:
@@ -113,7 +124,9 @@ def _check_outputs(history: ModelHistory, expected: List[torch.Tensor], report: 
     ok = True
     for entry, value in zip(outputs, expected):
         if not _same(entry.activation, value):
-            ok = report.fail(f"{entry.label} differs from the output of a plain run of the model{_difference(entry.activation, value)}")
+            ok = report.fail(
+                f"{entry.label} differs from the output of a plain run of the model{_difference(entry.activation, value)}"
+            )
     return ok
 
 
@@ -130,7 +143,8 @@ def _check_untraced(history: ModelHistory, report: _Report) -> bool:
             f"{entry.label}: untraced producer{where}, used by {used_by}: {entry.untraced_reason}, so "
             "what it was computed from is unknown. Call that computation through a torch function "
             "or a torch.library custom operator (both are logged), or report it to torchlens if "
-            "it is a torch function.")
+            "it is a torch function."
+        )
     return ok
 
 
@@ -150,7 +164,9 @@ def _check_structure(history: ModelHistory, report: _Report) -> Tuple[bool, Dict
         except KeyError:
             found = None
         if found is not e:
-            ok = report.fail(f"{e.label}: history[{e.label!r}] finds {getattr(found, 'label', 'nothing')}, not this entry")
+            ok = report.fail(
+                f"{e.label}: history[{e.label!r}] finds {getattr(found, 'label', 'nothing')}, not this entry"
+            )
     for i, e in enumerate(entries):
         for p in e.parent_layers or ():
             j = index.get(p)
@@ -174,8 +190,10 @@ def _check_structure(history: ModelHistory, report: _Report) -> Tuple[bool, Dict
         for k, e in enumerate(passes, 1):
             label = layer_label if n == 1 else f"{layer_label}:{k}"
             if e.pass_num != k or e.num_passes != n or e.label != label:
-                ok = report.fail(f"{e.label}: recorded as pass {e.pass_num} of {e.num_passes}, but it ran as "
-                                 f"pass {k} of {n} of {layer_label} (label {label})")
+                ok = report.fail(
+                    f"{e.label}: recorded as pass {e.pass_num} of {e.num_passes}, but it ran as "
+                    f"pass {k} of {n} of {layer_label} (label {label})"
+                )
     return ok, {e.label: e for e in entries}
 
 
@@ -199,14 +217,18 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
             ok = report.fail(f"{entry.label}: re-running {entry.func_name} failed: {result}")
             continue
         if not _same(result, entry.activation):
-            ok = report.fail(f"{entry.label}: re-running {entry.func_name} on the saved activations of its parents "
-                             f"({', '.join(entry.parent_layers) or 'none'}) does not reproduce its saved activation"
-                             f"{_difference(result, entry.activation)}")
+            ok = report.fail(
+                f"{entry.label}: re-running {entry.func_name} on the saved activations of its parents "
+                f"({', '.join(entry.parent_layers) or 'none'}) does not reproduce its saved activation"
+                f"{_difference(result, entry.activation)}"
+            )
             continue
         for label, positions in (refs or {}).items():
             if label not in entry.parent_layers and _depends_on(entry, label, by_label, generator, result):
-                ok = report.fail(f"{entry.label}: its result depends on the value of {label} (argument "
-                                 f"{_positions_text(positions)}), which is not a recorded parent: the trace lost an edge")
+                ok = report.fail(
+                    f"{entry.label}: its result depends on the value of {label} (argument "
+                    f"{_positions_text(positions)}), which is not a recorded parent: the trace lost an edge"
+                )
     return ok
 
 
@@ -224,8 +246,10 @@ def _check_arguments(entry: TensorLogEntry, refs: Dict[str, list], report: _Repo
             continue  # kept as the tensor itself inside an object the saved arguments do not enter
         elif missing:
             where = f"has it at {_positions_text(at)}" if at else "does not have it among its arguments"
-            ok = report.fail(f"{entry.label}: parent {parent} is recorded as argument {_positions_text(positions)}, "
-                             f"but the saved call {where}")
+            ok = report.fail(
+                f"{entry.label}: parent {parent} is recorded as argument {_positions_text(positions)}, "
+                f"but the saved call {where}"
+            )
     return ok
 
 
@@ -268,8 +292,13 @@ def _positions_text(positions: list) -> str:
     return ", ".join(map(str, positions))
 
 
-def _depends_on(entry: TensorLogEntry, label: str, by_label: Dict[str, TensorLogEntry],
-                generator: torch.Generator, reference: torch.Tensor) -> bool:
+def _depends_on(
+    entry: TensorLogEntry,
+    label: str,
+    by_label: Dict[str, TensorLogEntry],
+    generator: torch.Generator,
+    reference: torch.Tensor,
+) -> bool:
     """Some other value of layer ``label``'s activation changes the replayed result (or makes
     the function reject it: an index out of range shows the values matter)."""
     source = by_label.get(label)
@@ -303,8 +332,11 @@ def _perturbations(value: torch.Tensor, generator: torch.Generator) -> Iterator[
             noise = noise * (1 + 1j)
         noises.append(noise.to(part.dtype))
     scale = max((float(p.abs().max()) for p in parts if p.numel()), default=0.0) + 1.0
-    for make in (lambda p, n: p + n * scale, lambda p, n: -p.abs() - (n.abs() + 1) * scale,
-                 lambda p, n: p.abs() + (n.abs() + 1) * scale):
+    for make in (
+        lambda p, n: p + n * scale,
+        lambda p, n: -p.abs() - (n.abs() + 1) * scale,
+        lambda p, n: p.abs() + (n.abs() + 1) * scale,
+    ):
         yield _from_parts(value, [make(p, n) for p, n in zip(parts, noises)])
 
 
@@ -413,7 +445,8 @@ def _identical(a: Any, b: Any) -> bool:
         return False
     parts_a, parts_b = _parts(a), _parts(b)
     return len(parts_a) == len(parts_b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) for x, y in zip(parts_a, parts_b))
+        x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) for x, y in zip(parts_a, parts_b)
+    )
 
 
 def _difference(a: Any, b: Any) -> str:

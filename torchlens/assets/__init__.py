@@ -9,6 +9,7 @@ Example:
     >>> "window.TORCHLENS_EXPORT" in page and 'src="/assets/' not in page and 'href="/assets/' not in page
     True
 """
+
 from __future__ import annotations
 
 import json

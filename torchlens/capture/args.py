@@ -10,6 +10,7 @@ keys at ``('past_key_values', 'layers', 0, 'keys')``). That walk is bounded: at 
 ``_MAX_DEPTH`` levels and ``_MAX_VISITS`` values, each object once; modules, classes and
 functions are not entered, and parameters found inside objects are left to be parameters.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -11,6 +11,7 @@ Wrappers are built once per process and cached; installing or removing them is a
 A wrapper does nothing but forward the call unless a pass is active *in the calling thread*; then
 it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -58,9 +59,7 @@ _NOT_FACTORY_PREFIXES = ("_", "is_", "get_", "set_", "use_", "are_", "sym_")
 _TENSOR_PROPERTIES = ("T", "H", "mT", "mH", "real", "imag", "data")
 
 # Reflected operators compute the same function as their plain form.
-_REFLECTED = frozenset(
-    "add sub mul matmul truediv div floordiv pow mod and or xor lshift rshift".split()
-)
+_REFLECTED = frozenset("add sub mul matmul truediv div floordiv pow mod and or xor lshift rshift".split())
 
 
 # Functions whose result depends on the random number generator (replayed with its state);
@@ -182,13 +181,17 @@ _NAMESPACE_HELPERS = frozenset({"as_sparse_gradcheck"})  # returns a function, n
 def aten_operator_names() -> frozenset:
     """Names of the aten operators (``'_weight_norm'``, ``'add'``): a private torch function or
     ``Tensor`` method of one of these names is a computation, not a utility of torch's own."""
-    return frozenset(name.split("::", 1)[1].split(".", 1)[0]
-                     for name in torch._C._dispatch_get_all_op_names() if name.startswith("aten::"))
+    return frozenset(
+        name.split("::", 1)[1].split(".", 1)[0]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("aten::")
+    )
 
 
 def _is_private_operator(name: str, orig: Any, aten: frozenset) -> bool:
-    return (name.startswith("_") and not name.startswith("__") and name in aten
-            and type(orig) is types.BuiltinFunctionType)
+    return (
+        name.startswith("_") and not name.startswith("__") and name in aten and type(orig) is types.BuiltinFunctionType
+    )
 
 
 class _WrappedVariableFunctions:
@@ -228,8 +231,11 @@ class WrapperTable:
         # modules are patched through their namespace dict, one C-level ``dict.update`` per
         # namespace (a Python loop of 1,200 writes cost more than a small model's forward);
         # classes need setattr (type slots such as ``nb_add`` must follow ``__add__``)
-        self.module_patches = [(vars(p.owner), p.name, p.replacement, p.original, p.had_own)
-                               for p in self.patches if isinstance(p.owner, types.ModuleType)]
+        self.module_patches = [
+            (vars(p.owner), p.name, p.replacement, p.original, p.had_own)
+            for p in self.patches
+            if isinstance(p.owner, types.ModuleType)
+        ]
         by_dict: Dict[int, Tuple[dict, dict, dict, list]] = {}
         for owner_dict, name, replacement, original, had_own in self.module_patches:
             group = by_dict.setdefault(id(owner_dict), (owner_dict, {}, {}, []))
@@ -283,8 +289,12 @@ class WrapperTable:
                     self._add(owner, name, orig, name, name in own)
         for owner in _whole_namespaces():
             for name, orig in list(vars(owner).items()):
-                if (name.startswith("_") or name in _NAMESPACE_HELPERS or isinstance(orig, type)
-                        or type(orig) not in _FUNCTION_TYPES):
+                if (
+                    name.startswith("_")
+                    or name in _NAMESPACE_HELPERS
+                    or isinstance(orig, type)
+                    or type(orig) not in _FUNCTION_TYPES
+                ):
                     continue
                 # the function's own name: torch.sparse.mm is "_sparse_mm", not torch.mm's "mm"
                 self._add(owner, name, orig, getattr(orig, "__name__", name), True)
@@ -309,13 +319,11 @@ class WrapperTable:
         vf_module = sys.modules.get("torch._VF")
         if vf_module is not None and "vf" in vars(vf_module):
             real = vars(vf_module)["vf"]
-            self.patches.append(
-                Patch(vf_module, "vf", _WrappedVariableFunctions(real, self.by_original), real, True)
-            )
+            self.patches.append(Patch(vf_module, "vf", _WrappedVariableFunctions(real, self.by_original), real, True))
         from .opaque import opaque_patches
 
         self.patches.extend(opaque_patches())
-        bool_orig = getattr(torch.Tensor, "__bool__")
+        bool_orig = torch.Tensor.__bool__
         self.patches.append(
             Patch(torch.Tensor, "__bool__", _make_bool_observer(bool_orig), bool_orig, "__bool__" in tensor_dict)
         )
@@ -332,8 +340,9 @@ class WrapperTable:
         key = id(orig)
         wrapper = self.by_original.get(key)
         if wrapper is None:
-            info = OpInfo(func_name, _layer_type(func_name), _is_inplace_name(func_name),
-                          inplace_arg=_inplace_parameter(orig))
+            info = OpInfo(
+                func_name, _layer_type(func_name), _is_inplace_name(func_name), inplace_arg=_inplace_parameter(orig)
+            )
             wrapper = _make_wrapper(orig, info)
             self.by_original[key] = wrapper
             self.originals[key] = orig
@@ -343,7 +352,7 @@ class WrapperTable:
 def _inplace_parameter(func: Any) -> int:
     """The position of a Python function's ``inplace`` parameter, or -1."""
     code = getattr(func, "__code__", None)
-    if code is None or "inplace" not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+    if code is None or "inplace" not in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
         return -1
     return code.co_varnames.index("inplace")
 
@@ -413,8 +422,9 @@ class BoundReferences:
     """Wrap torch functions the model bound before the pass (``from torch import triu``,
     ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
 
-    def __init__(self, table: WrapperTable, model: torch.nn.Module,
-                 modules: Optional[List[torch.nn.Module]] = None) -> None:
+    def __init__(
+        self, table: WrapperTable, model: torch.nn.Module, modules: Optional[List[torch.nn.Module]] = None
+    ) -> None:
         self.table = table
         self.model = model
         self.modules = modules  # the model's modules, when the caller has them already
@@ -424,7 +434,7 @@ class BoundReferences:
 
     def install(self) -> None:
         seen_classes, seen_globals = set(), set()
-        for module in (self.modules if self.modules is not None else self.model.modules()):
+        for module in self.modules if self.modules is not None else self.model.modules():
             cls = type(module)
             if cls not in seen_classes:
                 seen_classes.add(cls)
@@ -441,8 +451,11 @@ class BoundReferences:
         if all_values:
             items = list(namespace.items())
         else:  # a module's own attributes: only plain functions can be torch's
-            items = [(key, namespace[key]) for key in namespace.keys() - _MODULE_INTERNALS
-                     if type(namespace[key]) in _FUNCTION_TYPES]
+            items = [
+                (key, namespace[key])
+                for key in namespace.keys() - _MODULE_INTERNALS
+                if type(namespace[key]) in _FUNCTION_TYPES
+            ]
         for key, value in items:
             wrapper = by_original.get(id(value))
             if wrapper is not None and value is originals.get(id(value)):

@@ -1,5 +1,6 @@
 """What the model is made of (module, parameter and buffer addresses), and a snapshot of the
 state that tracing must leave exactly as it found it."""
+
 from __future__ import annotations
 
 import random
@@ -73,18 +74,35 @@ class ModelInventory:
             stack.extend(reversed(subs))
         weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
         has_lazy = any(is_lazy(p) for p in parameters)
-        inventory = cls(module_addresses, module_types, children, params, {}, buffers, frozenset(weighted), has_lazy,
-                        modules=modules, parameters=parameters, buffers=buffer_list)
-        inventory.param_info = {address: (p.shape, p.numel(), p.numel() * p.element_size())
-                                for p, address in zip(parameters, params.values()) if not is_lazy(p)}
+        inventory = cls(
+            module_addresses,
+            module_types,
+            children,
+            params,
+            {},
+            buffers,
+            frozenset(weighted),
+            has_lazy,
+            modules=modules,
+            parameters=parameters,
+            buffers=buffer_list,
+        )
+        inventory.param_info = {
+            address: (p.shape, p.numel(), p.numel() * p.element_size())
+            for p, address in zip(parameters, params.values())
+            if not is_lazy(p)
+        }
         for module in modules:
             tensors_held(module.__dict__, inventory.constants)
         return inventory
 
     def describe_params(self, model: nn.Module) -> None:
         """Shapes and sizes of the parameters that exist (a lazy one has no shape yet)."""
-        self.param_info = {address: (p.shape, p.numel(), p.numel() * p.element_size())
-                           for address, p in model.named_parameters() if not is_lazy(p)}
+        self.param_info = {
+            address: (p.shape, p.numel(), p.numel() * p.element_size())
+            for address, p in model.named_parameters()
+            if not is_lazy(p)
+        }
 
     def describe_materialised(self, model: nn.Module) -> None:
         """After a pass that created lazy parameters: their shapes, and the modules' new types
@@ -115,7 +133,7 @@ def tensors_held(namespace: Dict[str, Any], found: Dict[int, torch.Tensor], dept
 
 
 def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int) -> None:
-    for value in (container.values() if isinstance(container, dict) else container):
+    for value in container.values() if isinstance(container, dict) else container:
         if isinstance(value, _Tensor):
             found[id(value)] = value
         elif depth and isinstance(value, (list, tuple, dict)) and value:
@@ -214,8 +232,9 @@ class BufferSnapshot:
 
     def __init__(self, model: nn.Module) -> None:
         self.dicts = [(m, dict(m._buffers)) for m in model.modules()]
-        self.values = [(b, b.detach().clone()) for _, bs in self.dicts for b in bs.values()
-                       if b is not None and not is_lazy(b)]
+        self.values = [
+            (b, b.detach().clone()) for _, bs in self.dicts for b in bs.values() if b is not None and not is_lazy(b)
+        ]
         self.handles = []
         for module, buffers in self.dicts:
             lazy = [b for b in buffers.values() if b is not None and is_lazy(b)]

@@ -17,6 +17,7 @@ transforms.
 The tracer is paused while an opaque call runs (``OpInfo.opaque``); the recorded ``func`` is a
 callable that replays the call from its tensor arguments.
 """
+
 from __future__ import annotations
 
 import functools
@@ -86,8 +87,9 @@ _TRANSFORMS: Dict[Tuple[str, str], Tuple[str, int, Tuple[str, ...], bool]] = {
 TRANSFORM_NAMES = frozenset(name for name, _, _, _ in _TRANSFORMS.values()) | {"vjp_fn"}
 
 
-def _transform_wrapper(orig: Callable, info: OpInfo, head_count: int, keyword_names: Tuple[str, ...],
-                       packed: bool) -> Callable:
+def _transform_wrapper(
+    orig: Callable, info: OpInfo, head_count: int, keyword_names: Tuple[str, ...], packed: bool
+) -> Callable:
     def torchlens_transform(*args, **kwargs):
         tracer = ACTIVE.tracer
         if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
@@ -164,8 +166,10 @@ def opaque_patches() -> List[Patch]:
 
 
 # Frames of these wrappers are not part of any func_call_stack.
-WRAPPER_CODES = (_operator_call_wrapper(lambda op: None).__code__,
-                 _transform_wrapper(lambda: None, _VJP_FN, 0, (), False).__code__,
-                 _opaque_function(lambda: None, _VJP_FN).__code__)
+WRAPPER_CODES = (
+    _operator_call_wrapper(lambda op: None).__code__,
+    _transform_wrapper(lambda: None, _VJP_FN, 0, (), False).__code__,
+    _opaque_function(lambda: None, _VJP_FN).__code__,
+)
 
 __all__ = ["opaque_patches", "operator_info", "TransformCall", "TRANSFORM_NAMES", "WRAPPER_CODES"]

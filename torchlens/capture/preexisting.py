@@ -17,6 +17,7 @@ workers) would have its own freeze undone by ``gc.unfreeze()``. There the pass d
 freeze: it notes the tensors outside the permanent generation at the start instead (a walk
 over the unfrozen objects, once per pass); the answer is just as exact.
 """
+
 from __future__ import annotations
 
 import gc

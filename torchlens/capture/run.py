@@ -1,4 +1,5 @@
 """One traced forward pass: install everything, run the model, and put everything back."""
+
 from __future__ import annotations
 
 import functools
@@ -117,9 +118,7 @@ def run_pass(
             bound_refs.install()
             tracer.known = {**bound_refs.global_tensors, **inventory.constants}
             hooks.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
-            hooks.append(
-                nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True)
-            )
+            hooks.append(nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True))
             decorate.ACTIVE.tracer = tracer
             tracer.add_inputs(named_inputs(model, args, kwargs))
             try:
@@ -145,8 +144,9 @@ def run_pass(
             rng.restore()
         elapsed = perf_counter() - start
     if stale:
-        return _rerun_copying(model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale,
-                              versions)
+        return _rerun_copying(
+            model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions
+        )
     return PassResult(tracer, inventory, type(model).__name__, random_seed, elapsed)
 
 
@@ -169,8 +169,9 @@ def _versions(tensors: List[torch.Tensor]) -> List[int]:
     return out
 
 
-def _rerun_copying(model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale,
-                   versions) -> "PassResult":
+def _rerun_copying(
+    model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions
+) -> "PassResult":
     """A saved activation was written by something the tracer does not see: run the pass again,
     copying every activation when it is made. Only possible if the first run left the model's
     buffers and the inputs as they were."""
@@ -180,12 +181,14 @@ def _rerun_copying(model, args, kwargs, plan, random_seed, save_function_args, s
         raise RuntimeError(
             f"torchlens: the model wrote into saved activations ({names}) in a way torchlens cannot see (a call "
             "it does not trace), and it changed its buffers or inputs in place, so the pass cannot simply be run "
-            "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made.")
+            "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made."
+        )
     plan.copy_at_once = True
     result = run_pass(model, args, kwargs, plan, random_seed, save_function_args, save_gradients)
     result.tracer.notes.append(
         f"{len(stale)} saved activations were changed by a write torchlens does not see (a call it does not "
-        "trace), so the pass was run a second time, copying every activation when it was made.")
+        "trace), so the pass was run a second time, copying every activation when it was made."
+    )
     return result
 
 

@@ -1,4 +1,5 @@
 """Which tensors a pass copies, and how (device, detach, post-function)."""
+
 from __future__ import annotations
 
 from typing import Callable, FrozenSet, Optional, Tuple, Union
@@ -88,10 +89,12 @@ class SavePlan:
                 code, line, _ = entry.call_frames[-1]
                 what += f", called at {code.co_filename}:{line}"
             what += ")"
-        return (f"torchlens: activation_postfunc {name} raised {type(error).__name__} on the output of {what}, "
-                f"a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}. The model itself ran fine up "
-                "to there: fix the function (it receives a copy of every saved activation) or pass "
-                "activation_postfunc=None.")
+        return (
+            f"torchlens: activation_postfunc {name} raised {type(error).__name__} on the output of {what}, "
+            f"a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}. The model itself ran fine up "
+            "to there: fix the function (it receives a copy of every saved activation) or pass "
+            "activation_postfunc=None."
+        )
 
 
 def add_note(error: BaseException, note: str) -> None:

@@ -16,6 +16,7 @@ records: ``finish`` lists those as stale and the pass is run again, copying ever
 (updated in place by ``batch_norm``'s running statistics, which is no in-place operation by
 name) and tensors sharing memory with parameters or buffers are always copied at once.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple

@@ -35,6 +35,7 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
 - *One thread.* Only the thread that started the pass is traced (``thread_id``); calls from
   other threads go straight to the original function.
 """
+
 from __future__ import annotations
 
 import sys
@@ -61,8 +62,9 @@ _get_ident = threading.get_ident
 _MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
 
 
-def write_through_view(base: torch.Tensor, value: torch.Tensor, size: tuple, stride: tuple,
-                       offset: int) -> torch.Tensor:
+def write_through_view(
+    base: torch.Tensor, value: torch.Tensor, size: tuple, stride: tuple, offset: int
+) -> torch.Tensor:
     """``base`` after ``value`` was written into its view of ``size``/``stride`` at ``offset``
     elements from the base's start (the function of ``viewwrite`` layers)."""
     out = base.clone()
@@ -84,8 +86,9 @@ def identity(x: Any) -> Any:
 class Tracer:
     """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``."""
 
-    def __init__(self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False,
-                 save_gradients: bool = False) -> None:
+    def __init__(
+        self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False, save_gradients: bool = False
+    ) -> None:
         from .decorate import _make_wrapper
 
         self.thread_id = _get_ident()
@@ -175,8 +178,9 @@ class Tracer:
             out = self.intervention.substitute(out)  # the model goes on with the replaced value
         return out
 
-    def _log_call(self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int,
-                  rng_state=None) -> None:
+    def _log_call(
+        self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int, rng_state=None
+    ) -> None:
         out_arg = kwargs.get("out") if kwargs else None
         if out_arg is not None:
             target = out_arg
@@ -242,8 +246,11 @@ class Tracer:
         if self.save_function_args:
             refs = (ParentRef(old), ParentRef(written))
             self.parent_placeholders.extend(refs)
-            e.func_args = refs + (tuple(view.shape), tuple(view.stride()),
-                                  view.storage_offset() - base.storage_offset())
+            e.func_args = refs + (
+                tuple(view.shape),
+                tuple(view.stride()),
+                view.storage_offset() - base.storage_offset(),
+            )
             e.func_kwargs = {}
         self._add(e, base, track=True)
 
@@ -353,11 +360,12 @@ class Tracer:
         naming it) instead of its consumer silently losing a parent."""
         grad_fn = tensor.grad_fn
         if grad_fn is not None:
-            reason = (f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens "
-                      "did not log")
+            reason = f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens did not log"
         else:
-            reason = ("no logged operation made it, and it did not exist before the pass (it is not "
-                      "an input, parameter, buffer or constant of the model)")
+            reason = (
+                "no logged operation made it, and it did not exist before the pass (it is not "
+                "an input, parameter, buffer or constant of the model)"
+            )
         e = TensorLogEntry(len(self.entries), "untraced", "untraced", None, "untraced")
         e.untraced_reason = reason
         e.module_stack = self.module_stack
@@ -621,5 +629,6 @@ def _dotted(position: Any) -> str:
     if isinstance(position, tuple):
         return "." + ".".join(map(str, position))
     return f".{position}"
+
 
 __all__ = ["Tracer", "identity"]

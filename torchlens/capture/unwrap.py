@@ -8,6 +8,7 @@ Example:
     >>> traced is model, notes[0].startswith("torch.compile")
     (True, True)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +80,10 @@ def _is_compiled(model: nn.Module) -> bool:
 def _top_scripted(model: nn.Module) -> List[str]:
     found: List[str] = []
     for address, module in model.named_modules():
-        if address and isinstance(module, torch.jit.ScriptModule) and not any(
-                address.startswith(outer + ".") for outer in found):
+        if (
+            address
+            and isinstance(module, torch.jit.ScriptModule)
+            and not any(address.startswith(outer + ".") for outer in found)
+        ):
             found.append(address)
     return found

@@ -4,6 +4,7 @@ write its explorer page (``demo_out/explorer.html``).
 
 Run with ``make demo`` or ``python -m torchlens.examples.demo [output folder]``.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
-
 
 
 def _banner(title: str) -> None:
@@ -85,11 +85,15 @@ def main(outdir: str = "demo_out") -> None:
     run = tl.open_run(w.run_dir)
     grads = run.series("layer1.0.conv1:1", "params_grad", "weight")
     print(f"{len(run.calls)} module calls, logged steps {run.steps.tolist()}")
-    print(f"layer1.0.conv1 weight gradients, range per logged step: "
-          + ", ".join(f"[{lo:.2g}, {hi:.2g}]" for lo, hi in zip(grads.min, grads.max)))
+    print(
+        "layer1.0.conv1 weight gradients, range per logged step: "
+        + ", ".join(f"[{lo:.2g}, {hi:.2g}]" for lo, hi in zip(grads.min, grads.max))
+    )
     written.append(export_html(run_dir, os.path.join(outdir, "explorer.html")))
-    print(f"The explorer page of this run, one file: {os.path.abspath(written[-1])}"
-          f"\n(or serve it live: torchlens explore {run_dir})")
+    print(
+        f"The explorer page of this run, one file: {os.path.abspath(written[-1])}"
+        f"\n(or serve it live: torchlens explore {run_dir})"
+    )
 
     _banner("Files written")
     for path in filter(None, written):

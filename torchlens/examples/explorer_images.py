@@ -7,6 +7,7 @@ ResNet-18 for 30 small steps under ``tl.watch`` and writes:
 - ``explorer_resnet_block``: inside ``layer1.0`` with the panels of ``conv1`` and ``relu (2)``;
 - ``explorer_root``: the whole model's graph with the panel of ``fc``.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,16 @@ import torchlens as tl
 from torchlens.explorer import explore
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def train_run(run_dir: str, steps: int = 30) -> None:

@@ -8,6 +8,7 @@ Needs torchvision, Playwright and ``/usr/bin/chromium``. Writes:
   first one open) and the details of its first convolution;
 - ``graph_page_gpt2``: a 12-layer GPT-2 with its blocks folded into one "x12" box.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,16 +29,19 @@ def _pages(folder: str) -> dict:
     pages = {}
     resnet = torchvision.models.resnet18(weights=None).eval()
     pages["resnet18"] = tl.log_forward_pass(resnet, torch.rand(1, 3, 64, 64), random_seed=0).to_html(
-        os.path.join(folder, "resnet18.html"))
+        os.path.join(folder, "resnet18.html")
+    )
     try:
         import transformers
     except ImportError:
         return pages
-    config = transformers.GPT2Config(n_embd=32, n_head=2, vocab_size=100, n_layer=12, use_cache=False,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_embd=32, n_head=2, vocab_size=100, n_layer=12, use_cache=False, bos_token_id=0, eos_token_id=0
+    )
     gpt2 = transformers.GPT2LMHeadModel(config).eval()
     pages["gpt2"] = tl.log_forward_pass(gpt2, torch.randint(0, 100, (1, 16)), random_seed=0).to_html(
-        os.path.join(folder, "gpt2.html"))
+        os.path.join(folder, "gpt2.html")
+    )
     return pages
 
 

@@ -12,6 +12,7 @@ torchvision and Graphviz's ``dot`` program. Writes:
 - ``inception_depth0`` / ``inception_full``: GoogLeNet's ``inception3a`` module with its four
   branches collapsed into single nodes, and with every operation.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,6 @@ from torchlens.examples.models import SimpleRecurrent
 from torchlens.render import render_graph
 
 PNG_DPI = "110"
-
 
 
 class Conditional(nn.Module):
@@ -95,7 +95,9 @@ def make_images(outdir: str = "images") -> List[str]:
         start = time.perf_counter()
         history = tl.get_model_metadata(model, x, random_seed=0)
         out = os.path.join(outdir, name)
-        render_graph(history, vis_outpath=out, vis_fileformat="png", vis_save_only=True, graph_attrs={"dpi": PNG_DPI}, **options)
+        render_graph(
+            history, vis_outpath=out, vis_fileformat="png", vis_save_only=True, graph_attrs={"dpi": PNG_DPI}, **options
+        )
         render_graph(history, vis_outpath=out, vis_fileformat="svg", vis_save_only=True, **options)
         written += [out + ".png", out + ".svg"]
         print(f"{out}.png/.svg: {len(history.layer_list)} tensors, {time.perf_counter() - start:.1f} s")

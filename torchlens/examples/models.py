@@ -1,4 +1,5 @@
 """Small example models shared by the demo, the README pictures and the tests."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """The explorer page of watched runs: served live by ``tl.watch``, after training by
 ``torchlens explore RUN_DIR``, or written to one self-contained file (``export_html``)."""
+
 from .export import export_html
 from .server import PortInUseError, RunServer
 

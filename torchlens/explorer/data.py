@@ -1,6 +1,7 @@
 """What the page shows, as JSON-ready values: the runs under a folder, a run's summary, the
 layout of one call's graph, and the histograms of one call. The server and the exported file
 both take their data from here, through the run reader only."""
+
 from __future__ import annotations
 
 import math
@@ -71,8 +72,10 @@ class Catalog:
     def runs_json(self) -> dict:
         runs = []
         for run_id in self.run_ids():
-            entry = {"id": run_id, "name": os.path.basename(os.path.join(self.root, run_id).rstrip("/."))
-                     or os.path.basename(self.root)}
+            entry = {
+                "id": run_id,
+                "name": os.path.basename(os.path.join(self.root, run_id).rstrip("/.")) or os.path.basename(self.root),
+            }
             try:
                 run = self.run(run_id)
                 entry.update(model=run.model_name, status=run.status, steps=len(run.steps))
@@ -87,15 +90,26 @@ class Catalog:
         series: Dict[str, list] = {}
         for cid, kind, name in run.series_names():
             series.setdefault(cid, []).append([kind, name])
-        return {"model": run.model_name, "status": run.status, "stride": run.stride, "bins": run.bins,
-                "steps": run.steps.tolist(), "calls": {cid: c.to_dict() for cid, c in calls.items()},
-                "series": series, "options": run.options}
+        return {
+            "model": run.model_name,
+            "status": run.status,
+            "stride": run.stride,
+            "bins": run.bins,
+            "steps": run.steps.tolist(),
+            "calls": {cid: c.to_dict() for cid, c in calls.items()},
+            "series": series,
+            "options": run.options,
+        }
 
     def poll_json(self, run_id: Optional[str], since: int) -> dict:
         """What changed after step ``since``: new steps, the stride, the number of calls."""
         run = self.run(run_id)  # polled every few seconds by every open page: read only what is new
-        return {"steps": run.steps_after(since).tolist(), "stride": run.stride, "status": run.status,
-                "num_calls": run.num_calls}
+        return {
+            "steps": run.steps_after(since).tolist(),
+            "stride": run.stride,
+            "status": run.status,
+            "num_calls": run.num_calls,
+        }
 
     def layout_json(self, run_id: Optional[str], call_id: str) -> dict:
         run = self.run(run_id)
@@ -141,17 +155,35 @@ class Catalog:
         out = []
         for kind, name in names:
             s = run.series(call_id, kind, name, since=since)
-            out.append({"kind": kind, "name": name, "steps": s.steps.tolist(), "last_steps": s.last_steps.tolist(),
-                        "lo": _clean(s.min), "hi": _clean(s.max), "counts": s.counts.round(3).tolist(),
-                        "nonfinite": s.nonfinite.tolist()})
+            out.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "steps": s.steps.tolist(),
+                    "last_steps": s.last_steps.tolist(),
+                    "lo": _clean(s.min),
+                    "hi": _clean(s.max),
+                    "counts": s.counts.round(3).tolist(),
+                    "nonfinite": s.nonfinite.tolist(),
+                }
+            )
         return {"call": call_id, "stride": run.stride, "series": out}
 
-    def series_json(self, run_id: Optional[str], call_id: str, kind: str, name: str,
-                    since: Optional[int] = None) -> dict:
+    def series_json(
+        self, run_id: Optional[str], call_id: str, kind: str, name: str, since: Optional[int] = None
+    ) -> dict:
         s = self.run(run_id).series(call_id, kind, name, since=since)
-        return {"call": call_id, "kind": kind, "name": name, "steps": s.steps.tolist(),
-                "last_steps": s.last_steps.tolist(), "lo": _clean(s.min), "hi": _clean(s.max),
-                "counts": s.counts.round(3).tolist(), "nonfinite": s.nonfinite.tolist()}
+        return {
+            "call": call_id,
+            "kind": kind,
+            "name": name,
+            "steps": s.steps.tolist(),
+            "last_steps": s.last_steps.tolist(),
+            "lo": _clean(s.min),
+            "hi": _clean(s.max),
+            "counts": s.counts.round(3).tolist(),
+            "nonfinite": s.nonfinite.tolist(),
+        }
 
 
 __all__ = ["Catalog", "NotFound"]

@@ -1,5 +1,6 @@
 """One self-contained HTML file of a run: the page, its assets and the run's data inline. It
 opens from disk with no server and no network, e.g. to mail a run to a colleague."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,8 +25,11 @@ def export_html(run_dir: str, path: str, run_id: Optional[str] = None) -> str:
     catalog = Catalog(run_dir)
     try:
         summary = catalog.summary_json(run_id)
-        layouts = {cid: catalog.layout_json(run_id, cid) for cid, call in summary["calls"].items()
-                   if call["children"] or cid == ""}
+        layouts = {
+            cid: catalog.layout_json(run_id, cid)
+            for cid, call in summary["calls"].items()
+            if call["children"] or cid == ""
+        }
         call_series = {cid: catalog.call_series_json(run_id, cid) for cid in summary["series"]}
     finally:
         catalog.close()

@@ -1,5 +1,6 @@
 """Where the nodes of one call's graph go: laid out by graphviz's ``dot`` (plain output), or by
 a simple layered layout when ``dot`` is not installed. Coordinates are in points, y downwards."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,12 +20,19 @@ def graph_nodes(call: Call, calls: Dict[str, Call]) -> List[dict]:
         if child is None:
             continue
         prefix = call.address + "." if call.address else ""
-        short = child.address[len(prefix):] if child.address.startswith(prefix) else child.address
+        short = child.address[len(prefix) :] if child.address.startswith(prefix) else child.address
         n = cid.rpartition(":")[2]
         passes = sum(1 for c in call.children if c.rpartition(":")[0] == child.address)
         label = short + (f" ({n})" if passes > 1 else "")
-        nodes.append({"id": cid, "kind": "call", "label": label, "class_name": child.class_name,
-                      "has_inside": bool(child.children)})
+        nodes.append(
+            {
+                "id": cid,
+                "kind": "call",
+                "label": label,
+                "class_name": child.class_name,
+                "has_inside": bool(child.children),
+            }
+        )
     nodes += [{"id": name, "kind": "output", "label": name, "shape": shape} for name, shape in call.outputs]
     return nodes
 
@@ -52,8 +60,11 @@ def _dot_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
     index = {n["id"]: i for i, n in enumerate(nodes)}
     # nslimit bounds dot's network-simplex passes: 5x faster on wide calls (a GPT-2 body with
     # 80 cache outputs: 500 -> 90 ms) for the same picture
-    lines = ["digraph G {", "rankdir=TB; nodesep=0.25; ranksep=0.35; nslimit=2; nslimit1=2;",
-             "node [shape=box, fixedsize=true, label=\"\"];"]
+    lines = [
+        "digraph G {",
+        "rankdir=TB; nodesep=0.25; ranksep=0.35; nslimit=2; nslimit1=2;",
+        'node [shape=box, fixedsize=true, label=""];',
+    ]
     for i, n in enumerate(nodes):
         rank = ""
         lines.append(f"n{i} [width={n['w'] / _POINTS:.3f}, height={n['h'] / _POINTS:.3f}]{rank};")
@@ -67,8 +78,9 @@ def _dot_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
         lines.append(f"n{index[a]} -> n{index[b]};")
     lines.append("}")
     try:
-        out = subprocess.run(["dot", "-Tplain"], input="\n".join(lines), capture_output=True, text=True,
-                             timeout=60, check=True).stdout
+        out = subprocess.run(
+            ["dot", "-Tplain"], input="\n".join(lines), capture_output=True, text=True, timeout=60, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     height = 0.0
@@ -84,10 +96,16 @@ def _dot_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
             n["x"], n["y"] = float(parts[2]) * _POINTS, height - float(parts[3]) * _POINTS
         elif parts[0] == "edge":
             count = int(parts[3])
-            coords = [float(v) * _POINTS for v in parts[4:4 + 2 * count]]
+            coords = [float(v) * _POINTS for v in parts[4 : 4 + 2 * count]]
             points = [[coords[k], height - coords[k + 1]] for k in range(0, len(coords), 2)]
-            placed_edges.append({"from": nodes[int(parts[1][1:])]["id"], "to": nodes[int(parts[2][1:])]["id"],
-                                 "points": points, "spline": True})
+            placed_edges.append(
+                {
+                    "from": nodes[int(parts[1][1:])]["id"],
+                    "to": nodes[int(parts[2][1:])]["id"],
+                    "points": points,
+                    "spline": True,
+                }
+            )
     return {"nodes": nodes, "edges": placed_edges, "width": width, "height": height, "engine": "dot"}
 
 
@@ -118,9 +136,18 @@ def _layered_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
             x += n["w"] + 20
         y += max(n["h"] for n in layer) + 30
     by_id = {n["id"]: n for n in nodes}
-    placed = [{"from": a, "to": b, "spline": False,
-               "points": [[by_id[a]["x"], by_id[a]["y"] + by_id[a]["h"] / 2],
-                          [by_id[b]["x"], by_id[b]["y"] - by_id[b]["h"] / 2]]} for a, b in edges]
+    placed = [
+        {
+            "from": a,
+            "to": b,
+            "spline": False,
+            "points": [
+                [by_id[a]["x"], by_id[a]["y"] + by_id[a]["h"] / 2],
+                [by_id[b]["x"], by_id[b]["y"] - by_id[b]["h"] / 2],
+            ],
+        }
+        for a, b in edges
+    ]
     return {"nodes": nodes, "edges": placed, "width": width + 20, "height": y, "engine": "layered"}
 
 

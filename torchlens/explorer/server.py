@@ -15,6 +15,7 @@ JSON routes (``run`` is a run id from ``/api/runs``; optional when there is one 
   only columns ending at or after ``since``.
 - ``GET /api/series?run=ID&call=CALL&kind=KIND&name=NAME[&since=STEP]``: one series.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,8 +30,12 @@ from ..assets import ASSETS_DIR
 from ..watch.reader import RunError
 from .data import Catalog, NotFound
 
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8", ".txt": "text/plain; charset=utf-8"}
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
 
 
 class PortInUseError(OSError):
@@ -43,8 +48,11 @@ class BadRequest(ValueError):
 
 def asset_files() -> Dict[str, str]:
     """The servable assets: file name -> path (a fixed list, so no path can escape it)."""
-    return {name: os.path.join(ASSETS_DIR, name) for name in sorted(os.listdir(ASSETS_DIR))
-            if os.path.splitext(name)[1] in _TYPES}
+    return {
+        name: os.path.join(ASSETS_DIR, name)
+        for name in sorted(os.listdir(ASSETS_DIR))
+        if os.path.splitext(name)[1] in _TYPES
+    }
 
 
 def _int(query: Dict[str, str], key: str) -> Optional[int]:
@@ -69,8 +77,9 @@ def _routes(catalog: Catalog) -> Dict[str, Callable[[Dict[str, str]], Any]]:
         "/api/poll": lambda q: catalog.poll_json(q.get("run"), _int(q, "since") if "since" in q else -1),
         "/api/layout": lambda q: catalog.layout_json(q.get("run"), _need(q, "call")),
         "/api/call_series": lambda q: catalog.call_series_json(q.get("run"), _need(q, "call"), _int(q, "since")),
-        "/api/series": lambda q: catalog.series_json(q.get("run"), _need(q, "call"), _need(q, "kind"),
-                                                     _need(q, "name"), _int(q, "since")),
+        "/api/series": lambda q: catalog.series_json(
+            q.get("run"), _need(q, "call"), _need(q, "kind"), _need(q, "name"), _int(q, "since")
+        ),
     }
 
 
@@ -101,8 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
             path = url.path
             if path in ("/", "/index.html"):
                 return self._file(self.assets["index.html"])
-            if path.startswith("/assets/") and path[len("/assets/"):] in self.assets:
-                return self._file(self.assets[path[len("/assets/"):]])
+            if path.startswith("/assets/") and path[len("/assets/") :] in self.assets:
+                return self._file(self.assets[path[len("/assets/") :]])
             route = self.routes.get(path)
             if route is None:
                 return self._json({"error": "not found"}, 404)
@@ -138,8 +147,10 @@ class RunServer:
         except OSError as error:
             if error.errno in (errno.EADDRINUSE, errno.EACCES):
                 raise PortInUseError(
-                    error.errno, f"torchlens: port {port} on {host} is in use (or not allowed). Pass another "
-                    f"port, e.g. port={port + 1} (or port=0 for any free port).") from None
+                    error.errno,
+                    f"torchlens: port {port} on {host} is in use (or not allowed). Pass another "
+                    f"port, e.g. port={port + 1} (or port=0 for any free port).",
+                ) from None
             raise
         self.httpd.daemon_threads = True
         self.host, self.port = host, self.httpd.server_address[1]

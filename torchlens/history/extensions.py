@@ -9,12 +9,18 @@ Example:
     >>> extension("save").__name__
     'save_history'
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-_PROVIDERS = {"svg": "torchlens.render", "to_html": "torchlens.render", "show": "torchlens.render",
-              "save": "torchlens.storage", "rerun": "torchlens.rerun"}
+_PROVIDERS = {
+    "svg": "torchlens.render",
+    "to_html": "torchlens.render",
+    "show": "torchlens.render",
+    "save": "torchlens.storage",
+    "rerun": "torchlens.rerun",
+}
 _REGISTERED: Dict[str, Callable[..., Any]] = {}
 
 
@@ -29,6 +35,7 @@ def extension(name: str) -> Callable[..., Any]:
     """The function registered for ``name``; a clear error if its layer was never imported."""
     function = _REGISTERED.get(name)
     if function is None:
-        raise RuntimeError(f"ModelHistory needs {_PROVIDERS[name]} for this; import torchlens (or "
-                           f"{_PROVIDERS[name]}) first.")
+        raise RuntimeError(
+            f"ModelHistory needs {_PROVIDERS[name]} for this; import torchlens (or {_PROVIDERS[name]}) first."
+        )
     return function

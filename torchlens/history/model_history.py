@@ -1,4 +1,5 @@
 """``ModelHistory``: every operation of one forward pass, indexable and printable."""
+
 from __future__ import annotations
 
 import difflib
@@ -8,10 +9,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import torch
 
-from .extensions import extension
 from ..records.format import human_bytes
-from .rolled import RolledLayer, roll
 from ..records.tensor_log import TensorLogEntry
+from .extensions import extension
+from .rolled import RolledLayer, roll
 
 
 @dataclass
@@ -64,10 +65,18 @@ class ModelHistory:
         ('linear_1_1', 'output_1_3')
     """
 
-    def __init__(self, model_name: str, entries: List[TensorLogEntry], lookup: Dict[Any, object],
-                 all_labels: List[str], modules: ModuleInfo,
-                 param_info: Dict[str, Tuple[torch.Size, int, int]], random_seed: int,
-                 pass_time: float, postprocess_time: float) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        entries: List[TensorLogEntry],
+        lookup: Dict[Any, object],
+        all_labels: List[str],
+        modules: ModuleInfo,
+        param_info: Dict[str, Tuple[torch.Size, int, int]],
+        random_seed: int,
+        pass_time: float,
+        postprocess_time: float,
+    ) -> None:
         self.model_name = model_name
         self.layer_list: List[TensorLogEntry] = entries
         self._lookup = lookup
@@ -142,8 +151,10 @@ class ModelHistory:
         base = key.rpartition(":")[0] if ":" in key else key
         if key in self._all_labels or base in self.modules.passes:
             what = "Layer" if key in self._all_labels else "The output of module"
-            return (f"{what} {key!r} ran but was not kept because its activation was not saved; "
-                    "pass keep_unsaved_layers=True (or include it in layers_to_save) to keep it.")
+            return (
+                f"{what} {key!r} ran but was not kept because its activation was not saved; "
+                "pass keep_unsaved_layers=True (or include it in layers_to_save) to keep it."
+            )
         if key in self.modules.types and key not in self.modules.passes:
             return f"Module {key!r} was not called in this forward pass."
         candidates = [k for k in self._lookup if isinstance(k, str)]
@@ -287,8 +298,10 @@ class ModelHistory:
         if not untraced:
             return []
         count = "1 tensor comes" if len(untraced) == 1 else f"{len(untraced)} tensors come"
-        return [f"\tWARNING: {count} from untraced producers (calls torchlens does not trace; "
-                f"what they were computed from is unknown): {', '.join(untraced)}"]
+        return [
+            f"\tWARNING: {count} from untraced producers (calls torchlens does not trace; "
+            f"what they were computed from is unknown): {', '.join(untraced)}"
+        ]
 
     def __str__(self) -> str:
         lines = [
@@ -304,8 +317,9 @@ class ModelHistory:
             f"\tTime elapsed: {self.elapsed_time:.3f}s",
             "\tModule Hierarchy:",
             *self._hierarchy_lines(),
-            "\tLayers:" if len(self) == self.num_tensors else
-            f"\tLayers ({len(self)} of {self.num_tensors} kept: the saved ones; keep_unsaved_layers=True keeps all):",
+            "\tLayers:"
+            if len(self) == self.num_tensors
+            else f"\tLayers ({len(self)} of {self.num_tensors} kept: the saved ones; keep_unsaved_layers=True keeps all):",
         ]
         lines.extend(f"\t\t{i}: {e.label}{e.call_note()}" for i, e in enumerate(self.layer_list))
         return "\n".join(lines)
@@ -393,8 +407,9 @@ def as_key(key: Any) -> Union[str, int]:
             return operator.index(key)
         except TypeError:
             pass
-    raise TypeError(f"ModelHistory keys are layer labels, module addresses, ints or slices, not "
-                    f"{type(key).__name__} ({key!r})")
+    raise TypeError(
+        f"ModelHistory keys are layer labels, module addresses, ints or slices, not {type(key).__name__} ({key!r})"
+    )
 
 
 def _wrap(items: List[str], indent: str, width: int = 100) -> List[str]:

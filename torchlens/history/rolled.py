@@ -1,4 +1,5 @@
 """The rolled view: one object per layer, aggregating its passes."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional

@@ -13,6 +13,7 @@ forward passes of one optimizer step are overlaid as one step. Every module call
 ``training_step`` is recorded; the data-flow edges of the module graph come from a trace of the
 LightningModule's own ``forward``, so they appear when ``training_step`` calls ``self(x)``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -23,8 +24,10 @@ except ImportError:  # the older package name
     try:
         from pytorch_lightning.callbacks import Callback
     except ImportError:
-        raise ImportError("torchlens.integrations.lightning needs Lightning: pip install 'torchlens[lightning]' "
-                          "(or pip install lightning).") from None
+        raise ImportError(
+            "torchlens.integrations.lightning needs Lightning: pip install 'torchlens[lightning]' "
+            "(or pip install lightning)."
+        ) from None
 
 from ..watch.session import watch
 

@@ -1,4 +1,5 @@
 """Raw records of a pass -> a ``ModelHistory``. Each step is a function over the records."""
+
 from __future__ import annotations
 
 from time import perf_counter

@@ -3,12 +3,12 @@
 Records arrive in execution order, so every parent precedes its children and one sweep in each
 direction is enough (linear in operations + edges).
 """
+
 from __future__ import annotations
 
 from typing import Dict, List
 
 from ..records.tensor_log import TensorLogEntry
-
 
 _SOURCES = ("input", "untraced")
 

@@ -1,4 +1,5 @@
 """Labels (``conv2d_3_7``, ``linear_1_1:2``) and the keys that find each entry."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple, Union
@@ -81,8 +82,11 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
             with_pass = f"{address}:{pass_num}"
             passes = module_passes.get(address, 1)
             add_shared(with_pass, f"module call {with_pass} returned several tensors", e)
-            add_shared(address, f"module {address} has {passes} passes" if passes > 1
-                       else f"module {address} returned several tensors", e)
+            add_shared(
+                address,
+                f"module {address} has {passes} passes" if passes > 1 else f"module {address} returned several tensors",
+                e,
+            )
             keys.extend([address, with_pass] if passes == 1 else [with_pass])
         if e.address:
             add(e.address, e)
@@ -97,8 +101,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         if isinstance(found, Ambiguous):
             found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]
     for e in entries:
-        module_keys = [output_key(a, p, pos) for (a, p), pos in (e.module_output_positions or {}).items()
-                       if pos != ()]
+        module_keys = [output_key(a, p, pos) for (a, p), pos in (e.module_output_positions or {}).items() if pos != ()]
         e.lookup_keys = [k for k in _sorted_keys(e.lookup_keys + module_keys) if lookup.get(k) is e]
     return lookup
 
@@ -136,9 +139,14 @@ def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry])
                 e.call_outputs = labels
 
     for e in records:
-        same_call = (group and e.output_index is not None and e.func is group[-1].func
-                     and e.call_frames is group[-1].call_frames and e.raw_index == group[-1].raw_index + 1
-                     and all(e.output_index != g.output_index for g in group))
+        same_call = (
+            group
+            and e.output_index is not None
+            and e.func is group[-1].func
+            and e.call_frames is group[-1].call_frames
+            and e.raw_index == group[-1].raw_index + 1
+            and all(e.output_index != g.output_index for g in group)
+        )
         if not same_call:
             close()
             group = []

@@ -25,6 +25,7 @@ The invariant:
 Passes are numbered in execution order. Cost: one sweep over the records and their edges, plus
 hashing each record's key.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Hashable, List, Optional, Tuple
@@ -32,8 +33,9 @@ from typing import Dict, Hashable, List, Optional, Tuple
 from ..records.tensor_log import TensorLogEntry
 
 
-def group_passes(entries: List[TensorLogEntry],
-                 module_frame_depths: Optional[Dict[Tuple[str, int], int]] = None) -> List[List[TensorLogEntry]]:
+def group_passes(
+    entries: List[TensorLogEntry], module_frame_depths: Optional[Dict[Tuple[str, int], int]] = None
+) -> List[List[TensorLogEntry]]:
     """Layers in order of their first pass; each layer is its passes in execution order.
 
     ``module_frame_depths``: for each pass of a module with parameters, the number of call
@@ -51,8 +53,7 @@ def group_passes(entries: List[TensorLogEntry],
             key = ("params", e.layer_type, e.param_addresses, e.output_index)
             anchor = (e.raw_index, key)
         else:
-            anchor = max((anchors[p.raw_index] for p, _ in e.parent_refs), default=no_anchor,
-                         key=lambda a: a[0])
+            anchor = max((anchors[p.raw_index] for p, _ in e.parent_refs), default=no_anchor, key=lambda a: a[0])
             modules = tuple(address for address, _ in e.module_stack)
             key = ("site", e.func_name, modules, _site_frames(e, depths), e.output_index)
         anchors[e.raw_index] = anchor

@@ -1,4 +1,5 @@
 """Small text helpers shared by the printed summaries."""
+
 from __future__ import annotations
 
 from typing import Any

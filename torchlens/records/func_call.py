@@ -1,4 +1,5 @@
 """Where in the Python source an operation was called from; source text is read lazily."""
+
 from __future__ import annotations
 
 import linecache
@@ -60,11 +61,7 @@ class FuncCallLocation:
         )
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, FuncCallLocation)
-            and self.code is other.code
-            and self.line_number == other.line_number
-        )
+        return isinstance(other, FuncCallLocation) and self.code is other.code and self.line_number == other.line_number
 
     def __hash__(self) -> int:
         return hash((id(self.code), self.line_number))

@@ -1,4 +1,5 @@
 """``TensorLogEntry``: the record of one tensor produced in the forward pass (one layer pass)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
@@ -93,8 +94,7 @@ class TensorLogEntry:
     # __weakref__: gradient hooks refer to their entry weakly (see capture.tracer._record_gradient)
     __slots__ = _CAPTURE_FIELDS + _DERIVED_FIELDS + ("__weakref__",)
 
-    def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable],
-                 func_name: str) -> None:
+    def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable], func_name: str) -> None:
         for name in _CAPTURE_FIELDS + _DERIVED_FIELDS:
             object.__setattr__(self, name, None)
         self.raw_index = raw_index
@@ -197,8 +197,10 @@ class TensorLogEntry:
         """``' (output 2 of 3 of one lstm call)'`` for an output of a multi-output call, else ``''``."""
         if not self.call_outputs or self.label not in self.call_outputs:
             return ""
-        return (f" (output {self.call_outputs.index(self.label) + 1} of {len(self.call_outputs)} "
-                f"of one {self.func_name} call)")
+        return (
+            f" (output {self.call_outputs.index(self.label) + 1} of {len(self.call_outputs)} "
+            f"of one {self.func_name} call)"
+        )
 
     def _module_output_text(self, address: str, pass_num: int) -> str:
         """``'lstm'``, or ``'lstm (output 1.0)'`` when the call returned a container of tensors."""
@@ -217,8 +219,10 @@ class TensorLogEntry:
         else:
             lines.append("\t\t(activation not saved)")
         if self.gradient is not None:
-            lines.append(f"\tGradient: shape={tuple(self.gradient.shape)}, dtype={self.gradient.dtype}, "
-                         f"size={human_bytes(self.grad_nbytes)}")
+            lines.append(
+                f"\tGradient: shape={tuple(self.gradient.shape)}, dtype={self.gradient.dtype}, "
+                f"size={human_bytes(self.grad_nbytes)}"
+            )
             lines.append("\t\t" + tensor_preview(self.gradient).replace("\n", "\n\t\t"))
         elif self.gradient_note:
             lines.append(f"\tGradient: {self.gradient_note}")
@@ -255,8 +259,15 @@ class TensorLogEntry:
             lines.append(f"\tOutput of bottom-level module: {self._module_text(*self.output_of_modules[0])}")
         else:
             lines.append("\tOutput of modules: none")
-        flags = [f for f, on in (("in-place", self.is_inplace), ("created inside model", self.created_inside_model),
-                                 ("converted to bool (steers control flow)", self.bool_used)) if on]
+        flags = [
+            f
+            for f, on in (
+                ("in-place", self.is_inplace),
+                ("created inside model", self.created_inside_model),
+                ("converted to bool (steers control flow)", self.bool_used),
+            )
+            if on
+        ]
         if flags:
             lines.append(f"\tFlags: {', '.join(flags)}")
         if self.branch_condition:
@@ -309,4 +320,3 @@ class TensorLogEntry:
             "elapsed": self.elapsed,
             "intervened": self.intervened,
         }
-

@@ -13,6 +13,7 @@ Example:
     >>> print(build_dot(h).source.count(" -> "))
     2
 """
+
 from ..history.extensions import provide
 from .graph_page import show, to_html
 from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of

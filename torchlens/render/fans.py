@@ -26,6 +26,7 @@ Example:
     >>> [e.tail.id for e in s.edges if e.head.id == "stack_1_2"]  # one edge into the stack
     ['fan_in.stack_1_2.9']
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,14 @@ class Junction:
     kind: str = "junction"
 
 
-def group_wide_fans(nodes: List[Any], edges: List[Any], new_node: Callable[[str, Any], Any],
-                    new_edge: Callable[..., Any], common: Callable[..., Any],
-                    threshold: int = WIDE_FAN) -> List[Any]:
+def group_wide_fans(
+    nodes: List[Any],
+    edges: List[Any],
+    new_node: Callable[[str, Any], Any],
+    new_edge: Callable[..., Any],
+    common: Callable[..., Any],
+    threshold: int = WIDE_FAN,
+) -> List[Any]:
     """The edges to draw, with every wide fan-in and fan-out rerouted through junctions.
 
     ``nodes`` are in drawing order; ``new_node(id, cluster)`` places a junction node,

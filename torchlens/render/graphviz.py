@@ -13,6 +13,7 @@ Example:
     >>> "subgraph cluster_0 {" in dot.source, "input_1_0 -> linear_1_1" in dot.source
     (True, True)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
 
-from ..records.format import human_bytes
 from ..history.rolled import RolledLayer
+from ..records.format import human_bytes
 from . import style as st
 from .fans import Junction
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
@@ -123,8 +124,13 @@ def _module_node_look(module: CollapsedModule, rolled: bool) -> Dict[str, str]:
         counts += ", " + st.params_text(module.num_params)
     lines.append(counts)
     fill, border = st.COLORS["module"]
-    return {"label": st.html_label(title, lines), "shape": "box3d", "style": "filled",
-            "fillcolor": fill, "color": border}
+    return {
+        "label": st.html_label(title, lines),
+        "shape": "box3d",
+        "style": "filled",
+        "fillcolor": fill,
+        "color": border,
+    }
 
 
 def _cluster_label(cluster: Cluster, rolled: bool) -> str:
@@ -132,8 +138,7 @@ def _cluster_label(cluster: Cluster, rolled: bool) -> str:
     if not rolled and cluster.num_passes > 1:
         name += f":{cluster.pass_num}"
     extra = f" (x{cluster.num_passes})" if rolled and cluster.num_passes > 1 else ""
-    return (f'<<B>{html.escape(name)}</B>  <FONT COLOR="#8a929c">'
-            f"{html.escape(cluster.module_type)}{extra}</FONT>>")
+    return f'<<B>{html.escape(name)}</B>  <FONT COLOR="#8a929c">{html.escape(cluster.module_type)}{extra}</FONT>>'
 
 
 def _overrides(overrides: AttrOverrides, *args: Any) -> Dict[str, str]:
@@ -151,8 +156,10 @@ def _title(history: Any, structure: GraphStructure) -> str:
     params = {a: n for node in structure.nodes.values() for a, n in _param_numels(node)}
     mode = "rolled" if structure.rolled else "unrolled"
     detail = f"{num} tensors ({human_bytes(tensor_bytes)}), {st.params_text(sum(params.values()))}; {mode}"
-    return (f'<<B>{html.escape(str(history.model_name))}</B><BR/>'
-            f'<FONT POINT-SIZE="9" COLOR="{st.DETAIL_COLOR}">{html.escape(detail)}</FONT>>')
+    return (
+        f"<<B>{html.escape(str(history.model_name))}</B><BR/>"
+        f'<FONT POINT-SIZE="9" COLOR="{st.DETAIL_COLOR}">{html.escape(detail)}</FONT>>'
+    )
 
 
 def _param_numels(node: Node) -> Iterable:
@@ -215,8 +222,12 @@ def _progress_bar(items: list) -> Iterable:
 
 # One set of names everywhere (those of log_forward_pass); the older short names still work.
 VIS_DEFAULTS = {"vis_direction": "bottomup", "vis_outpath": "graph", "vis_fileformat": "pdf", "vis_save_only": False}
-OLD_NAMES = {"direction": "vis_direction", "outpath": "vis_outpath", "fileformat": "vis_fileformat",
-             "save_only": "vis_save_only"}
+OLD_NAMES = {
+    "direction": "vis_direction",
+    "outpath": "vis_outpath",
+    "fileformat": "vis_fileformat",
+    "save_only": "vis_save_only",
+}
 
 
 def resolve_names(function: str, old_names: Dict[str, Any], **given: Any) -> Dict[str, Any]:
@@ -237,19 +248,29 @@ def resolve_names(function: str, old_names: Dict[str, Any], **given: Any) -> Dic
 def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: str) -> None:
     if vis_mode not in ("unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'unrolled' or 'rolled', not {vis_mode!r}.")
-    if vis_nesting_depth is not None and (isinstance(vis_nesting_depth, bool) or not isinstance(vis_nesting_depth, int)
-                                          or vis_nesting_depth < 0):
+    if vis_nesting_depth is not None and (
+        isinstance(vis_nesting_depth, bool) or not isinstance(vis_nesting_depth, int) or vis_nesting_depth < 0
+    ):
         raise ValueError(f"vis_nesting_depth must be None or an int >= 0, not {vis_nesting_depth!r}.")
     if direction not in st.DIRECTIONS:
         raise ValueError(f"vis_direction must be one of {', '.join(map(repr, st.DIRECTIONS))}, not {direction!r}.")
 
 
-def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-              vis_direction: Optional[str] = None, graph_attrs: AttrOverrides = None,
-              node_attrs: AttrOverrides = None, edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
-              extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-              inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None,
-              **old_names: Any) -> graphviz.Digraph:
+def build_dot(
+    history: Any,
+    vis_mode: str = "unrolled",
+    vis_nesting_depth: Optional[int] = None,
+    vis_direction: Optional[str] = None,
+    graph_attrs: AttrOverrides = None,
+    node_attrs: AttrOverrides = None,
+    edge_attrs: AttrOverrides = None,
+    module_attrs: AttrOverrides = None,
+    extra_edges: Optional[Iterable[ExtraEdge]] = None,
+    progress: Optional[bool] = None,
+    inline_single_op_modules: bool = True,
+    show_gradients: Optional[bool] = None,
+    **old_names: Any,
+) -> graphviz.Digraph:
     """The graph of ``history`` as a ``graphviz.Digraph`` (DOT source only; ``dot`` is not run).
 
     Args:
@@ -296,10 +317,18 @@ def build_dot(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optio
     structure = build_structure(history, vis_mode, vis_nesting_depth, extra_edges, wrapper, inline_single_op_modules)
     graph_defaults = dict(st.GRAPH_DEFAULTS, rankdir=st.DIRECTIONS[direction], label=_title(history, structure))
     graph_defaults.update(_overrides(graph_attrs, history))
-    dot = graphviz.Digraph(name=str(history.model_name), graph_attr=graph_defaults,
-                           node_attr=dict(st.NODE_DEFAULTS), edge_attr=dict(st.EDGE_DEFAULTS))
-    opts = {"node_attrs": node_attrs, "edge_attrs": edge_attrs, "module_attrs": module_attrs,
-            "labelloc": "b" if direction == "bottomup" else "t"}
+    dot = graphviz.Digraph(
+        name=str(history.model_name),
+        graph_attr=graph_defaults,
+        node_attr=dict(st.NODE_DEFAULTS),
+        edge_attr=dict(st.EDGE_DEFAULTS),
+    )
+    opts = {
+        "node_attrs": node_attrs,
+        "edge_attrs": edge_attrs,
+        "module_attrs": module_attrs,
+        "labelloc": "b" if direction == "bottomup" else "t",
+    }
     _emit(structure, structure.clusters[()], dot, opts)
     return dot
 
@@ -327,8 +356,14 @@ def run_dot(dot: graphviz.Digraph, fileformat: str, progress: Optional[bool] = N
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError()
     edges = sum(1 for line in dot.body if " -> " in line)
-    nodes = sum(1 for line in dot.body if " -> " not in line and line.startswith("\t") and " [" in line
-                and not line.lstrip().startswith(("graph ", "node ", "edge ")))
+    nodes = sum(
+        1
+        for line in dot.body
+        if " -> " not in line
+        and line.startswith("\t")
+        and " [" in line
+        and not line.lstrip().startswith(("graph ", "node ", "edge "))
+    )
     show = progress if progress is not None else nodes > PROGRESS_THRESHOLD
     try:
         with _DotTimer(nodes, edges, 0.0 if progress else 1.0) if show else contextlib.nullcontext():
@@ -342,8 +377,10 @@ class _DotTimer:
     only once ``dot`` has run for ``delay`` seconds (quick layouts stay silent)."""
 
     def __init__(self, nodes: int, edges: int, delay: float = 1.0) -> None:
-        self.desc = (f"torchlens: graphviz's dot is laying out {nodes:,} nodes and {edges:,} edges (large graphs "
-                     "take a while; vis_mode='rolled' or vis_nesting_depth draw fewer nodes)")
+        self.desc = (
+            f"torchlens: graphviz's dot is laying out {nodes:,} nodes and {edges:,} edges (large graphs "
+            "take a while; vis_mode='rolled' or vis_nesting_depth draw fewer nodes)"
+        )
         self.delay = delay
         self.done = threading.Event()
         self.bar: Any = None
@@ -358,8 +395,7 @@ class _DotTimer:
             return
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", leave=True,
-                        initial=0, miniters=0)
+        self.bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", leave=True, initial=0, miniters=0)
         while not self.done.wait(0.5):
             self.bar.refresh()
 
@@ -402,14 +438,24 @@ def svg_of(history: Any, **options: Any) -> str:
     return run_dot(build_dot(history, **options), "svg", options.get("progress")).decode("utf-8")
 
 
-def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-                 vis_direction: Optional[str] = None, vis_outpath: Optional[str] = None,
-                 vis_fileformat: Optional[str] = None, vis_save_only: Optional[bool] = None,
-                 graph_attrs: AttrOverrides = None, node_attrs: AttrOverrides = None,
-                 edge_attrs: AttrOverrides = None, module_attrs: AttrOverrides = None,
-                 extra_edges: Optional[Iterable[ExtraEdge]] = None, progress: Optional[bool] = None,
-                 inline_single_op_modules: bool = True, show_gradients: Optional[bool] = None,
-                 **old_names: Any) -> graphviz.Digraph:
+def render_graph(
+    history: Any,
+    vis_mode: str = "unrolled",
+    vis_nesting_depth: Optional[int] = None,
+    vis_direction: Optional[str] = None,
+    vis_outpath: Optional[str] = None,
+    vis_fileformat: Optional[str] = None,
+    vis_save_only: Optional[bool] = None,
+    graph_attrs: AttrOverrides = None,
+    node_attrs: AttrOverrides = None,
+    edge_attrs: AttrOverrides = None,
+    module_attrs: AttrOverrides = None,
+    extra_edges: Optional[Iterable[ExtraEdge]] = None,
+    progress: Optional[bool] = None,
+    inline_single_op_modules: bool = True,
+    show_gradients: Optional[bool] = None,
+    **old_names: Any,
+) -> graphviz.Digraph:
     """Draw ``history`` to ``vis_outpath + '.' + vis_fileformat`` and return the ``graphviz.Digraph``.
 
     Options are those of ``build_dot``, plus ``vis_outpath`` (no extension; default ``'graph'``),
@@ -427,14 +473,32 @@ def render_graph(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Op
         >>> os.path.exists(out + ".svg")
         True
     """
-    names = resolve_names("render_graph", old_names, vis_direction=vis_direction, vis_outpath=vis_outpath,
-                          vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
+    names = resolve_names(
+        "render_graph",
+        old_names,
+        vis_direction=vis_direction,
+        vis_outpath=vis_outpath,
+        vis_fileformat=vis_fileformat,
+        vis_save_only=vis_save_only,
+    )
     direction, outpath = names["vis_direction"], names["vis_outpath"]
     fileformat, save_only = names["vis_fileformat"], names["vis_save_only"]
     if fileformat not in graphviz.FORMATS:
         raise ValueError(f"vis_fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
-    dot = build_dot(history, vis_mode, vis_nesting_depth, direction, graph_attrs, node_attrs, edge_attrs,
-                    module_attrs, extra_edges, progress, inline_single_op_modules, show_gradients)
+    dot = build_dot(
+        history,
+        vis_mode,
+        vis_nesting_depth,
+        direction,
+        graph_attrs,
+        node_attrs,
+        edge_attrs,
+        module_attrs,
+        extra_edges,
+        progress,
+        inline_single_op_modules,
+        show_gradients,
+    )
     data = run_dot(dot, fileformat, progress)
     path = f"{outpath}.{fileformat}"
     folder = os.path.dirname(path)

@@ -20,6 +20,7 @@ Example:
     >>> s.clusters[(("0", 1),)].nodes[0].id
     'linear_1_1'
 """
+
 from __future__ import annotations
 
 import math
@@ -211,10 +212,12 @@ class _Builder:
         node = self.collapsed.get(key)
         if node is None:
             address, pass_num = key[-1]
-            module = CollapsedModule(address, pass_num, self.history.modules.types.get(address, "?"),
-                                     self.module_passes(address))
-            node = Node(_node_id(f"module.{address}" + ("" if pass_num is None else f".pass{pass_num}")),
-                        module, key[:-1])
+            module = CollapsedModule(
+                address, pass_num, self.history.modules.types.get(address, "?"), self.module_passes(address)
+            )
+            node = Node(
+                _node_id(f"module.{address}" + ("" if pass_num is None else f".pass{pass_num}")), module, key[:-1]
+            )
             self.place(node)
             self.collapsed[key] = node
         module = node.item
@@ -253,8 +256,11 @@ class _Builder:
         for node_id, node in self.s.nodes.items():
             module = node.item
             main = [self.items[m] for m in getattr(module, "members", ()) if self.items[m].kind != "buffer"]
-            if not isinstance(module, CollapsedModule) or len(main) != 1 or not self.is_output_of(
-                    main[0], (module.address, module.pass_num)):
+            if (
+                not isinstance(module, CollapsedModule)
+                or len(main) != 1
+                or not self.is_output_of(main[0], (module.address, module.pass_num))
+            ):
                 nodes[node_id] = node
                 continue
             depth = len(node.cluster)
@@ -264,8 +270,9 @@ class _Builder:
                 plain = Node(_node_id(label), item, node.cluster)
                 if item is main[0]:
                     chain = _chain(item, self.rolled)[depth:]
-                    plain.inline_modules = [(self.module_label(a, p), self.history.modules.types.get(a, "?"))
-                                            for a, p in reversed(chain)]
+                    plain.inline_modules = [
+                        (self.module_label(a, p), self.history.modules.types.get(a, "?")) for a, p in reversed(chain)
+                    ]
                 nodes[plain.id] = self.visible[label] = plain
         self.s.nodes = nodes
         clusters = self.s.clusters
@@ -276,8 +283,9 @@ class _Builder:
             if cluster.children or len(main_nodes) != 1 or not self.is_output_of(main_nodes[0].item, key[-1]):
                 continue
             parent = clusters[key[:-1]]
-            main_nodes[0].inline_modules.append((self.module_label(cluster.address, cluster.pass_num),
-                                                 cluster.module_type))
+            main_nodes[0].inline_modules.append(
+                (self.module_label(cluster.address, cluster.pass_num), cluster.module_type)
+            )
             for node in cluster.nodes:
                 node.cluster = parent.key
                 parent.nodes.append(node)
@@ -296,14 +304,23 @@ class _Builder:
         if isinstance(item, CollapsedModule):
             return False
         entries = item.passes if isinstance(item, RolledLayer) else [item]
-        return any((a, None if self.rolled else int(p)) == module for e in entries for a, p in e.output_of_modules or ())
+        return any(
+            (a, None if self.rolled else int(p)) == module for e in entries for a, p in e.output_of_modules or ()
+        )
 
     # ----- edges --------------------------------------------------------------------------------
     def key_of(self, label: str) -> str:
         return self.layer_of.get(label, label) if self.rolled else label
 
-    def add_edge(self, parent_label: str, child_label: str, kind: str, positions: Sequence[Any] = (),
-                 show_positions: bool = False, attrs: Optional[Mapping[str, str]] = None) -> None:
+    def add_edge(
+        self,
+        parent_label: str,
+        child_label: str,
+        kind: str,
+        positions: Sequence[Any] = (),
+        show_positions: bool = False,
+        attrs: Optional[Mapping[str, str]] = None,
+    ) -> None:
         tail = self.visible.get(self.key_of(parent_label))
         head = self.visible.get(self.key_of(child_label))
         if tail is None or head is None:
@@ -340,9 +357,14 @@ def _common_prefix(a: ClusterKey, b: ClusterKey) -> ClusterKey:
     return a[:n]
 
 
-def build_structure(history: Any, vis_mode: str = "unrolled", vis_nesting_depth: Optional[int] = None,
-                    extra_edges: Optional[Iterable[ExtraEdge]] = None,
-                    progress: Optional[Any] = None, inline_single_op_modules: bool = True) -> GraphStructure:
+def build_structure(
+    history: Any,
+    vis_mode: str = "unrolled",
+    vis_nesting_depth: Optional[int] = None,
+    extra_edges: Optional[Iterable[ExtraEdge]] = None,
+    progress: Optional[Any] = None,
+    inline_single_op_modules: bool = True,
+) -> GraphStructure:
     """Nodes, edges and module boxes of the drawing of ``history`` (see the module docstring).
 
     Args:
@@ -367,7 +389,7 @@ def build_structure(history: Any, vis_mode: str = "unrolled", vis_nesting_depth:
     rolled = vis_mode == "rolled"
     b = _Builder(history, rolled, vis_nesting_depth)
     items: List[Any] = list(history.rolled_layers.values()) if rolled else list(history.layer_list)
-    for item in (progress(items) if progress else items):
+    for item in progress(items) if progress else items:
         b.add_item(item)
     b.collapsed_outputs()
     if inline_single_op_modules:
@@ -379,8 +401,9 @@ def build_structure(history: Any, vis_mode: str = "unrolled", vis_nesting_depth:
             if b.key_of(label) not in b.visible:
                 raise ValueError(f"extra_edges: {label!r} is not a layer label of this history.")
         b.add_edge(tail, head, "extra", attrs=attrs)
-    edges = group_wide_fans(list(b.s.nodes.values()), list(b.edges.values()), b.junction, _derived_edge,
-                            _common_cluster)
+    edges = group_wide_fans(
+        list(b.s.nodes.values()), list(b.edges.values()), b.junction, _derived_edge, _common_cluster
+    )
     for edge in edges:
         edge.cluster = _common_prefix(edge.tail.cluster, edge.head.cluster)
         b.s.clusters[edge.cluster].edges.append(edge)
@@ -395,9 +418,15 @@ def _common_cluster(keys: List[ClusterKey]) -> ClusterKey:
     return common
 
 
-def _derived_edge(tail: Node, head: Node, like: Optional[Edge] = None, kind: str = "data",
-                  positions: Optional[List[Any]] = None, show_positions: Optional[bool] = None,
-                  **attrs: str) -> Edge:
+def _derived_edge(
+    tail: Node,
+    head: Node,
+    like: Optional[Edge] = None,
+    kind: str = "data",
+    positions: Optional[List[Any]] = None,
+    show_positions: Optional[bool] = None,
+    **attrs: str,
+) -> Edge:
     """An edge of a junction (fans.py), copying what ``like`` shows."""
     edge = Edge(tail, head, kind)
     if like is not None:

@@ -10,6 +10,7 @@ Example:
     >>> positions_text([1, 'mask', (0, 2)])
     'arg 1, mask, arg 0[2]'
 """
+
 from __future__ import annotations
 
 import html
@@ -89,8 +90,14 @@ CLUSTER_DEFAULTS = {
 }
 MAX_LABEL_CHARS = 200
 # where the edges of a wide fan-in or fan-out meet (fans.py): a dot on the edges' line
-JUNCTION = {"shape": "point", "width": "0.04", "height": "0.04", "color": EDGE_COLOR, "fillcolor": EDGE_COLOR,
-            "label": ""}
+JUNCTION = {
+    "shape": "point",
+    "width": "0.04",
+    "height": "0.04",
+    "color": EDGE_COLOR,
+    "fillcolor": EDGE_COLOR,
+    "label": "",
+}
 IF_EDGE = {"style": "dashed", "color": IF_EDGE_COLOR, "fontcolor": IF_EDGE_COLOR, "label": "if"}
 
 
@@ -173,5 +180,11 @@ def tensor_text(shape: Optional[Sequence[int]], dtype: Optional[torch.dtype], nb
 
 
 # The backward path (``save_gradients``): blue, drawn against the data flow.
-BACKWARD_EDGE = {"color": "#3b6fb6", "fontcolor": "#3b6fb6", "style": "dashed", "constraint": "false",
-                 "arrowhead": "vee", "penwidth": "1.2"}
+BACKWARD_EDGE = {
+    "color": "#3b6fb6",
+    "fontcolor": "#3b6fb6",
+    "style": "dashed",
+    "constraint": "false",
+    "arrowhead": "vee",
+    "penwidth": "1.2",
+}

@@ -7,6 +7,7 @@ Layout of a saved folder::
     tensors-00000.safetensors activations, gradients and tensors among saved function arguments
     tensors-00001.safetensors ... (a new shard about every GiB)
 """
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ modules already imported (torch, torchlens, ``operator``, ``math``); references 
 are stored by label. A value of any other type is stored as an ``unsaved`` placeholder holding
 its type and ``repr`` and is reported by the save (never silently dropped).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,10 @@ class UnavailableFunction:
         self.text = text
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"torchlens: the function {self.text} of this loaded history could not be found by "
-                           "name when it was saved (it is not a torch or torchlens function), so it cannot be re-run.")
+        raise RuntimeError(
+            f"torchlens: the function {self.text} of this loaded history could not be found by "
+            "name when it was saved (it is not a torch or torchlens function), so it cannot be re-run."
+        )
 
     def __repr__(self) -> str:
         return f"<unavailable function {self.text}>"
@@ -91,9 +94,21 @@ def function_name(func: Any) -> Optional[str]:
     if isinstance(module, str) and isinstance(qualname, str):
         candidates.append(f"{module}.{qualname}")
     if isinstance(name, str):
-        candidates += [f"{ns}.{name}" for ns in ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg",
-                                                  "torch.fft", "torch.special", "torch._C._nn",
-                                                  "torch._C._VariableFunctions", "operator", "math")]
+        candidates += [
+            f"{ns}.{name}"
+            for ns in (
+                "torch",
+                "torch.Tensor",
+                "torch.nn.functional",
+                "torch.linalg",
+                "torch.fft",
+                "torch.special",
+                "torch._C._nn",
+                "torch._C._VariableFunctions",
+                "operator",
+                "math",
+            )
+        ]
     if isinstance(func, torch._ops.OpOverload):
         candidates.insert(0, f"torch.ops.{func.namespace}.{func._opname}.{func._overloadname}")
     elif isinstance(func, torch._ops.OpOverloadPacket):
@@ -189,8 +204,12 @@ class Encoder:
         if cls is torch.Size:
             return {"t": "size", "v": list(value)}
         if isinstance(value, tuple):  # a namedtuple: its fields, by name
-            return {"t": "namedtuple", "name": cls.__name__, "fields": list(value._fields),
-                    "v": [self.value(v, depth + 1) for v in value]}
+            return {
+                "t": "namedtuple",
+                "name": cls.__name__,
+                "fields": list(value._fields),
+                "v": [self.value(v, depth + 1) for v in value],
+            }
         if cls is dict:
             return {"t": "dict", "v": [[self.value(k, depth + 1), self.value(v, depth + 1)] for k, v in value.items()]}
         if isinstance(value, torch.dtype):
@@ -215,8 +234,11 @@ class Encoder:
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # numpy scalars and such
             return self.value(int(value) if isinstance(value, int) else float(value))
         if dataclasses.is_dataclass(value) and not isinstance(value, type) and cls.__module__.startswith("torchlens."):
-            return {"t": "dataclass", "cls": f"{cls.__module__}.{cls.__qualname__}",
-                    "v": {f.name: self.value(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}}
+            return {
+                "t": "dataclass",
+                "cls": f"{cls.__module__}.{cls.__qualname__}",
+                "v": {f.name: self.value(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)},
+            }
         if cls is Written:
             return value.data
         if isinstance(value, Unsaved):
@@ -355,8 +377,9 @@ class SavedCode:
 SOURCE_CONTEXT = 10  # lines kept on each side of every call site
 
 
-def encode_frames(codes: Dict[int, int], code_table: List[Dict[str, Any]], sources: Dict[str, Dict[int, str]],
-                  frames: tuple) -> List[List[int]]:
+def encode_frames(
+    codes: Dict[int, int], code_table: List[Dict[str, Any]], sources: Dict[str, Dict[int, str]], frames: tuple
+) -> List[List[int]]:
     """``call_frames`` as ``[[code number, line, offset], ...]``, filling the code and source tables."""
     import linecache
 
@@ -365,24 +388,50 @@ def encode_frames(codes: Dict[int, int], code_table: List[Dict[str, Any]], sourc
         number = codes.get(id(code))
         if number is None:
             number = codes[id(code)] = len(code_table)
-            code_table.append({"file": code.co_filename, "name": code.co_name,
-                               "qualname": getattr(code, "co_qualname", code.co_name),
-                               "firstlineno": code.co_firstlineno})
+            code_table.append(
+                {
+                    "file": code.co_filename,
+                    "name": code.co_name,
+                    "qualname": getattr(code, "co_qualname", code.co_name),
+                    "firstlineno": code.co_firstlineno,
+                }
+            )
         lines = sources.setdefault(code.co_filename, {})
         if line is not None and line not in lines:
             for n in range(max(1, line - SOURCE_CONTEXT), line + SOURCE_CONTEXT + 1):
                 if n not in lines:
-                    lines[n] = getattr(code, "source", {}).get(n, "") if isinstance(code, SavedCode) \
+                    lines[n] = (
+                        getattr(code, "source", {}).get(n, "")
+                        if isinstance(code, SavedCode)
                         else linecache.getline(code.co_filename, n)
+                    )
         out.append([number, line, lasti])
     return out
 
 
 def decode_code_table(table: List[Dict[str, Any]], sources: Dict[str, Dict[str, str]]) -> List[SavedCode]:
     by_file = {f: {int(n): text for n, text in lines.items()} for f, lines in sources.items()}
-    return [SavedCode(c["file"], c["name"], c.get("qualname", c["name"]), c.get("firstlineno", 0),
-                      by_file.setdefault(c["file"], {})) for c in table]
+    return [
+        SavedCode(
+            c["file"],
+            c["name"],
+            c.get("qualname", c["name"]),
+            c.get("firstlineno", 0),
+            by_file.setdefault(c["file"], {}),
+        )
+        for c in table
+    ]
 
 
-__all__ = ["Encoder", "Decoder", "Unsaved", "UnavailableFunction", "SavedCode", "function_name", "resolve_function",
-           "encode_frames", "decode_code_table", "Written"]
+__all__ = [
+    "Encoder",
+    "Decoder",
+    "Unsaved",
+    "UnavailableFunction",
+    "SavedCode",
+    "function_name",
+    "resolve_function",
+    "encode_frames",
+    "decode_code_table",
+    "Written",
+]

@@ -1,4 +1,5 @@
 """The error a saved history raises when a file of it cannot be used."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """``torchlens.load``: a saved history back as a ``ModelHistory``; tensors are read lazily."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..records.func_call import FuncCallLocation
 from ..history.model_history import ModelHistory
+from ..records.func_call import FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
 from .codec import Decoder, SavedCode, decode_code_table
 from .errors import HistoryFileError
@@ -104,8 +105,11 @@ class StoredTensorLogEntry(TensorLogEntry):
     @property
     def grad_dtype(self):
         record = self._record("gradient")
-        return dtype_of(record["dtype"], self._decoder.where) if record is not None and "dtype" in record \
+        return (
+            dtype_of(record["dtype"], self._decoder.where)
+            if record is not None and "dtype" in record
             else super().grad_dtype
+        )
 
     @property
     def grad_nbytes(self) -> int:
@@ -135,15 +139,18 @@ def read_index(folder: str) -> Dict[str, Any]:
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
         if os.path.exists(folder):
-            raise HistoryFileError(folder, "not a folder: a saved torchlens history is a folder (see ModelHistory.save)")
+            raise HistoryFileError(
+                folder, "not a folder: a saved torchlens history is a folder (see ModelHistory.save)"
+            )
         raise FileNotFoundError(f"{folder}: no such folder (a saved torchlens history is a folder)")
     path = os.path.join(folder, INDEX_FILE)
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise HistoryFileError(path, "missing: this folder is not a saved torchlens history, or its save did not "
-                                     "finish") from None
+        raise HistoryFileError(
+            path, "missing: this folder is not a saved torchlens history, or its save did not finish"
+        ) from None
     try:
         document = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
@@ -155,10 +162,19 @@ def read_index(folder: str) -> Dict[str, Any]:
         raise HistoryFileError(path, f"unknown format version {version!r}")
     if version > FORMAT_VERSION:
         raise HistoryFileError(
-            path, f"written in format version {version} by torchlens {document.get('torchlens_version')}; this "
-                  f"torchlens reads versions up to {FORMAT_VERSION}: upgrade torchlens to load it")
-    for key, kind in (("history", dict), ("entry_fields", list), ("entries", list), ("codes", list),
-                      ("sources", dict), ("tensors", list), ("files", dict)):
+            path,
+            f"written in format version {version} by torchlens {document.get('torchlens_version')}; this "
+            f"torchlens reads versions up to {FORMAT_VERSION}: upgrade torchlens to load it",
+        )
+    for key, kind in (
+        ("history", dict),
+        ("entry_fields", list),
+        ("entries", list),
+        ("codes", list),
+        ("sources", dict),
+        ("tensors", list),
+        ("files", dict),
+    ):
         if not isinstance(document.get(key), kind):
             raise HistoryFileError(path, f"truncated or corrupted: '{key}' is missing or malformed")
     return document

@@ -1,4 +1,5 @@
 """``ModelHistory.save``: a history as a folder of JSON (structure) and safetensors (tensors)."""
+
 from __future__ import annotations
 
 import datetime
@@ -11,8 +12,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..version import __version__
 from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS
+from ..version import __version__
 from .codec import Encoder, encode_frames
 from .shards import ShardWriter
 
@@ -34,8 +35,10 @@ def save_history(history: Any, path: str, overwrite: bool = False) -> str:
     path = os.fspath(path)
     if os.path.exists(path):
         if not overwrite:
-            raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (only a saved history or an "
-                                  "empty folder is replaced).")
+            raise FileExistsError(
+                f"{path} exists; pass overwrite=True to replace it (only a saved history or an "
+                "empty folder is replaced)."
+            )
         if not os.path.isdir(path) or (os.listdir(path) and not os.path.exists(os.path.join(path, INDEX_FILE))):
             raise FileExistsError(f"{path} is not a saved torchlens history; it is not replaced.")
     parent = os.path.dirname(os.path.abspath(path))
@@ -122,8 +125,10 @@ def write_index(folder: str, document: Dict[str, Any], writer: ShardWriter, enco
 
 def _unsaved_note(unsaved: List[Any]) -> str:
     shown = "; ".join(f"{where}: {what}" for where, what in unsaved[:8]) + ("; ..." if len(unsaved) > 8 else "")
-    return (f"{len(unsaved)} values could not be saved as they are and were stored as placeholders (their type and "
-            f"repr; rerun() cannot use them): {shown}")
+    return (
+        f"{len(unsaved)} values could not be saved as they are and were stored as placeholders (their type and "
+        f"repr; rerun() cannot use them): {shown}"
+    )
 
 
 def _version() -> str:

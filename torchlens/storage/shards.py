@@ -10,13 +10,14 @@ Tensors safetensors has no dtype for (``complex128``, ``uint1``...) are stored a
 bytes (``U8``) with the real dtype kept in torchlens's index; every tensor's CRC-32 is kept
 too and checked when it is first read, so a corrupted file is reported, not silently used.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import struct
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -24,8 +25,15 @@ from .errors import HistoryFileError
 
 # safetensors dtype names (the ones every safetensors >= 0.4 reader knows)
 _ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
     torch.bool: "BOOL",
 }
 _HEADER_RESERVE = 64 * 1024  # bytes of header per shard: room for a few hundred tensors
@@ -90,11 +98,17 @@ class ShardWriter:
         native = _ST_DTYPES.get(tensor.dtype)
         shape = list(tensor.shape)
         name = f"t{self._count}"
-        entry = {"dtype": native or "U8", "shape": shape if native else [data.numel()],
-                 "data_offsets": [self._offset, self._offset + data.numel()]}
+        entry = {
+            "dtype": native or "U8",
+            "shape": shape if native else [data.numel()],
+            "data_offsets": [self._offset, self._offset + data.numel()],
+        }
         entry_len = len(json.dumps({name: entry})) + 1
-        if self._file is not None and (self._header_len + entry_len > _HEADER_RESERVE
-                                       or self._offset + data.numel() > self.shard_bytes and self._offset):
+        if self._file is not None and (
+            self._header_len + entry_len > _HEADER_RESERVE
+            or self._offset + data.numel() > self.shard_bytes
+            and self._offset
+        ):
             self._close_shard()
         if self._file is None:
             self._open()
@@ -106,8 +120,13 @@ class ShardWriter:
         self._offset += data.numel()
         self._count += 1
         self.bytes_written += data.numel()
-        return {"file": self._name, "name": name, "dtype": dtype_name(tensor.dtype), "shape": shape,
-                "crc": zlib.crc32(array)}
+        return {
+            "file": self._name,
+            "name": name,
+            "dtype": dtype_name(tensor.dtype),
+            "shape": shape,
+            "crc": zlib.crc32(array),
+        }
 
     def _close_shard(self) -> None:
         header = json.dumps(self._header, separators=(",", ":")).encode()
@@ -201,14 +220,26 @@ def encode_tensor(tensor: torch.Tensor, writer: ShardWriter) -> Optional[Dict[st
             return {"kind": "nested", "parts": [writer.add(t) for t in tensor.detach().unbind()]}
         if layout == torch.sparse_coo:
             t = tensor.detach().coalesce()
-            return {"kind": "sparse_coo", "size": list(t.shape), "indices": writer.add(t._indices()),
-                    "values": writer.add(t._values())}
+            return {
+                "kind": "sparse_coo",
+                "size": list(t.shape),
+                "indices": writer.add(t._indices()),
+                "values": writer.add(t._values()),
+            }
         if layout in (torch.sparse_csr, torch.sparse_csc):
             t = tensor.detach()
-            rows, cols = (t.crow_indices(), t.col_indices()) if layout == torch.sparse_csr \
+            rows, cols = (
+                (t.crow_indices(), t.col_indices())
+                if layout == torch.sparse_csr
                 else (t.ccol_indices(), t.row_indices())
-            return {"kind": str(layout).replace("torch.", ""), "size": list(t.shape),
-                    "compressed": writer.add(rows), "plain": writer.add(cols), "values": writer.add(t.values())}
+            )
+            return {
+                "kind": str(layout).replace("torch.", ""),
+                "size": list(t.shape),
+                "compressed": writer.add(rows),
+                "plain": writer.add(cols),
+                "values": writer.add(t.values()),
+            }
         if layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
             return None
         record = writer.add(tensor)

@@ -6,6 +6,7 @@ stays near that of a plain forward pass however much is saved. When the pass is 
 structure is written as in ``ModelHistory.save`` and the history returned is
 ``torchlens.load(folder)``.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,13 +48,15 @@ class StreamedSave:
             raise ValueError(
                 "save_to= and save_gradients=True cannot be combined: gradients arrive when you call .backward() "
                 "after the pass, through activations that save_to keeps on disk, not in the autograd graph. Trace "
-                "without save_to to record gradients, then history.save(folder).")
+                "without save_to to record gradients, then history.save(folder)."
+            )
         folder = os.fspath(folder)
         self.folder = folder
         self.created = not os.path.exists(folder)
         if not self.created and (not os.path.isdir(folder) or os.listdir(folder)):
-            raise FileExistsError(f"save_to: {folder} exists and is not an empty folder; choose a new folder "
-                                  "(nothing is overwritten).")
+            raise FileExistsError(
+                f"save_to: {folder} exists and is not an empty folder; choose a new folder (nothing is overwritten)."
+            )
         os.makedirs(folder, exist_ok=True)
         self.writer = ShardWriter(folder)
         self.encoder = Encoder(self.writer, dedupe=False)  # nothing kept alive while the pass runs

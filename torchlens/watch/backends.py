@@ -4,6 +4,7 @@ Each backend receives every logged step's histograms (and, for wandb, the explor
 self-contained HTML file every few logged steps). Their packages are optional and imported only
 when asked for.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def _require(package: str, extra: str) -> Any:
     try:
         return importlib.import_module(package)
     except ImportError:
-        raise ImportError(f"tl.watch(backend='{extra}') needs the '{package}' package: "
-                          f"pip install 'torchlens[{extra}]' (or pip install {package}).") from None
+        raise ImportError(
+            f"tl.watch(backend='{extra}') needs the '{package}' package: "
+            f"pip install 'torchlens[{extra}]' (or pip install {package})."
+        ) from None
 
 
 class WandbBackend:
@@ -43,8 +46,10 @@ class WandbBackend:
     def __init__(self, html_every: int = 50) -> None:
         self.wandb = _require("wandb", "wandb")
         if self.wandb.run is None:
-            raise RuntimeError("tl.watch(backend='wandb') logs into the active wandb run, and there is none: "
-                               "call wandb.init() first (and tl.setup() before it for long runs).")
+            raise RuntimeError(
+                "tl.watch(backend='wandb') logs into the active wandb run, and there is none: "
+                "call wandb.init() first (and tl.setup() before it for long runs)."
+            )
         self.run = self.wandb.run
         self.html_every = html_every
         self.logged = 0
@@ -114,11 +119,17 @@ class TensorboardBackend:
             if not np.isfinite(h.lo[i]):
                 continue
             edges = h.edges(i)
-            self.writer.add_histogram_raw(tag(key), min=float(h.lo[i]), max=float(h.hi[i]),
-                                          num=float(h.counts[i].sum()), sum=float(h.sums[i]),
-                                          sum_squares=float(h.sums_of_squares[i]),
-                                          bucket_limits=edges[1:].tolist(), bucket_counts=h.counts[i].tolist(),
-                                          global_step=step)
+            self.writer.add_histogram_raw(
+                tag(key),
+                min=float(h.lo[i]),
+                max=float(h.hi[i]),
+                num=float(h.counts[i].sum()),
+                sum=float(h.sums[i]),
+                sum_squares=float(h.sums_of_squares[i]),
+                bucket_limits=edges[1:].tolist(),
+                bucket_counts=h.counts[i].tolist(),
+                global_step=step,
+            )
         self.writer.flush()
 
     def close(self, run_dir: str) -> None:

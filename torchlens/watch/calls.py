@@ -7,6 +7,7 @@ child module; an edge means that data flows from some output of one node into so
 another, possibly through plain tensor operations of the call's own ``forward``. A model that
 calls itself makes one call (the tracer sees one pass): the inner calls' children are its own.
 """
+
 from __future__ import annotations
 
 import copy
@@ -76,8 +77,11 @@ def module_info(module: nn.Module, address: str, n: int, parent: Optional[str]) 
         extra = module.extra_repr()
     except Exception:  # a broken extra_repr must not stop training
         extra = ""
-    params = [(name, list(p.shape)) for name, p in module._parameters.items()
-              if p is not None and not isinstance(p, nn.parameter.UninitializedParameter)]
+    params = [
+        (name, list(p.shape))
+        for name, p in module._parameters.items()
+        if p is not None and not isinstance(p, nn.parameter.UninitializedParameter)
+    ]
     return Call(call_id(address, n), address, type(module).__name__, parent, extra_repr=extra, params=params)
 
 
@@ -149,8 +153,7 @@ class _CallRecorder:
         self.entries_out[cid] = [(name, tracer.entry_of(t) if tracer else None) for name, t in found]
 
 
-def trace_calls(model: nn.Module, args: tuple, kwargs: dict,
-                on_attach: Optional[Callable] = None) -> Dict[str, Call]:
+def trace_calls(model: nn.Module, args: tuple, kwargs: dict, on_attach: Optional[Callable] = None) -> Dict[str, Call]:
     """Run one traced forward pass (nothing saved) and return the calls, in call order.
 
     The pass leaves no trace in the model: buffers (BatchNorm statistics) are put back, the

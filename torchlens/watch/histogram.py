@@ -4,6 +4,7 @@ A logged step collects many small 1-D samples (one per series). ``histograms`` t
 them into histograms with a fixed number of operations, whatever their number, and moves the
 result to the host in one transfer.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -91,8 +92,15 @@ def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[
 class Histograms:
     """Histograms of several series on the host: row ``i`` belongs to the ``i``-th sample."""
 
-    def __init__(self, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, nonfinite: np.ndarray,
-                 sums: Optional[np.ndarray] = None, sums_of_squares: Optional[np.ndarray] = None) -> None:
+    def __init__(
+        self,
+        counts: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        nonfinite: np.ndarray,
+        sums: Optional[np.ndarray] = None,
+        sums_of_squares: Optional[np.ndarray] = None,
+    ) -> None:
         self.counts = counts  # (S, NUM_BINS) float32
         self.lo = lo  # (S,) float64: the smallest finite value (nan when there is none)
         self.hi = hi
@@ -102,7 +110,7 @@ class Histograms:
 
     def edges(self, i: int) -> np.ndarray:
         """Bin edges of row ``i``."""
-        return bin_edges(self.lo[i:i + 1], self.hi[i:i + 1], self.counts.shape[1])[0]
+        return bin_edges(self.lo[i : i + 1], self.hi[i : i + 1], self.counts.shape[1])[0]
 
 
 def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int = NUM_BINS) -> Histograms:
@@ -119,8 +127,12 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
     devices = {s.device for s in samples}
     if len(devices) > 1:  # rare: a model split over devices; one pass per device
         parts = {d: [i for i, s in enumerate(samples) if s.device == d] for d in devices}
-        result = Histograms(np.zeros((len(samples), bins), np.float32), np.zeros(len(samples)),
-                            np.zeros(len(samples)), np.zeros(len(samples), np.int64))
+        result = Histograms(
+            np.zeros((len(samples), bins), np.float32),
+            np.zeros(len(samples)),
+            np.zeros(len(samples)),
+            np.zeros(len(samples), np.int64),
+        )
         for indices in parts.values():
             part = histograms([samples[i] for i in indices], reject_proportion, bins)
             result.counts[indices], result.lo[indices] = part.counts, part.lo
@@ -137,9 +149,11 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
     values, segments = _flatten(reject_outliers(samples, reject_proportion), device)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
-        0, segments, torch.where(finite, values, float("inf")), "amin")
+        0, segments, torch.where(finite, values, float("inf")), "amin"
+    )
     hi = torch.full((n,), -float("inf"), device=device).scatter_reduce(
-        0, segments, torch.where(finite, values, -float("inf")), "amax")
+        0, segments, torch.where(finite, values, -float("inf")), "amax"
+    )
     width = (hi - lo)[segments]
     position = torch.where(width > 0, (values - lo[segments]) / width.clamp_min(1e-38), torch.zeros_like(values))
     bin_index = (position.nan_to_num(0.0) * bins).floor().clamp(0, bins - 1).long()
@@ -150,13 +164,33 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
     kept = torch.where(finite, values, 0.0).to(exact)
     sums = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept)
     squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
-    packed = torch.cat([counts.to(exact), lo.to(exact)[:, None], hi.to(exact)[:, None], nonfinite.to(exact)[:, None],
-                        sums[:, None], squares[:, None]], dim=1).cpu().double().numpy()  # the one host transfer
+    packed = (
+        torch.cat(
+            [
+                counts.to(exact),
+                lo.to(exact)[:, None],
+                hi.to(exact)[:, None],
+                nonfinite.to(exact)[:, None],
+                sums[:, None],
+                squares[:, None],
+            ],
+            dim=1,
+        )
+        .cpu()
+        .double()
+        .numpy()
+    )  # the one host transfer
     lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
     empty = ~np.isfinite(lo_host)
     lo_host[empty], hi_host[empty] = np.nan, np.nan
-    return Histograms(packed[:, :bins].astype(np.float32), lo_host, hi_host, packed[:, bins + 2].astype(np.int64),
-                      packed[:, bins + 3], packed[:, bins + 4])
+    return Histograms(
+        packed[:, :bins].astype(np.float32),
+        lo_host,
+        hi_host,
+        packed[:, bins + 2].astype(np.int64),
+        packed[:, bins + 3],
+        packed[:, bins + 4],
+    )
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
@@ -172,8 +206,7 @@ def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:
     return lo[:, None] + (hi - lo)[:, None] * steps[None, :]
 
 
-def merge(lo_a: float, hi_a: float, counts_a: np.ndarray, lo_b: float, hi_b: float,
-          counts_b: np.ndarray) -> tuple:
+def merge(lo_a: float, hi_a: float, counts_a: np.ndarray, lo_b: float, hi_b: float, counts_b: np.ndarray) -> tuple:
     """One histogram holding two, over the union of their ranges (counts spread evenly within
     each old bin). Used to keep long runs to a bounded number of columns."""
     parts = [(lo, hi, c) for lo, hi, c in ((lo_a, hi_a, counts_a), (lo_b, hi_b, counts_b)) if np.isfinite(lo)]

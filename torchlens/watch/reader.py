@@ -1,5 +1,6 @@
 """Reading a run: ``tl.open_run(run_dir)``. Works on a finished run and on one that a training
 process is still writing; every property reads the database afresh."""
+
 from __future__ import annotations
 
 import difflib
@@ -64,8 +65,10 @@ class Run:
             raise FileNotFoundError(f"torchlens: no run folder at {self.run_dir}.")
         self.path = os.path.join(self.run_dir, DB_NAME)
         if not os.path.isfile(self.path):
-            raise RunError(f"torchlens: {self.run_dir} is not a torchlens run (it has no {DB_NAME}). "
-                           "Pass the folder that tl.watch printed (w.run_dir).")
+            raise RunError(
+                f"torchlens: {self.run_dir} is not a torchlens run (it has no {DB_NAME}). "
+                "Pass the folder that tl.watch printed (w.run_dir)."
+            )
         self._lock = threading.Lock()
         try:
             self._db = connect(self.path)
@@ -73,8 +76,10 @@ class Run:
         except sqlite3.DatabaseError as error:
             raise RunError(f"torchlens: the run database {self.path} is corrupted or unreadable ({error}).") from None
         if meta.get("format") != FORMAT:
-            raise RunError(f"torchlens: {self.path} is not a torchlens run database "
-                           f"(format {meta.get('format')!r}, expected {FORMAT!r}).")
+            raise RunError(
+                f"torchlens: {self.path} is not a torchlens run database "
+                f"(format {meta.get('format')!r}, expected {FORMAT!r})."
+            )
         self.model_name: str = meta.get("model", "")
         self.options: dict = json.loads(meta.get("options", "{}"))
         self.bins = int(meta["bins"])
@@ -138,8 +143,9 @@ class Run:
     @property
     def calls(self) -> Dict[str, Call]:
         """Every module call, in call order; the model itself is ``''``."""
-        return {cid: Call.from_dict(json.loads(doc)) for cid, doc in
-                self._query("SELECT id, doc FROM calls ORDER BY ord")}
+        return {
+            cid: Call.from_dict(json.loads(doc)) for cid, doc in self._query("SELECT id, doc FROM calls ORDER BY ord")
+        }
 
     def series_names(self, call_id: Optional[str] = None) -> List[Tuple[str, str, str]]:
         """``(call id, kind, name)`` of every series (of one call when given)."""
@@ -157,20 +163,31 @@ class Run:
         found = self._query("SELECT id FROM series WHERE call_id = ? AND kind = ? AND name = ?", (call_id, kind, name))
         if not found:
             raise KeyError(self._unknown_series(call_id, kind, name))
-        sql = ("SELECT step, last_step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ?"
-               + (" AND last_step >= ?" if since is not None else "") + " ORDER BY slot")
+        sql = (
+            "SELECT step, last_step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ?"
+            + (" AND last_step >= ?" if since is not None else "")
+            + " ORDER BY slot"
+        )
         rows = self._query(sql, (found[0][0],) + ((int(since),) if since is not None else ()))
         n = len(rows)
         lo = np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64)
         hi = np.array([np.nan if r[4] is None else r[4] for r in rows], dtype=np.float64)
-        counts = (np.stack([np.frombuffer(r[6], np.float32) for r in rows]) if n
-                  else np.zeros((0, self.bins), np.float32))
-        return Series(call_id, kind, name,
-                      steps=np.array([r[0] for r in rows], np.int64),
-                      last_steps=np.array([r[1] for r in rows], np.int64),
-                      num_steps=np.array([r[2] for r in rows], np.int64),
-                      bin_edges=bin_edges(lo, hi, self.bins), counts=counts, min=lo, max=hi,
-                      nonfinite=np.array([r[5] for r in rows], np.int64))
+        counts = (
+            np.stack([np.frombuffer(r[6], np.float32) for r in rows]) if n else np.zeros((0, self.bins), np.float32)
+        )
+        return Series(
+            call_id,
+            kind,
+            name,
+            steps=np.array([r[0] for r in rows], np.int64),
+            last_steps=np.array([r[1] for r in rows], np.int64),
+            num_steps=np.array([r[2] for r in rows], np.int64),
+            bin_edges=bin_edges(lo, hi, self.bins),
+            counts=counts,
+            min=lo,
+            max=hi,
+            nonfinite=np.array([r[5] for r in rows], np.int64),
+        )
 
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
         names = self.series_names()
@@ -180,7 +197,7 @@ class Run:
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             return f"no call {call_id!r} has series in this run.{hint} Calls are listed in run.calls."
         here = [f"{k}/{n}" for c, k, n in names if c == call_id]
-        return (f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}.")
+        return f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}."
 
 
 def open_run(run_dir: str) -> Run:

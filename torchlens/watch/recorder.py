@@ -10,6 +10,7 @@ module would otherwise keep one more hook per logged step). Parameter gradients 
 a backward pass has ended (``collect_param_grads``), not while it runs: DistributedDataParallel
 averages ``.grad`` at the very end of backward.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -50,8 +51,9 @@ class InplaceGradientError(RuntimeError):
 class StepRecorder:
     """Collects the samples of one logged step (one or several forward passes, then backward)."""
 
-    def __init__(self, model: nn.Module, kinds: Set[str], sampler: Sampler,
-                 ignore_io_grad_classes: Tuple[type, ...]) -> None:
+    def __init__(
+        self, model: nn.Module, kinds: Set[str], sampler: Sampler, ignore_io_grad_classes: Tuple[type, ...]
+    ) -> None:
         self.model = model
         self.addresses = {id(m): a for a, m in model.named_modules()}
         self.kinds = kinds
@@ -98,7 +100,8 @@ class StepRecorder:
                 continue
             self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
             self._module_hooks.append(
-                module.register_forward_hook(ModelHook(self.post), with_kwargs=True, always_call=True))
+                module.register_forward_hook(ModelHook(self.post), with_kwargs=True, always_call=True)
+            )
 
     def end_forward(self) -> None:
         for h in self._module_hooks:
@@ -178,8 +181,9 @@ class StepRecorder:
         cid = next((c for c in reversed(self.stack) if c.rpartition(":")[0] == address or c == address), None)
         if cid is None:
             if module is not self.model:
-                raise RuntimeError(f"torchlens.attach: module '{address}' is not running; call attach "
-                                   "inside its forward.")
+                raise RuntimeError(
+                    f"torchlens.attach: module '{address}' is not running; call attach inside its forward."
+                )
             cid = ""
         self._tensors(module, cid, [(name, tensor)])
 
@@ -209,6 +213,7 @@ class StepRecorder:
             if self.step == step and grad is not None:
                 self.on_gradient()
                 self._add(key, self.sampler.sample_norms(grad))
+
         return record
 
     def _grad_recorder(self, owners: List[Tuple[str, str]], step: int) -> Callable:
@@ -216,6 +221,7 @@ class StepRecorder:
             if self.step == step:
                 self.on_gradient()
                 self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
+
         return record
 
 

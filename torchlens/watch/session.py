@@ -5,6 +5,7 @@ Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients
 parameters; when the next step starts (or at ``close()``), the step's histograms are computed
 together on the device and written to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -15,7 +16,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -35,12 +36,26 @@ class Watch:
     """A model being watched; returned by ``tl.watch``. Close it (or leave a ``with`` block) to
     remove every hook and finish the run."""
 
-    def __init__(self, model: nn.Module, log_freq: int, log: Sequence[str], backends: Tuple[str, ...],
-                 run_dir: Optional[str], port: int, host: str, sample_n: Optional[int],
-                 reject_outlier_proportion: float, disable_inplace: bool,
-                 ignore_io_grad_classes: Tuple[type, ...], delay_log_multibackward: bool,
-                 max_columns: int, verbose: bool, manual_steps: bool = False,
-                 tensorboard_writer: Any = None, wandb_html_every: int = 50) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        log_freq: int,
+        log: Sequence[str],
+        backends: Tuple[str, ...],
+        run_dir: Optional[str],
+        port: int,
+        host: str,
+        sample_n: Optional[int],
+        reject_outlier_proportion: float,
+        disable_inplace: bool,
+        ignore_io_grad_classes: Tuple[type, ...],
+        delay_log_multibackward: bool,
+        max_columns: int,
+        verbose: bool,
+        manual_steps: bool = False,
+        tensorboard_writer: Any = None,
+        wandb_html_every: int = 50,
+    ) -> None:
         self.model = model
         self.log_freq = log_freq
         self.kinds = set(log)
@@ -67,13 +82,19 @@ class Watch:
         self._depth = 0  # calls of the model in progress (it may call itself)
         self._markers: list = []  # gradient hooks on the model's outputs
         self._steps_written = 0
-        self.recorder = StepRecorder(model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)),
-                                     ignore_io_grad_classes)
+        self.recorder = StepRecorder(
+            model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)), ignore_io_grad_classes
+        )
         self.recorder.gate = lambda: self._tracing is None and self._training()
         self.recorder.on_gradient = self._gradient_arrived
-        options = {"log_freq": log_freq, "log": list(log), "sample_n": sample_n,
-                   "reject_outlier_proportion": reject_outlier_proportion, "disable_inplace": disable_inplace,
-                   "delay_log_multibackward": delay_log_multibackward}
+        options = {
+            "log_freq": log_freq,
+            "log": list(log),
+            "sample_n": sample_n,
+            "reject_outlier_proportion": reject_outlier_proportion,
+            "disable_inplace": disable_inplace,
+            "delay_log_multibackward": delay_log_multibackward,
+        }
         try:
             if "standalone" in backends:
                 from ..explorer.server import RunServer
@@ -103,7 +124,8 @@ class Watch:
                     m.inplace = False
         self._root_hooks.append(model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True))
         self._root_hooks.append(
-            model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True))
+            model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)
+        )
         _WATCHES[id(model)] = self
         for m in model.modules():
             _MODULE_OWNERS[id(m)] = self
@@ -176,8 +198,10 @@ class Watch:
         """With ``manual_steps=True``: training step ``step`` begins now (every forward pass
         until the next call belongs to it). Calls with the same ``step`` continue that step."""
         if not self.manual_steps:
-            raise RuntimeError("begin_step is for tl.watch(..., manual_steps=True); otherwise each training "
-                               "forward pass of the model is a step.")
+            raise RuntimeError(
+                "begin_step is for tl.watch(..., manual_steps=True); otherwise each training "
+                "forward pass of the model is a step."
+            )
         if self.closed:
             return
         if step != self._step:
@@ -249,9 +273,13 @@ class Watch:
         try:
             calls = trace_calls(self.model, args, kwargs, on_attach=self._set_tracing)
         except Exception as error:  # the histograms do not depend on the graph: keep training
-            warnings.warn(f"torchlens.watch: tracing the module graph of {type(self.model).__name__} failed "
-                          f"({type(error).__name__}: {error}); histograms are recorded, the graph will lack "
-                          "data-flow edges.", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"torchlens.watch: tracing the module graph of {type(self.model).__name__} failed "
+                f"({type(error).__name__}: {error}); histograms are recorded, the graph will lack "
+                "data-flow edges.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if calls:
             self._writer.add_calls(calls.values())
             self.recorder.known_calls.update(calls)
@@ -309,8 +337,9 @@ class Watch:
             try:
                 backend.close(self.run_dir)
             except Exception as error:  # a backend's own failure must not keep hooks on the model
-                warnings.warn(f"torchlens.watch: closing the {backend.name} backend failed: {error}",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"torchlens.watch: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=3
+                )
         self.backends = []
         if self._writer is not None:
             self._writer.close()
@@ -349,8 +378,10 @@ def _prepare_run_dir(run_dir: Optional[str], model_name: str) -> str:
             run_dir = f"{base}-{k}"
     run_dir = os.path.abspath(run_dir)
     if os.path.exists(os.path.join(run_dir, "run.db")):
-        raise FileExistsError(f"torchlens.watch: {run_dir} already holds a run. Pass a new run_dir (or none for "
-                              "a fresh folder under ./torchlens_runs/).")
+        raise FileExistsError(
+            f"torchlens.watch: {run_dir} already holds a run. Pass a new run_dir (or none for "
+            "a fresh folder under ./torchlens_runs/)."
+        )
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, ".write-test")
@@ -358,8 +389,9 @@ def _prepare_run_dir(run_dir: Optional[str], model_name: str) -> str:
             pass
         os.remove(probe)
     except OSError as error:
-        raise PermissionError(f"torchlens.watch: cannot write the run folder {run_dir} ({error.strerror}). "
-                              "Pass a writable run_dir.") from None
+        raise PermissionError(
+            f"torchlens.watch: cannot write the run folder {run_dir} ({error.strerror}). Pass a writable run_dir."
+        ) from None
     return run_dir
 
 
@@ -452,16 +484,35 @@ def watch(
     if not all(isinstance(c, type) for c in classes):
         raise TypeError("tl.watch: ignore_io_grad_classes takes classes, e.g. [torchvision.models.resnet.BasicBlock].")
     if id(model) in _WATCHES:
-        raise RuntimeError(f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
-                           "Close that watch first (w.close() or tl.unwatch(model)).")
+        raise RuntimeError(
+            f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
+            "Close that watch first (w.close() or tl.unwatch(model))."
+        )
     if any(id(m) in _MODULE_OWNERS for m in model.modules()):
-        raise RuntimeError("tl.watch: a module of this model is already watched as part of another model. "
-                           "Close that watch first.")
+        raise RuntimeError(
+            "tl.watch: a module of this model is already watched as part of another model. Close that watch first."
+        )
     if _is_nonzero_rank():
         return _Inactive()
-    return Watch(model, log_freq, log, backends, run_dir, port, host, sample_n, float(reject_outlier_proportion),
-                 disable_inplace, classes, delay_log_multibackward, max_columns, verbose, manual_steps,
-                 tensorboard_writer, wandb_html_every)
+    return Watch(
+        model,
+        log_freq,
+        log,
+        backends,
+        run_dir,
+        port,
+        host,
+        sample_n,
+        float(reject_outlier_proportion),
+        disable_inplace,
+        classes,
+        delay_log_multibackward,
+        max_columns,
+        verbose,
+        manual_steps,
+        tensorboard_writer,
+        wandb_html_every,
+    )
 
 
 def unwatch(model: nn.Module) -> None:

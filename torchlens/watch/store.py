@@ -8,6 +8,7 @@ column) and ``steps`` (the logged training steps).
 Long runs stay bounded: a column covers ``stride`` logged steps, and when a run would pass
 ``max_columns`` columns the stride doubles and neighbouring columns are merged.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,9 +62,16 @@ class RunWriter:
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
         self.num_calls = 0
-        meta = {"format": FORMAT, "model": model_name, "options": json.dumps(options), "bins": str(bins),
-                "stride": "1", "max_columns": str(max_columns), "created": str(time.time()),
-                "status": "running"}
+        meta = {
+            "format": FORMAT,
+            "model": model_name,
+            "options": json.dumps(options),
+            "bins": str(bins),
+            "stride": "1",
+            "max_columns": str(max_columns),
+            "created": str(time.time()),
+            "status": "running",
+        }
         with self.db:  # tables and meta in one transaction: a reader never sees half a run
             self.db.execute("BEGIN IMMEDIATE")
             for statement in filter(str.strip, _SCHEMA.split(";")):
@@ -86,13 +94,21 @@ class RunWriter:
         sid = self.series_ids.get(key)
         if sid is None:
             self.db.execute("INSERT OR IGNORE INTO series (call_id, kind, name) VALUES (?, ?, ?)", key)
-            sid = self.db.execute("SELECT id FROM series WHERE call_id = ? AND kind = ? AND name = ?",
-                                  key).fetchone()[0]
+            sid = self.db.execute("SELECT id FROM series WHERE call_id = ? AND kind = ? AND name = ?", key).fetchone()[
+                0
+            ]
             self.series_ids[key] = sid
         return sid
 
-    def write_step(self, step: int, keys: List[Tuple[str, str, str]], counts: np.ndarray, lo: np.ndarray,
-                   hi: np.ndarray, nonfinite: np.ndarray) -> None:
+    def write_step(
+        self,
+        step: int,
+        keys: List[Tuple[str, str, str]],
+        counts: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        nonfinite: np.ndarray,
+    ) -> None:
         """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction."""
         ordinal = self.num_logged
         if ordinal // self.stride >= self.max_columns:
@@ -104,8 +120,17 @@ class RunWriter:
             fresh, merged = [], []
             for i, key in enumerate(keys):
                 sid = self._series_id(key)
-                row = (sid, slot, step, step, 1, _real(lo[i]), _real(hi[i]), int(nonfinite[i]),
-                       counts[i].astype(np.float32).tobytes())
+                row = (
+                    sid,
+                    slot,
+                    step,
+                    step,
+                    1,
+                    _real(lo[i]),
+                    _real(hi[i]),
+                    int(nonfinite[i]),
+                    counts[i].astype(np.float32).tobytes(),
+                )
                 if self.stride == 1 or ordinal % self.stride == 0:
                     fresh.append(row)
                 else:
@@ -117,23 +142,35 @@ class RunWriter:
 
     def _merge_into(self, row: tuple) -> None:
         sid, slot, step = row[0], row[1], row[2]
-        old = self.db.execute("SELECT step, num_steps, lo, hi, nonfinite, counts FROM columns "
-                              "WHERE series_id = ? AND slot = ?", (sid, slot)).fetchone()
+        old = self.db.execute(
+            "SELECT step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ? AND slot = ?",
+            (sid, slot),
+        ).fetchone()
         if old is None:
             self.db.execute("INSERT INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             return
-        lo, hi, counts = merge(_nan(old[2]), _nan(old[3]), np.frombuffer(old[5], np.float32),
-                               _nan(row[5]), _nan(row[6]), np.frombuffer(row[8], np.float32))
-        self.db.execute("UPDATE columns SET last_step = ?, num_steps = ?, lo = ?, hi = ?, nonfinite = ?, "
-                        "counts = ? WHERE series_id = ? AND slot = ?",
-                        (step, old[1] + 1, _real(lo), _real(hi), old[4] + row[7], counts.tobytes(), sid, slot))
+        lo, hi, counts = merge(
+            _nan(old[2]),
+            _nan(old[3]),
+            np.frombuffer(old[5], np.float32),
+            _nan(row[5]),
+            _nan(row[6]),
+            np.frombuffer(row[8], np.float32),
+        )
+        self.db.execute(
+            "UPDATE columns SET last_step = ?, num_steps = ?, lo = ?, hi = ?, nonfinite = ?, "
+            "counts = ? WHERE series_id = ? AND slot = ?",
+            (step, old[1] + 1, _real(lo), _real(hi), old[4] + row[7], counts.tobytes(), sid, slot),
+        )
 
     def _compact(self) -> None:
         """Double the stride: columns ``2k`` and ``2k + 1`` of every series become column ``k``."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            rows = self.db.execute("SELECT series_id, slot, step, last_step, num_steps, lo, hi, nonfinite, counts "
-                                   "FROM columns ORDER BY series_id, slot").fetchall()
+            rows = self.db.execute(
+                "SELECT series_id, slot, step, last_step, num_steps, lo, hi, nonfinite, counts "
+                "FROM columns ORDER BY series_id, slot"
+            ).fetchall()
             combined: Dict[Tuple[int, int], list] = {}  # [first, last, num_steps, lo, hi, nonfinite, counts]
             for sid, slot, step, last, num, lo, hi, nonfinite, counts in rows:
                 key = (sid, slot // 2)
@@ -143,13 +180,33 @@ class RunWriter:
                     combined[key] = [step, last, num, _nan(lo), _nan(hi), nonfinite, c]
                     continue
                 mlo, mhi, mc = merge(prev[3], prev[4], prev[6], _nan(lo), _nan(hi), c)
-                combined[key] = [min(prev[0], step), max(prev[1], last), prev[2] + num, mlo, mhi,
-                                 prev[5] + nonfinite, mc]
+                combined[key] = [
+                    min(prev[0], step),
+                    max(prev[1], last),
+                    prev[2] + num,
+                    mlo,
+                    mhi,
+                    prev[5] + nonfinite,
+                    mc,
+                ]
             self.db.execute("DELETE FROM columns")
             self.db.executemany(
                 "INSERT INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(sid, slot, v[0], v[1], v[2], _real(v[3]), _real(v[4]), v[5], np.asarray(v[6], np.float32).tobytes())
-                 for (sid, slot), v in combined.items()])
+                [
+                    (
+                        sid,
+                        slot,
+                        v[0],
+                        v[1],
+                        v[2],
+                        _real(v[3]),
+                        _real(v[4]),
+                        v[5],
+                        np.asarray(v[6], np.float32).tobytes(),
+                    )
+                    for (sid, slot), v in combined.items()
+                ],
+            )
             self.stride *= 2
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('stride', ?)", (str(self.stride),))
 

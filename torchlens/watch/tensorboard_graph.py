@@ -17,6 +17,7 @@ Example:
     >>> sorted(n.name for n in graph_def(tl.open_run(w.run_dir).calls).node)
     ['Sequential/0', 'Sequential/1', 'Sequential/input 0', 'Sequential/output 0']
 """
+
 from __future__ import annotations
 
 from typing import Dict, List
@@ -35,7 +36,7 @@ def _scope_names(calls: Dict[str, Call]) -> Dict[str, str]:
             names[call_id] = call.class_name or "model"
             continue
         inside = calls[call.parent].address
-        short = call.address[len(inside) + 1:] if inside and call.address.startswith(inside + ".") else call.address
+        short = call.address[len(inside) + 1 :] if inside and call.address.startswith(inside + ".") else call.address
         if calls_of[call.address] > 1:  # a module called several times: one node per call
             short += f" (call {call_id.rsplit(':', 1)[-1]})"  # never ':', TensorBoard's port separator
         names[call_id] = f"{names[call.parent]}/{short}"
@@ -53,8 +54,11 @@ def graph_def(calls: Dict[str, Call]):
     nodes: Dict[str, NodeDef] = {}
 
     def shape_attr(shapes: List[List[int]]) -> AttrValue:
-        return AttrValue(list=AttrValue.ListValue(
-            shape=[TensorShapeProto(dim=[TensorShapeProto.Dim(size=int(d)) for d in s]) for s in shapes]))
+        return AttrValue(
+            list=AttrValue.ListValue(
+                shape=[TensorShapeProto(dim=[TensorShapeProto.Dim(size=int(d)) for d in s]) for s in shapes]
+            )
+        )
 
     def node(name: str, op: str, shapes: List[List[int]], text: str = "") -> NodeDef:
         n = nodes.get(name)

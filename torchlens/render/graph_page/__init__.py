@@ -8,6 +8,7 @@ Example:
     >>> sorted(page_data(h)["views"])
     ['rolled', 'unrolled']
 """
+
 from .data import page_data, tensor_stats
 from .page import iframe_html, show, to_html
 

@@ -28,6 +28,7 @@ Example:
     >>> data["ops"][1]["label"], data["ops"][1]["stats"]["n"]
     ('linear_1_1', 3)
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -95,8 +96,16 @@ def tensor_stats(tensor: Any, bins: int = HIST_BINS) -> Optional[Dict[str, Any]]
                 counts = [int(x.numel())]
     except (RuntimeError, TypeError, ValueError, NotImplementedError):  # exotic tensors: no statistics
         return None
-    return {"n": n, "min": lo, "max": hi, "mean": mean, "std": std, "zeros": zeros, "nonfinite": nonfinite,
-            "hist": counts}
+    return {
+        "n": n,
+        "min": lo,
+        "max": hi,
+        "mean": mean,
+        "std": std,
+        "zeros": zeros,
+        "nonfinite": nonfinite,
+        "hist": counts,
+    }
 
 
 class _Frames:
@@ -112,8 +121,14 @@ class _Frames:
             key = (id(loc.code), loc.line_number)
             if key not in self.index:
                 self.index[key] = len(self.rows)
-                self.rows.append({"file": loc.file, "line": loc.line_number, "function": loc.function,
-                                  "code": loc.source_lines(SOURCE_CONTEXT)})
+                self.rows.append(
+                    {
+                        "file": loc.file,
+                        "line": loc.line_number,
+                        "function": loc.function,
+                        "code": loc.source_lines(SOURCE_CONTEXT),
+                    }
+                )
             out.append(self.index[key])
         return out
 
@@ -166,12 +181,22 @@ class _ViewBuilder:
         self.history = history
         self.modules: Dict[str, Dict[str, Any]] = {"": self._container("", None, None, None)}
 
-    def _container(self, cid: str, address: Optional[str], parent: Optional[str], pass_num: Optional[int]) -> Dict[str, Any]:
+    def _container(
+        self, cid: str, address: Optional[str], parent: Optional[str], pass_num: Optional[int]
+    ) -> Dict[str, Any]:
         types = self.history.modules.types
         address = address or ""
-        return {"address": address, "pass": pass_num, "passes": self.history.modules.passes.get(address, 1),
-                "type": types.get(address, "?") if address else self.history.model_name,
-                "parent": parent, "items": [], "ops": 0, "folds": [], "single": None}
+        return {
+            "address": address,
+            "pass": pass_num,
+            "passes": self.history.modules.passes.get(address, 1),
+            "type": types.get(address, "?") if address else self.history.model_name,
+            "parent": parent,
+            "items": [],
+            "ops": 0,
+            "folds": [],
+            "single": None,
+        }
 
     def place(self, node: int, chain: Sequence[Tuple[str, Optional[int]]]) -> None:
         """Put node ``node`` into the container of ``chain`` (outermost first), making the chain."""
@@ -260,8 +285,14 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
     nodes = []
     for i, (label, passes) in enumerate(layers.items()):
         builder.place(i, [(a, None) for a, _ in (passes[0].module_stack or ())])
-        nodes.append({"op": op_index[passes[0].label], "label": label, "passes": len(passes),
-                      "ops": [op_index[e.label] for e in passes]})
+        nodes.append(
+            {
+                "op": op_index[passes[0].label],
+                "label": label,
+                "passes": len(passes),
+                "ops": [op_index[e.label] for e in passes],
+            }
+        )
     edge_passes: Dict[Tuple[int, int], Dict[str, Any]] = {}
     for e in entries:
         head = layer_index[e.layer_label]
@@ -284,10 +315,16 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
 
 
 def _summary(history: Any) -> Dict[str, Any]:
-    return {"num_tensors": history.num_tensors, "tensor_bytes": history.tensor_bytes,
-            "num_params": history.num_params, "param_bytes": history.param_bytes,
-            "is_recurrent": history.is_recurrent, "max_passes": history.max_passes,
-            "pass_time": history.pass_time, "notes": list(history.notes)}
+    return {
+        "num_tensors": history.num_tensors,
+        "tensor_bytes": history.tensor_bytes,
+        "num_params": history.num_params,
+        "param_bytes": history.param_bytes,
+        "is_recurrent": history.is_recurrent,
+        "max_passes": history.max_passes,
+        "pass_time": history.pass_time,
+        "notes": list(history.notes),
+    }
 
 
 def page_data(history: Any) -> Dict[str, Any]:

@@ -1,6 +1,7 @@
 """The interactive graph page of a ``ModelHistory``: one self-contained HTML file (assets and
 data inline, no server, no network), and its inline display in Jupyter (an iframe with
 ``srcdoc``, so two graphs in one notebook do not share scripts, styles or ids)."""
+
 from __future__ import annotations
 
 import html as _html
@@ -23,7 +24,9 @@ def to_html(history: Any, path: Optional[str] = None) -> str:
         True
     """
     page = inline_page("graph.html", page_data(history), "TORCHLENS_GRAPH")
-    page = page.replace("<title>torchlens graph</title>", f"<title>{_html.escape(history.model_name)} · torchlens graph</title>")
+    page = page.replace(
+        "<title>torchlens graph</title>", f"<title>{_html.escape(history.model_name)} · torchlens graph</title>"
+    )
     if path is not None:
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
@@ -39,8 +42,10 @@ def iframe_html(page: str, height: int = 640) -> str:
         >>> iframe_html("<p>a & b</p>", height=100)[:80]
         '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 100%; height: 100px;'
     """
-    return (f'<iframe srcdoc="{_html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
-            f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>')
+    return (
+        f'<iframe srcdoc="{_html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
+        f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>'
+    )
 
 
 def show(history: Any, height: int = 640) -> Any:
@@ -56,8 +61,10 @@ def show(history: Any, height: int = 640) -> Any:
     from ..graphviz import in_notebook
 
     if not in_notebook():
-        raise RuntimeError("history.show() displays the graph in a Jupyter notebook; elsewhere write a file with "
-                           "history.to_html('graph.html') and open it in a browser.")
+        raise RuntimeError(
+            "history.show() displays the graph in a Jupyter notebook; elsewhere write a file with "
+            "history.to_html('graph.html') and open it in a browser."
+        )
     from IPython.display import HTML, display
 
     shown = HTML(iframe_html(to_html(history), height))
