@@ -25,17 +25,10 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.browser import launch
 from torchlens.explorer import explore
 
 TARGETS_MS = {"first paint": 2000, "drill transformer:1": 200, "drill transformer.h.5:1": 200, "long strip": 500}
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
 FIRST_NODE_JS = """(() => {
     const seen = () => { if (document.querySelector('[data-node]')) { window.__firstNodeAt = performance.now(); return true; } return false; };
     const watch = new MutationObserver(() => { if (seen()) watch.disconnect(); });
@@ -114,13 +107,10 @@ def main() -> None:
     torch.set_num_threads(1)
     from playwright.sync_api import sync_playwright
 
-    chromium = next(
-        (p for p in (os.environ.get("TORCHLENS_CHROMIUM"), "/usr/bin/chromium") if p and os.access(p, os.X_OK)), None
-    )
     samples: dict[str, list[float]] = {key: [] for key in TARGETS_MS}
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as playwright:
         graph_dir, strip_dir = gpt2_run(os.path.join(tmp, "gpt2")), long_run(os.path.join(tmp, "long"))
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         for folder, measure in ((graph_dir, time_graph), (strip_dir, time_strip)):
             server = explore(folder, port=0, block=False)
             try:

@@ -22,15 +22,7 @@ import time
 import torch
 
 import torchlens as tl
-
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
+from torchlens.examples.browser import launch
 
 
 def build(name: str):
@@ -43,13 +35,6 @@ def build(name: str):
     import torchvision
 
     return getattr(torchvision.models, name)(weights=None).eval(), torch.rand(1, 3, 224, 224)
-
-
-def chromium_path():
-    for path in (os.environ.get("TORCHLENS_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"):
-        if path and os.path.isfile(path):
-            return path
-    return None
 
 
 def measure_page(browser, path: str) -> dict:
@@ -88,7 +73,7 @@ def main(names) -> None:
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     folder = tempfile.mkdtemp()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        browser = launch(p)
         print(
             f"{'model':<11} {'ops':>5} {'to_html':>8} {'size':>9} {'1st paint':>9} {'drawn':>7} "
             f"{'start':>6} {'expand all':>17} {'expand 1 module':>22}"

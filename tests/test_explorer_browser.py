@@ -20,25 +20,6 @@ from torchlens.explorer import explore, export_html
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need the playwright package")
 
 
-def _find_chromium():
-    for path in (os.environ.get("TORCHLENS_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"):
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-CHROMIUM = _find_chromium()  # None: Playwright's own Chromium, when `playwright install chromium` put it there
-
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 15_000
 
@@ -120,23 +101,7 @@ def resnet_url(resnet_run):
     server.close()
 
 
-# ----- the browser ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser():
-    playwright = sync_api.sync_playwright().start()
-    try:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    except Exception as error:
-        playwright.stop()
-        if CHROMIUM is None:
-            pytest.skip(
-                "the browser tests need Chromium: /usr/bin/chromium (or TORCHLENS_CHROMIUM), or "
-                f"`playwright install chromium` ({type(error).__name__})"
-            )
-        raise
-    yield browser
-    browser.close()
-    playwright.stop()
+# the browser: the module-scoped `browser` fixture of tests/conftest.py
 
 
 class Page:

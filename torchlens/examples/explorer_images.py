@@ -18,19 +18,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.examples.browser import launch
 from torchlens.explorer import explore
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def train_run(run_dir: str, steps: int = 30) -> None:
@@ -58,7 +47,7 @@ def main(outdir: str = "images") -> None:
     server = explore(run_dir, port=0, block=False)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1280, "height": 760})
             page.goto(server.url)
             page.wait_for_selector('[data-node="fc:1"]')

@@ -19,7 +19,7 @@ import torch
 
 import torchlens as tl
 
-from .explorer_images import CHROMIUM, CHROMIUM_ARGS
+from .browser import launch
 
 
 def _pages(folder: str) -> dict:
@@ -54,7 +54,7 @@ def main(outdir: str = "images") -> None:
     pages = _pages(folder)
     written = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 760})
         page.goto("file://" + os.path.join(folder, "resnet18.html"))
         page.wait_for_selector('body[data-ready="1"]')
