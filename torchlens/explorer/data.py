@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..watch.reader import Run, RunError
 from ..watch.store import DB_NAME
@@ -154,36 +154,27 @@ class Catalog:
         names = [(k, n) for c, k, n in run.series_names(call_id)]
         out = []
         for kind, name in names:
-            s = run.series(call_id, kind, name, since=since)
-            out.append(
-                {
-                    "kind": kind,
-                    "name": name,
-                    "steps": s.steps.tolist(),
-                    "last_steps": s.last_steps.tolist(),
-                    "lo": _clean(s.min),
-                    "hi": _clean(s.max),
-                    "counts": s.counts.round(3).tolist(),
-                    "nonfinite": s.nonfinite.tolist(),
-                }
-            )
+            out.append(_series_dict(kind, name, run.series(call_id, kind, name, since=since)))
         return {"call": call_id, "stride": run.stride, "series": out}
 
     def series_json(
         self, run_id: Optional[str], call_id: str, kind: str, name: str, since: Optional[int] = None
     ) -> dict:
-        s = self.run(run_id).series(call_id, kind, name, since=since)
-        return {
-            "call": call_id,
-            "kind": kind,
-            "name": name,
-            "steps": s.steps.tolist(),
-            "last_steps": s.last_steps.tolist(),
-            "lo": _clean(s.min),
-            "hi": _clean(s.max),
-            "counts": s.counts.round(3).tolist(),
-            "nonfinite": s.nonfinite.tolist(),
-        }
+        return {"call": call_id, **_series_dict(kind, name, self.run(run_id).series(call_id, kind, name, since=since))}
+
+
+def _series_dict(kind: str, name: str, s: Any) -> dict:
+    """One series as the page reads it."""
+    return {
+        "kind": kind,
+        "name": name,
+        "steps": s.steps.tolist(),
+        "last_steps": s.last_steps.tolist(),
+        "lo": _clean(s.min),
+        "hi": _clean(s.max),
+        "counts": s.counts.round(3).tolist(),
+        "nonfinite": s.nonfinite.tolist(),
+    }
 
 
 __all__ = ["Catalog", "NotFound"]
