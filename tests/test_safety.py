@@ -65,6 +65,47 @@ def test_torch_restored_after_normal_and_failing_pass():
     assert torch.relu(torch.tensor([-1.0])).item() == 0.0
 
 
+class _CountingTracer:
+    """Stands in for an active tracer: counts the calls that still reach a wrapper."""
+
+    paused = False
+
+    def __init__(self):
+        self.thread_id = threading.get_ident()
+        self.calls = []
+
+    def on_call(self, func, info, args, kwargs):
+        self.calls.append(info.name)
+        return func(*args, **kwargs)
+
+    def on_bool(self, tensor):
+        self.calls.append("__bool__")
+
+
+class _TensorMethods(nn.Module):
+    def forward(self, a):
+        b = a.flip(0)
+        out = (a + b, a * 2, a.add(b), a.sum(), a @ b.T, a[0], -a, abs(a), a > 0, bool(a[0, 0] > 2))
+        a[0] = b[0]
+        return out
+
+
+def test_no_wrapper_is_reached_after_a_pass():
+    """Patched class dicts are written directly (decorate._ClassDict): the interpreter's method
+    caches, filled during the pass with the wrappers, must give the originals again."""
+    model = _TensorMethods()
+    history = tl.log_forward_pass(model, torch.rand(2, 2))
+    assert {"add", "mul", "sum", "matmul", "getitem", "neg", "abs", "gt", "setitem"} <= {e.layer_type for e in history}
+    counting = _CountingTracer()
+    decorate.ACTIVE.tracer = counting
+    try:
+        for _ in range(3):  # the same call sites, specialised by now
+            model(torch.rand(2, 2))
+    finally:
+        decorate.ACTIVE.tracer = None
+    assert counting.calls == []
+
+
 def test_model_input_error_keeps_type_and_says_what_to_do():
     with pytest.raises(TypeError) as info:
         tl.log_forward_pass(nn.Linear(3, 3), [torch.rand(2, 3), torch.rand(2, 3)])

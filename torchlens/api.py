@@ -109,9 +109,12 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = dict(input_kwargs or {})
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
-    module_addresses = {address for address, _ in model.named_modules()}
-    buffer_addresses = {address for address, _ in model.named_buffers()}
-    request = parse_request(layers_to_save, module_addresses, buffer_addresses)
+    if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
+        request = parse_request(layers_to_save, ())
+    else:  # keys to classify: module and buffer addresses are needed
+        module_addresses = {address for address, _ in model.named_modules()}
+        buffer_addresses = {address for address, _ in model.named_buffers()}
+        request = parse_request(layers_to_save, module_addresses, buffer_addresses)
     if keep_unsaved_layers is None:
         keep_unsaved_layers = request.save_all or request.saves_nothing
 

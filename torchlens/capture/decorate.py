@@ -14,6 +14,8 @@ it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 import threading
 import types
@@ -246,7 +248,26 @@ class WrapperTable:
                 group[3].append(name)
         # (namespace dict, name -> wrapper, name -> original, names shadowed then removed)
         self.namespace_groups = list(by_dict.values())
-        self.type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
+        type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
+        # a class's methods go through its dict too (see _ClassDict), except those a C slot
+        # calls directly: only setattr points the slot at the new method
+        self.class_groups: List[Tuple[_ClassDict, dict, dict, list]] = []
+        self.type_patches: List[Patch] = []
+        by_class: Dict[int, Tuple[_ClassDict, dict, dict, list]] = {}
+        for p in type_patches:
+            owner_dict = None if _has_own_slot(p.original) else _ClassDict.of(p.owner)
+            if owner_dict is None:
+                self.type_patches.append(p)
+                continue
+            group = by_class.get(id(p.owner))
+            if group is None:
+                group = by_class[id(p.owner)] = (owner_dict, {}, {}, [])
+                self.class_groups.append(group)
+            group[1][p.name] = p.replacement
+            if p.had_own:
+                group[2][p.name] = p.original
+            else:
+                group[3].append(p.name)
 
     def _build(self) -> None:
         overridable = torch.overrides.get_overridable_functions()
@@ -386,10 +407,83 @@ def wrapper_table() -> WrapperTable:
     return _TABLE
 
 
+class _ClassDict:
+    """Writes into a class's own attribute dict, then tells the interpreter the class changed.
+
+    ``setattr`` on ``torch.Tensor`` costs about 0.4 us a name (the type's caches and those of its
+    subclasses are invalidated at each call), and a pass patches some 600 names twice: more
+    than a small model's forward. One ``dict.update`` and one ``PyType_Modified`` (the C call
+    ``setattr`` itself makes) do the same. CPython only; elsewhere ``of`` gives None and the
+    patches use ``setattr``.
+
+    A slot such as ``nb_add`` (for ``a + b``) is not touched by a dict write. That is enough
+    where the class's slot already looks the method up by name at each call, which is the case
+    unless the method found is a C slot's own wrapper (``_has_own_slot``): ``Tensor.__add__`` is
+    an ordinary method of ``TensorBase``, so ``Tensor``'s ``nb_add`` calls whatever
+    ``Tensor.__add__`` is now; ``__getitem__`` is a slot wrapper, so it needs ``setattr``.
+    """
+
+    def __init__(self, cls: type, namespace: dict) -> None:
+        self.cls = cls
+        self.namespace = namespace
+
+    @classmethod
+    def of(cls, owner: Any) -> Optional["_ClassDict"]:
+        if _TYPE_MODIFIED is None or not isinstance(owner, type):
+            return None
+        referents = gc.get_referents(owner.__dict__)
+        if len(referents) != 1 or type(referents[0]) is not dict:
+            return None
+        return cls(owner, referents[0])
+
+    # The interpreter's method cache holds borrowed references, valid until the class is marked
+    # modified: so mark it whatever happens, and let no replaced value die before that (``held``:
+    # a value the model itself put there during the pass may have no other reference).
+    def update(self, values: dict) -> None:
+        held = dict(self.namespace)
+        try:
+            self.namespace.update(values)
+        finally:
+            _TYPE_MODIFIED(self.cls)
+        del held
+
+    def restore(self, originals: dict, shadowed: list) -> None:
+        held = dict(self.namespace)
+        try:
+            self.namespace.update(originals)
+            for name in shadowed:
+                self.namespace.pop(name, None)
+        finally:
+            _TYPE_MODIFIED(self.cls)
+        del held
+
+
+def _has_own_slot(original: Any) -> bool:
+    """The attribute is a C slot's wrapper: the class calls the slot's C function directly."""
+    return type(original) is types.WrapperDescriptorType
+
+
+def _type_modified_function() -> Optional[Callable[[type], None]]:
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        function = ctypes.pythonapi.PyType_Modified
+    except AttributeError:  # pragma: no cover - a CPython without its C API exposed
+        return None
+    function.argtypes = [ctypes.py_object]
+    function.restype = None
+    return function
+
+
+_TYPE_MODIFIED = _type_modified_function()
+
+
 def install(table: WrapperTable) -> None:
     """Put every wrapper in place. Must be paired with ``uninstall``."""
     for owner_dict, replacements, _, _ in table.namespace_groups:
         owner_dict.update(replacements)
+    for class_dict, replacements, _, _ in table.class_groups:
+        class_dict.update(replacements)
     for p in table.type_patches:
         setattr(p.owner, p.name, p.replacement)
 
@@ -400,6 +494,8 @@ def uninstall(table: WrapperTable) -> None:
         owner_dict.update(originals)
         for name in shadowed:
             owner_dict.pop(name, None)
+    for class_dict, _, originals, shadowed in table.class_groups:
+        class_dict.restore(originals, shadowed)
     failed = []
     for p in table.type_patches:
         try:

@@ -58,6 +58,8 @@ class SavePlan:
             return True
         if entry.address is not None and entry.address in self.addresses:
             return True
+        if not self.type_substrings:
+            return False
         layer_type = entry.layer_type
         return any(s in layer_type for s in self.type_substrings)
 

@@ -8,7 +8,7 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
 
 - *One wrapper code object.* Every wrapper made by ``decorate._make_wrapper`` shares one
   ``__code__`` (closures differ, code does not), so a call stack skips wrapper frames with one
-  set lookup (``skip_codes``: that code, ``on_call``'s, and the opaque wrappers' codes). A wrapper
+  set lookup by id (``skip_code_ids``: that code, ``on_call``'s, and the opaque wrappers' codes). A wrapper
   written another way would show up as a frame of the model's source.
 - *Frame depths.* ``on_call`` is entered from the wrapper, which is entered from the model's
   code: ``sys._getframe(2)`` in ``on_call`` is the caller's frame, and ``sys._getframe(1)`` in
@@ -38,6 +38,7 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -49,7 +50,7 @@ from torch import nn
 
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
-from .decorate import OpInfo, writes_in_place
+from .decorate import OpInfo, _make_wrapper, writes_in_place
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
 from .preexisting import PassStart
@@ -83,14 +84,20 @@ def identity(x: Any) -> Any:
     return x
 
 
+@functools.lru_cache(maxsize=None)
+def _skip_code_ids() -> frozenset:
+    """Ids of the code of torchlens's own frames between the model and the tracer: every
+    wrapper shares one code object, plus ``on_call`` and the opaque wrappers."""
+    wrapper_code = _make_wrapper(identity, OpInfo("x", "x", False)).__code__
+    return frozenset(map(id, (wrapper_code, Tracer.on_call.__code__, *WRAPPER_CODES)))
+
+
 class Tracer:
     """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``."""
 
     def __init__(
         self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False, save_gradients: bool = False
     ) -> None:
-        from .decorate import _make_wrapper
-
         self.thread_id = _get_ident()
         self.paused = False
         self.depth = 0
@@ -121,10 +128,8 @@ class Tracer:
         self.error_context: Optional[str] = None
         self.notes: List[str] = []  # for history.notes
         self.pending_condition: Optional[TensorLogEntry] = None
-        self.skip_codes = set()
-        self.skip_codes.add(_make_wrapper(identity, OpInfo("x", "x", False)).__code__)
-        self.skip_codes.add(Tracer.on_call.__code__)
-        self.skip_codes.update(WRAPPER_CODES)
+        # by id: hashing a code object hashes its bytecode and constants, at every frame
+        self.skip_code_ids = _skip_code_ids()
         self.stop_code = Tracer.run_model.__code__
 
     # ----- running the model ----------------------------------------------------------------
@@ -397,16 +402,29 @@ class Tracer:
 
     def _walk_frames(self, frame) -> tuple:
         found = []
-        skip, stop = self.skip_codes, self.stop_code
+        skip, stop = self.skip_code_ids, self.stop_code
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
-            if code not in skip and code.co_filename != _MODULE_CALL_FILE:
+            if id(code) not in skip and code.co_filename != _MODULE_CALL_FILE:
                 found.append((code, frame.f_lineno, frame.f_lasti))
             frame = frame.f_back
         found.reverse()
         return tuple(found)
+
+    def _count_frames(self, frame) -> int:
+        """``len(self._walk_frames(frame))``, without building the records."""
+        count = 0
+        skip, stop = self.skip_code_ids, self.stop_code
+        while frame is not None:
+            code = frame.f_code
+            if code is stop:
+                break
+            if id(code) not in skip and code.co_filename != _MODULE_CALL_FILE:
+                count += 1
+            frame = frame.f_back
+        return count
 
     @staticmethod
     def _describe_tensor(e: TensorLogEntry, tensor: torch.Tensor) -> None:
@@ -480,7 +498,7 @@ class Tracer:
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
         if address in self.inventory.weighted_modules:
-            self.module_frame_depths[(address, n)] = len(self._walk_frames(sys._getframe(1)))
+            self.module_frame_depths[(address, n)] = self._count_frames(sys._getframe(1))
         self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
         self.module_stack = self.module_stack + ((address, n),)
 

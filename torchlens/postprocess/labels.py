@@ -49,15 +49,14 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     Also sets ``lookup_keys`` (what ``print(entry)`` lists); ordinals index ``entries``.
     """
     lookup: Dict[Key, object] = {}
-    shared: Dict[str, Tuple[str, List[str]]] = {}
+    # key -> (what it names, its labels as an ordered set: a module may return a tensor twice)
+    shared: Dict[str, Tuple[str, Dict[str, None]]] = {}
 
     def add(key: Key, e: TensorLogEntry) -> None:
         lookup[key] = e
 
     def add_shared(key: str, what: str, e: TensorLogEntry) -> None:
-        labels = shared.setdefault(key, (what, []))[1]
-        if e.label not in labels:  # a module may return the same tensor twice
-            labels.append(e.label)
+        shared.setdefault(key, (what, {}))[1][e.label] = None
 
     total = len(entries)
     for i, e in enumerate(entries):
@@ -96,7 +95,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     for key, (what, labels) in shared.items():
         if key in lookup:
             continue
-        lookup[key] = by_label[labels[0]] if len(labels) == 1 else Ambiguous(what, labels)
+        lookup[key] = by_label[next(iter(labels))] if len(labels) == 1 else Ambiguous(what, list(labels))
     for key, found in lookup.items():
         if isinstance(found, Ambiguous):
             found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]

@@ -65,6 +65,7 @@ _DERIVED_FIELDS = (
     "call_outputs",  # labels of all outputs of this tensor's call, when the function returned several
     "gradient_note",  # with save_gradients: why no gradient can reach this tensor (reentrant checkpoint)
 )
+_ALL_FIELDS = _CAPTURE_FIELDS + _DERIVED_FIELDS
 
 
 class ParentRef:
@@ -77,6 +78,33 @@ class ParentRef:
 
     def __repr__(self) -> str:
         return f"ParentRef({self.label!r})"
+
+
+# Values of the fields of a new record; every other field starts as None.
+_INITIAL_VALUES = {
+    "parent_refs": "[]",
+    "param_addresses": "()",
+    "module_stack": "()",
+    "call_frames": "()",
+    "elapsed": "0.0",
+    "is_inplace": "False",
+    "output_of_modules": "[]",
+    "bool_used": "False",
+}
+
+
+def _make_init_fields() -> Callable:
+    """One straight-line function that sets every field of a new record: a record is made per
+    operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging."""
+    given = ("raw_index", "kind", "layer_type", "func", "func_name")
+    lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in _ALL_FIELDS]
+    source = f"def init_fields(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
+    namespace: Dict[str, Any] = {}
+    exec(source, namespace)  # noqa: S102 - source built above from the field names only
+    return namespace["init_fields"]
+
+
+_init_fields = _make_init_fields()
 
 
 class TensorLogEntry:
@@ -92,24 +120,10 @@ class TensorLogEntry:
     """
 
     # __weakref__: gradient hooks refer to their entry weakly (see capture.tracer._record_gradient)
-    __slots__ = _CAPTURE_FIELDS + _DERIVED_FIELDS + ("__weakref__",)
+    __slots__ = _ALL_FIELDS + ("__weakref__",)
 
     def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable], func_name: str) -> None:
-        for name in _CAPTURE_FIELDS + _DERIVED_FIELDS:
-            object.__setattr__(self, name, None)
-        self.raw_index = raw_index
-        self.kind = kind
-        self.layer_type = layer_type
-        self.func = func
-        self.func_name = func_name
-        self.parent_refs = []
-        self.param_addresses = ()
-        self.module_stack = ()
-        self.call_frames = ()
-        self.elapsed = 0.0
-        self.is_inplace = False
-        self.output_of_modules = []
-        self.bool_used = False
+        _init_fields(self, raw_index, kind, layer_type, func, func_name)
 
     # ----- views of the fields -------------------------------------------------------------
     @property
