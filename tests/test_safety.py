@@ -4,6 +4,7 @@ import gc
 import random
 import threading
 import weakref
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -263,3 +264,28 @@ def test_lazy_modules_are_created_as_in_a_plain_forward():
         assert not model[0]._forward_pre_hooks and not model[1]._forward_pre_hooks
     torch.manual_seed(0)
     assert tl.validate_model_activations(make(), x, random_seed=1, verbose=True)
+
+
+class _UsesRelu(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + 1
+
+
+def test_a_torch_function_patched_between_passes_is_neither_hidden_nor_undone():
+    """The wrappers are made once per process; a torch function replaced after that (a mock,
+    another library's patch) must stay in place during and after the next pass."""
+    x = torch.rand(2, 3)
+    tl.log_forward_pass(_UsesRelu(), x)  # the wrappers exist now
+    real = torch.relu
+    calls = []
+
+    def spy(tensor):
+        calls.append(tensor.shape)
+        return real(tensor)
+
+    with mock.patch("torch.relu", spy):
+        tl.log_forward_pass(_UsesRelu(), x)
+        assert torch.relu is spy and calls == [x.shape]
+    assert torch.relu is real
+    history = tl.log_forward_pass(_UsesRelu(), x)
+    assert [e.layer_type for e in history] == ["input", "relu", "add", "output"]

@@ -268,6 +268,26 @@ class WrapperTable:
                 group[2][p.name] = p.original
             else:
                 group[3].append(p.name)
+        # each patched namespace as it was (see is_current)
+        self.snapshots = [(d, dict(d)) for d, _, _, _ in self.namespace_groups]
+        self.snapshots += [(c.namespace, dict(c.namespace)) for c, _, _, _ in self.class_groups]
+
+    def is_current(self) -> bool:
+        """Whether torch's namespaces are as they were when the wrappers were made. A function
+        may have been replaced since (``unittest.mock.patch('torch.relu')``, another library's
+        patch, or the end of one): installing these wrappers would hide it, or leave the new
+        function unwrapped, and uninstalling would put back the old one. Whole namespaces are
+        compared (in C, about 45 us); any change means new wrappers (about 16 ms)."""
+        try:
+            if not all(namespace == before for namespace, before in self.snapshots):
+                return False
+        except Exception:  # a changed value whose == does not give a bool (a tensor)
+            return False
+        for p in self.type_patches:
+            own = vars(p.owner)
+            if (own.get(p.name) is not p.original) if p.had_own else (p.name in own):
+                return False
+        return True
 
     def _build(self) -> None:
         overridable = torch.overrides.get_overridable_functions()
@@ -401,10 +421,21 @@ _TABLE: Optional[WrapperTable] = None
 
 
 def wrapper_table() -> WrapperTable:
+    """The wrappers of the process (those installed, during a pass)."""
     global _TABLE
     if _TABLE is None:
         _TABLE = WrapperTable()
     return _TABLE
+
+
+def current_wrapper_table() -> WrapperTable:
+    """The wrappers for torch as it is now, to install for a pass: rebuilt when a torch
+    callable was replaced since they were made. Only outside a pass."""
+    global _TABLE
+    table = wrapper_table()
+    if not table.is_current():
+        _TABLE = table = WrapperTable()
+    return table
 
 
 class _ClassDict:
@@ -440,15 +471,15 @@ class _ClassDict:
     # modified: so mark it whatever happens, and let no replaced value die before that (``held``:
     # a value the model itself put there during the pass may have no other reference).
     def update(self, values: dict) -> None:
-        held = dict(self.namespace)
+        """Put ``values`` in (what they replace is held by the wrapper table: see is_current)."""
         try:
             self.namespace.update(values)
         finally:
             _TYPE_MODIFIED(self.cls)
-        del held
 
-    def restore(self, originals: dict, shadowed: list) -> None:
-        held = dict(self.namespace)
+    def restore(self, originals: dict, shadowed: list, replacements: dict) -> None:
+        # the model may have put its own values over the wrappers during the pass
+        held = None if replacements.items() <= self.namespace.items() else dict(self.namespace)
         try:
             self.namespace.update(originals)
             for name in shadowed:
@@ -494,8 +525,8 @@ def uninstall(table: WrapperTable) -> None:
         owner_dict.update(originals)
         for name in shadowed:
             owner_dict.pop(name, None)
-    for class_dict, _, originals, shadowed in table.class_groups:
-        class_dict.restore(originals, shadowed)
+    for class_dict, replacements, originals, shadowed in table.class_groups:
+        class_dict.restore(originals, shadowed, replacements)
     failed = []
     for p in table.type_patches:
         try:

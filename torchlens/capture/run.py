@@ -96,8 +96,8 @@ def run_pass(
 ) -> PassResult:
     """Run ``model(*args, **kwargs)`` once with the decorator layer installed."""
     _check_not_nested()
-    table = decorate.wrapper_table()
     with _PASS_LOCK:
+        table = decorate.current_wrapper_table()
         inventory = ModelInventory.of(model)
         state = ModelState.of(model, inventory)
         tracer = Tracer(inventory, plan, save_function_args, save_gradients)
