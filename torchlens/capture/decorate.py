@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.overrides
 
-from .modules import _MODULE_INTERNALS, tensors_held
+from .modules import tensors_held
 
 # Tensor methods that never produce a tensor (or only act on autograd/storage bookkeeping).
 # Wrapping them would only add overhead, and a few (``requires_grad_``) end in ``_`` without
@@ -225,7 +225,7 @@ class Patch:
 class WrapperTable:
     """All wrappers of the process, built once: ``patches`` to install, and original->wrapper."""
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Optional["WrapperTable"] = None) -> None:
         self.by_original: Dict[int, Callable] = {}
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
@@ -268,21 +268,32 @@ class WrapperTable:
                 group[2][p.name] = p.original
             else:
                 group[3].append(p.name)
-        # each patched namespace as it was (see is_current)
-        self.snapshots = [(d, dict(d)) for d, _, _, _ in self.namespace_groups]
-        self.snapshots += [(c.namespace, dict(c.namespace)) for c, _, _, _ in self.class_groups]
+        # (see is_current) what each namespace must still hold, and names an earlier table
+        # wrapped that this one leaves alone (a mock was there): (namespace, name, value then)
+        self.expected = [(d, originals, frozenset(shadowed)) for d, _, originals, shadowed in self.namespace_groups]
+        self.expected += [
+            (c.namespace, originals, frozenset(shadowed)) for c, _, originals, shadowed in self.class_groups
+        ]
+        self.watched: List[Tuple[dict, str, Any]] = []
+        if previous is not None:
+            patched = {(id(p.owner), p.name) for p in self.patches}
+            for p in previous.patches:
+                if (id(p.owner), p.name) not in patched:
+                    namespace = _namespace_of(p.owner)
+                    self.watched.append((namespace, p.name, namespace.get(p.name, _ABSENT)))
 
     def is_current(self) -> bool:
-        """Whether torch's namespaces are as they were when the wrappers were made. A function
-        may have been replaced since (``unittest.mock.patch('torch.relu')``, another library's
-        patch, or the end of one): installing these wrappers would hide it, or leave the new
-        function unwrapped, and uninstalling would put back the old one. Whole namespaces are
-        compared (in C, about 45 us); any change means new wrappers (about 16 ms)."""
-        try:
-            if not all(namespace == before for namespace, before in self.snapshots):
+        """Whether torch still holds what the wrappers were made for. A function may have been
+        replaced since (``unittest.mock.patch('torch.relu')``, another library's patch):
+        installing these wrappers would hide it, and uninstalling would put back the old one.
+        A mock that wrappers were built around may have gone again, leaving its name unwrapped.
+        Both compared in C (about 35 us); a change means new wrappers (about 16 ms)."""
+        for namespace, originals, shadowed in self.expected:
+            if not originals.items() <= namespace.items() or not namespace.keys().isdisjoint(shadowed):
                 return False
-        except Exception:  # a changed value whose == does not give a bool (a tensor)
-            return False
+        for namespace, name, value in self.watched:
+            if namespace.get(name, _ABSENT) is not value:
+                return False
         for p in self.type_patches:
             own = vars(p.owner)
             if (own.get(p.name) is not p.original) if p.had_own else (p.name in own):
@@ -428,13 +439,24 @@ def wrapper_table() -> WrapperTable:
     return _TABLE
 
 
+_ABSENT = object()
+
+
+def _namespace_of(owner: Any) -> dict:
+    """The dict that holds ``owner``'s attributes (a class's real dict, not its proxy)."""
+    if isinstance(owner, type):
+        class_dict = _ClassDict.of(owner)
+        return class_dict.namespace if class_dict is not None else dict(vars(owner))
+    return vars(owner)
+
+
 def current_wrapper_table() -> WrapperTable:
     """The wrappers for torch as it is now, to install for a pass: rebuilt when a torch
     callable was replaced since they were made. Only outside a pass."""
     global _TABLE
     table = wrapper_table()
     if not table.is_current():
-        _TABLE = table = WrapperTable()
+        _TABLE = table = WrapperTable(previous=table)
     return table
 
 
@@ -545,6 +567,12 @@ def uninstall(table: WrapperTable) -> None:
 _FUNCTION_TYPES = (types.BuiltinFunctionType, types.FunctionType)
 
 
+def _is_torch_or_builtins(module_name: str) -> bool:
+    """torch's own modules bind nothing the tracer must see; ``builtins`` (the module of
+    ``object``, in every class's MRO) holds no torch function."""
+    return module_name == "builtins" or module_name == "torch" or module_name.startswith("torch.")
+
+
 class BoundReferences:
     """Wrap torch functions the model bound before the pass (``from torch import triu``,
     ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
@@ -567,7 +595,7 @@ class BoundReferences:
                 seen_classes.add(cls)
                 for base in cls.__mro__:
                     mod = sys.modules.get(base.__module__)
-                    if mod is not None and id(mod) not in seen_globals and not mod.__name__.startswith("torch"):
+                    if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
                         seen_globals.add(id(mod))
                         self._wrap_in(vars(mod), all_values=True)
                         tensors_held(vars(mod), self.global_tensors, depth=1)
@@ -578,11 +606,7 @@ class BoundReferences:
         if all_values:
             items = list(namespace.items())
         else:  # a module's own attributes: only plain functions can be torch's
-            items = [
-                (key, namespace[key])
-                for key in namespace.keys() - _MODULE_INTERNALS
-                if type(namespace[key]) in _FUNCTION_TYPES
-            ]
+            items = [(key, value) for key, value in namespace.items() if type(value) in _FUNCTION_TYPES]
         for key, value in items:
             wrapper = by_original.get(id(value))
             if wrapper is not None and value is originals.get(id(value)):

@@ -127,7 +127,7 @@ def run_pass(
                 _annotate(error, tracer, model)
                 raise
             tracer.add_outputs(output)
-            tracer.mark_buffer_writes(model)
+            tracer.mark_buffer_writes()
             stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
             if lazy is not None:
                 inventory.describe_materialised(model)

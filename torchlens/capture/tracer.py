@@ -481,12 +481,15 @@ class Tracer:
         finally:
             self.paused = False
 
-    def mark_buffer_writes(self, model: nn.Module) -> None:
+    def mark_buffer_writes(self) -> None:
         """Note the buffer address on operations whose result the model stored as a buffer."""
-        for address, buffer in model.named_buffers():
-            e = self.entry_of(buffer)
-            if e is not None and e.kind == "op":
-                e.stored_as_buffer = address
+        module_addresses = self.inventory.module_addresses
+        for module in self.inventory.modules:
+            prefix = module_addresses[id(module)]
+            for name, buffer in module._buffers.items():
+                e = self.entry_of(buffer) if buffer is not None else None
+                if e is not None and e.kind == "op":
+                    e.stored_as_buffer = f"{prefix}.{name}" if prefix else name
 
     # ----- module hooks ----------------------------------------------------------------------
     def module_pre_hook(self, module: nn.Module, args: Any) -> None:

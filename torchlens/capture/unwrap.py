@@ -60,13 +60,15 @@ def eager_only() -> Iterator[None]:
     torchlens's own wrappers (slowly, with warnings about them) and hide the operations."""
     # Without Dynamo imported nothing can be compiled; importing it (about a second, and new torch
     # attributes) only to switch it off would be waste.
-    compiled = "torch._dynamo" in sys.modules
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None) if compiled else None
+    if "torch._dynamo" not in sys.modules:
+        yield
+        return
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
     with warnings.catch_warnings():
         # torch warns that our global module hooks also fire for a compiled submodule's wrapper;
         # the tracer counts only modules of the model's tree, so this is expected here
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
-        if set_stance is None:  # nothing compiled, or torch < 2.6: nothing to switch
+        if set_stance is None:  # torch < 2.6: nothing to switch
             yield
             return
         with set_stance("force_eager"):
