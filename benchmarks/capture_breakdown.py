@@ -134,8 +134,11 @@ def measure(funcs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, floa
         f()
     times: Dict[str, List[float]] = {k: [] for k in funcs}
     for _ in range(repeats):
+        # free the last round's histories, then one untimed call: a full collection leaves the
+        # caches cold, which would weigh on whichever variant came next (a small model's most)
+        gc.collect()
+        funcs["plain"]()
         for key, f in funcs.items():
-            gc.collect()
             start = time.perf_counter()
             out = f()
             times[key].append(time.perf_counter() - start)

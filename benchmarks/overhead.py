@@ -24,7 +24,10 @@ c) GPT-2 (12 layers, ``GPT2LMHeadModel(GPT2Config())``, random weights),
 
 After a warm-up, plain and torchlens calls are *alternated* (plain, torchlens,
 plain, torchlens, ...) so that both see the same machine conditions; only the
-ratio is meaningful on a noisy machine, absolute times are indicative.
+ratio is meaningful on a noisy machine, absolute times are indicative. Between
+rounds the histories are freed with ``gc.collect()``, and one untimed call of
+each puts the caches back to the state of repeated calls (the ``first call``
+column shows a cold one).
 By default torch runs single-threaded (``--threads 1``): on a small shared
 machine (2 cores) a 2-thread OpenMP pool stalls for milliseconds per kernel
 whenever another process holds a core, which inflates the plain forward and
@@ -202,8 +205,13 @@ def bench_case(case: Case, warmup: int) -> Result:
                 res.ops = ops
             del history
             # Free the history outside the timed regions; a full collection
-            # leaves caches cold, so re-warm with an untimed plain call.
+            # leaves caches cold, so re-warm both with an untimed call each
+            # (for a small model a cold call costs half as much again).
             gc.collect()
+            del_me = plain()
+            del del_me
+            del_me = logged()
+            del del_me
             del_me = plain()
             del del_me
     except Exception as exc:  # keep going with the other models
