@@ -133,11 +133,10 @@ def measure(funcs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, floa
     for f in funcs.values():  # warm-up: wrapper table, caches, allocator
         f()
     times: Dict[str, List[float]] = {k: [] for k in funcs}
+    gc.collect()
     for _ in range(repeats):
-        # free the last round's histories, then one untimed call: a full collection leaves the
-        # caches cold, which would weigh on whichever variant came next (a small model's most)
-        gc.collect()
-        funcs["plain"]()
+        # no collection per round: results hold no reference cycles (``del out`` frees them), and
+        # a full collection leaves the caches cold for whichever variant comes next
         for key, f in funcs.items():
             start = time.perf_counter()
             out = f()

@@ -24,10 +24,13 @@ c) GPT-2 (12 layers, ``GPT2LMHeadModel(GPT2Config())``, random weights),
 
 After a warm-up, plain and torchlens calls are *alternated* (plain, torchlens,
 plain, torchlens, ...) so that both see the same machine conditions; only the
-ratio is meaningful on a noisy machine, absolute times are indicative. Between
-rounds the histories are freed with ``gc.collect()``, and one untimed call of
-each puts the caches back to the state of repeated calls (the ``first call``
-column shows a cold one).
+ratio is meaningful on a noisy machine, absolute times are indicative. Each
+history is freed (by reference counting) before the next call; the collector
+is left to run as it would in a training script, for both kinds of call. (A
+``gc.collect()`` per round would leave the caches and the allocator's free
+lists cold for the next call: that costs a logged call, which allocates many
+small Python objects, far more than a plain one. The ``first call`` column
+shows a cold call.)
 By default torch runs single-threaded (``--threads 1``): on a small shared
 machine (2 cores) a 2-thread OpenMP pool stalls for milliseconds per kernel
 whenever another process holds a core, which inflates the plain forward and
@@ -203,17 +206,7 @@ def bench_case(case: Case, warmup: int) -> Result:
             ops = _count_ops(history)
             if ops is not None:
                 res.ops = ops
-            del history
-            # Free the history outside the timed regions; a full collection
-            # leaves caches cold, so re-warm both with an untimed call each
-            # (for a small model a cold call costs half as much again).
-            gc.collect()
-            del_me = plain()
-            del del_me
-            del_me = logged()
-            del del_me
-            del_me = plain()
-            del del_me
+            del history  # freed here: a history holds no reference cycles
     except Exception as exc:  # keep going with the other models
         res.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -275,7 +268,7 @@ def print_table(results: List[Result]) -> None:
                 "?" if r.ops is None else str(r.ops),
                 _fmt_ms(r.plain_med),
                 _fmt_ms(r.tl_med),
-                "-" if r.ratio is None else f"{r.ratio:,.1f}x",
+                "-" if r.ratio is None else f"{r.ratio:,.2f}x",
                 _fmt_ms(r.first_tl_s),
                 str(len(r.tl_s)),
             ]
