@@ -3,7 +3,7 @@
 
 ``benchmarks/overhead.py`` gives the end-to-end ratio; this script splits it. Each *variant*
 below adds one stage to the one before it; all variants of a model are run interleaved
-(variant 1, 2, ..., 1, 2, ...) in one process with ``torch.set_num_threads(1)``, and each stage's
+(each round in a new random order) in one process with ``torch.set_num_threads(1)``, and each stage's
 cost is the difference of the medians of two consecutive variants:
 
 =================  ==============================================================================
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import statistics
 import sys
 import time
@@ -134,10 +135,16 @@ def measure(funcs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, floa
         f()
     times: Dict[str, List[float]] = {k: [] for k in funcs}
     gc.collect()
+    order = list(funcs)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         # no collection per round: results hold no reference cycles (``del out`` frees them), and
-        # a full collection leaves the caches cold for whichever variant comes next
-        for key, f in funcs.items():
+        # a full collection leaves the caches cold for whichever variant comes next. A new order
+        # each round: a variant run just after one that freed 30 MB of activations pays for the
+        # allocator's fresh pages, whichever it is.
+        shuffle(order)
+        for key in order:
+            f = funcs[key]
             start = time.perf_counter()
             out = f()
             times[key].append(time.perf_counter() - start)
