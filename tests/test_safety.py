@@ -92,7 +92,7 @@ class _TensorMethods(nn.Module):
 
 
 def test_no_wrapper_is_reached_after_a_pass():
-    """Patched class dicts are written directly (decorate._ClassDict): the interpreter's method
+    """Patched class dicts are written directly (capture/class_dict.py): the interpreter's method
     caches, filled during the pass with the wrappers, must give the originals again."""
     model = _TensorMethods()
     history = tl.log_forward_pass(model, torch.rand(2, 2))

@@ -14,8 +14,6 @@ it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import sys
 import threading
 import types
@@ -25,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.overrides
 
-from .modules import tensors_held
+from .class_dict import ClassDict, has_own_slot, namespace_of
 
 # Tensor methods that never produce a tensor (or only act on autograd/storage bookkeeping).
 # Wrapping them would only add overhead, and a few (``requires_grad_``) end in ``_`` without
@@ -249,13 +247,13 @@ class WrapperTable:
         # (namespace dict, name -> wrapper, name -> original, names shadowed then removed)
         self.namespace_groups = list(by_dict.values())
         type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
-        # a class's methods go through its dict too (see _ClassDict), except those a C slot
+        # a class's methods go through its dict too (see capture/class_dict.py), except those a C slot
         # calls directly: only setattr points the slot at the new method
-        self.class_groups: List[Tuple[_ClassDict, dict, dict, list]] = []
+        self.class_groups: List[Tuple[ClassDict, dict, dict, list]] = []
         self.type_patches: List[Patch] = []
-        by_class: Dict[int, Tuple[_ClassDict, dict, dict, list]] = {}
+        by_class: Dict[int, Tuple[ClassDict, dict, dict, list]] = {}
         for p in type_patches:
-            owner_dict = None if _has_own_slot(p.original) else _ClassDict.of(p.owner)
+            owner_dict = None if has_own_slot(p.original) else ClassDict.of(p.owner)
             if owner_dict is None:
                 self.type_patches.append(p)
                 continue
@@ -279,7 +277,7 @@ class WrapperTable:
             patched = {(id(p.owner), p.name) for p in self.patches}
             for p in previous.patches:
                 if (id(p.owner), p.name) not in patched:
-                    namespace = _namespace_of(p.owner)
+                    namespace = namespace_of(p.owner)
                     self.watched.append((namespace, p.name, namespace.get(p.name, _ABSENT)))
 
     def is_current(self) -> bool:
@@ -345,7 +343,7 @@ class WrapperTable:
                     name.startswith("_")
                     or name in _NAMESPACE_HELPERS
                     or isinstance(orig, type)
-                    or type(orig) not in _FUNCTION_TYPES
+                    or type(orig) not in FUNCTION_TYPES
                 ):
                     continue
                 # the function's own name: torch.sparse.mm is "_sparse_mm", not torch.mm's "mm"
@@ -442,14 +440,6 @@ def wrapper_table() -> WrapperTable:
 _ABSENT = object()
 
 
-def _namespace_of(owner: Any) -> dict:
-    """The dict that holds ``owner``'s attributes (a class's real dict, not its proxy)."""
-    if isinstance(owner, type):
-        class_dict = _ClassDict.of(owner)
-        return class_dict.namespace if class_dict is not None else dict(vars(owner))
-    return vars(owner)
-
-
 def current_wrapper_table() -> WrapperTable:
     """The wrappers for torch as it is now, to install for a pass: rebuilt when a torch
     callable was replaced since they were made. Only outside a pass."""
@@ -458,77 +448,6 @@ def current_wrapper_table() -> WrapperTable:
     if not table.is_current():
         _TABLE = table = WrapperTable(previous=table)
     return table
-
-
-class _ClassDict:
-    """Writes into a class's own attribute dict, then tells the interpreter the class changed.
-
-    ``setattr`` on ``torch.Tensor`` costs about 0.4 us a name (the type's caches and those of its
-    subclasses are invalidated at each call), and a pass patches some 600 names twice: more
-    than a small model's forward. One ``dict.update`` and one ``PyType_Modified`` (the C call
-    ``setattr`` itself makes) do the same. CPython only; elsewhere ``of`` gives None and the
-    patches use ``setattr``.
-
-    A slot such as ``nb_add`` (for ``a + b``) is not touched by a dict write. That is enough
-    where the class's slot already looks the method up by name at each call, which is the case
-    unless the method found is a C slot's own wrapper (``_has_own_slot``): ``Tensor.__add__`` is
-    an ordinary method of ``TensorBase``, so ``Tensor``'s ``nb_add`` calls whatever
-    ``Tensor.__add__`` is now; ``__getitem__`` is a slot wrapper, so it needs ``setattr``.
-    """
-
-    def __init__(self, cls: type, namespace: dict) -> None:
-        self.cls = cls
-        self.namespace = namespace
-
-    @classmethod
-    def of(cls, owner: Any) -> Optional["_ClassDict"]:
-        if _TYPE_MODIFIED is None or not isinstance(owner, type):
-            return None
-        referents = gc.get_referents(owner.__dict__)
-        if len(referents) != 1 or type(referents[0]) is not dict:
-            return None
-        return cls(owner, referents[0])
-
-    # The interpreter's method cache holds borrowed references, valid until the class is marked
-    # modified: so mark it whatever happens, and let no replaced value die before that (``held``:
-    # a value the model itself put there during the pass may have no other reference).
-    def update(self, values: dict) -> None:
-        """Put ``values`` in (what they replace is held by the wrapper table: see is_current)."""
-        try:
-            self.namespace.update(values)
-        finally:
-            _TYPE_MODIFIED(self.cls)
-
-    def restore(self, originals: dict, shadowed: list, replacements: dict) -> None:
-        # the model may have put its own values over the wrappers during the pass
-        held = None if replacements.items() <= self.namespace.items() else dict(self.namespace)
-        try:
-            self.namespace.update(originals)
-            for name in shadowed:
-                self.namespace.pop(name, None)
-        finally:
-            _TYPE_MODIFIED(self.cls)
-        del held
-
-
-def _has_own_slot(original: Any) -> bool:
-    """The attribute is a C slot's wrapper: the class calls the slot's C function directly."""
-    return type(original) is types.WrapperDescriptorType
-
-
-def _type_modified_function() -> Optional[Callable[[type], None]]:
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        function = ctypes.pythonapi.PyType_Modified
-    except AttributeError:  # pragma: no cover - a CPython without its C API exposed
-        return None
-    function.argtypes = [ctypes.py_object]
-    function.restype = None
-    return function
-
-
-_TYPE_MODIFIED = _type_modified_function()
 
 
 def install(table: WrapperTable) -> None:
@@ -564,57 +483,4 @@ def uninstall(table: WrapperTable) -> None:
         raise RuntimeError("torchlens could not restore some torch attributes: " + "; ".join(failed))
 
 
-_FUNCTION_TYPES = (types.BuiltinFunctionType, types.FunctionType)
-
-
-def _is_torch_or_builtins(module_name: str) -> bool:
-    """torch's own modules bind nothing the tracer must see; ``builtins`` (the module of
-    ``object``, in every class's MRO) holds no torch function."""
-    return module_name == "builtins" or module_name == "torch" or module_name.startswith("torch.")
-
-
-class BoundReferences:
-    """Wrap torch functions the model bound before the pass (``from torch import triu``,
-    ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
-
-    def __init__(
-        self, table: WrapperTable, model: torch.nn.Module, modules: Optional[List[torch.nn.Module]] = None
-    ) -> None:
-        self.table = table
-        self.model = model
-        self.modules = modules  # the model's modules, when the caller has them already
-        self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
-        # tensors among those globals: constants (found here cheaply; see capture/preexisting.py)
-        self.global_tensors: Dict[int, torch.Tensor] = {}
-
-    def install(self) -> None:
-        seen_classes, seen_globals = set(), set()
-        for module in self.modules if self.modules is not None else self.model.modules():
-            cls = type(module)
-            if cls not in seen_classes:
-                seen_classes.add(cls)
-                for base in cls.__mro__:
-                    mod = sys.modules.get(base.__module__)
-                    if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
-                        seen_globals.add(id(mod))
-                        self._wrap_in(vars(mod), all_values=True)
-                        tensors_held(vars(mod), self.global_tensors, depth=1)
-            self._wrap_in(vars(module), all_values=False)
-
-    def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
-        by_original, originals = self.table.by_original, self.table.originals
-        if all_values:
-            items = list(namespace.items())
-        else:  # a module's own attributes: only plain functions can be torch's
-            items = [(key, value) for key, value in namespace.items() if type(value) in _FUNCTION_TYPES]
-        for key, value in items:
-            wrapper = by_original.get(id(value))
-            if wrapper is not None and value is originals.get(id(value)):
-                namespace[key] = wrapper
-                self.replaced.append((namespace, key, value, wrapper))
-
-    def uninstall(self) -> None:
-        for namespace, key, original, wrapper in self.replaced:
-            if namespace.get(key) is wrapper:
-                namespace[key] = original
-        self.replaced.clear()
+FUNCTION_TYPES = (types.BuiltinFunctionType, types.FunctionType)

@@ -16,6 +16,7 @@ from torch import nn
 
 from . import decorate
 from .args import tensors_in, tensors_in_call
+from .bound import BoundReferences
 from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
 from .preexisting import PassStart
 from .save_plan import SavePlan
@@ -103,7 +104,7 @@ def run_pass(
         tracer = Tracer(inventory, plan, save_function_args, save_gradients)
         rng = RngState()
         lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
-        bound_refs = decorate.BoundReferences(table, model, inventory.modules)
+        bound_refs = BoundReferences(table, model, inventory.modules)
         hooks = []
         start = perf_counter()
         stale: List[Any] = []

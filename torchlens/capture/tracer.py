@@ -51,8 +51,10 @@ from torch import nn
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
 from .decorate import OpInfo, _make_wrapper, writes_in_place
+from .gradients import record_gradient
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
+from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, dotted, head, is_out_position, matching_parents
 from .preexisting import PassStart
 from .save_plan import SavePlan
 from .shared import SharedActivations
@@ -191,7 +193,7 @@ class Tracer:
             target = out_arg
             # the old value of an out= tensor is overwritten, never read: it is not a parent
             # (unless the same tensor is also passed as an input, at that input's position)
-            found = [(position, t) for position, t in found if not _is_out_position(position)]
+            found = [(position, t) for position, t in found if not is_out_position(position)]
         elif info.is_inplace:
             target = args[0] if args else None
         else:
@@ -215,14 +217,14 @@ class Tracer:
         entries = self.entries
         inventory_params = self.inventory.param_addresses
         condition, self.pending_condition = self.pending_condition, None
-        positional = info.name in _POSITIONAL_OUTPUTS
-        output_rule = _OUTPUT_PARENTS.get(info.name) if len(outputs) > 1 else None
+        positional = info.name in POSITIONAL_OUTPUTS
+        output_rule = OUTPUT_PARENTS.get(info.name) if len(outputs) > 1 else None
         for position, tensor in outputs:
             e = TensorLogEntry(len(entries), "op", info.layer_type, func, info.name)
-            e.parent_refs = _matching_parents(parents, position) if positional else parents
-            if output_rule is not None and _head(position) in output_rule:
-                allowed = output_rule[_head(position)]
-                e.parent_refs = [(p, pos) for p, pos in e.parent_refs if _head(pos) in allowed]
+            e.parent_refs = matching_parents(parents, position) if positional else parents
+            if output_rule is not None and head(position) in output_rule:
+                allowed = output_rule[head(position)]
+                e.parent_refs = [(p, pos) for p, pos in e.parent_refs if head(pos) in allowed]
             e.param_addresses = params
             e.module_stack = self.module_stack
             e.call_frames = frames
@@ -280,7 +282,7 @@ class Tracer:
         if self.plan.wants(e):
             e.activation = self._save(tensor, e)
         if self.save_gradients and tensor.requires_grad:
-            _record_gradient(tensor, e)
+            record_gradient(tensor, e)
         if track:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
 
@@ -463,7 +465,7 @@ class Tracer:
         for name, value in named_inputs:
             for position, tensor in tensors_in(value):
                 if self.entry_of(tensor) is None:
-                    self.add_source(tensor, "input", f"input.{name}{_dotted(position)}")
+                    self.add_source(tensor, "input", f"input.{name}{dotted(position)}")
 
     def add_outputs(self, output: Any) -> None:
         try:
@@ -475,7 +477,7 @@ class Tracer:
                     parent = self.untraced(tensor, ())
                 e = TensorLogEntry(len(self.entries), "output", "output", identity, "output")
                 e.parent_refs = [(parent, 0)] if parent is not None else []
-                e.address = "output" + _dotted(position)
+                e.address = "output" + dotted(position)
                 self._save_passed_on(e, parent, tensor)
                 self._add(e, tensor, track=False)
         finally:
@@ -559,25 +561,6 @@ class Tracer:
         e.func_kwargs = {}
 
 
-# Functions whose i-th output is computed from the i-th tensor argument only.
-_POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
-
-
-# Multi-output functions whose output k is computed from some arguments only (output -> the
-# argument positions that feed it): jvp(f, primals, tangents) -> (f(primals), tangents out[, aux]);
-# _pack_padded_sequence(input, lengths) -> (data, batch sizes from the lengths);
-# _pad_packed_sequence(data, batch_sizes, ...) -> (padded, lengths from the batch sizes).
-_OUTPUT_PARENTS = {
-    "jvp": {0: (0,), 2: (0,)},
-    "_pack_padded_sequence": {1: (1, "lengths")},
-    "_pad_packed_sequence": {1: (1, "batch_sizes")},
-}
-
-
-def _head(position: Any) -> Any:
-    return position[0] if isinstance(position, tuple) and position else position
-
-
 def nested_shape(tensor: torch.Tensor) -> tuple:
     """The shape of a nested tensor, ``None`` for its ragged dimensions: ``(2, None, 16)``."""
     shape = []
@@ -588,44 +571,6 @@ def nested_shape(tensor: torch.Tensor) -> tuple:
             size = None
         shape.append(size if type(size) is int else None)  # jagged layout: a symbolic size
     return tuple(shape)
-
-
-def _is_out_position(position: Any) -> bool:
-    return position == "out" or (isinstance(position, tuple) and position[:1] == ("out",))
-
-
-def _matching_parents(parents: list, position: Any) -> list:
-    """Parents of output ``i``: the argument at ``i`` (``f(a, b)``) or ``(0, i)`` (``f([a, b])``)."""
-    index = position[-1] if isinstance(position, tuple) else position
-    return [(p, pos) for p, pos in parents if pos == index or pos == (0, index)]
-
-
-def _record_gradient(tensor: torch.Tensor, e: TensorLogEntry) -> None:
-    """Hook ``tensor`` so the gradient reaching it in backward is stored on ``e`` (summed if
-    backward runs again).
-
-    The hook holds ``e`` only weakly: the hook lives in the autograd graph, and ``e`` holds a
-    saved activation that points back into the same graph; a strong reference would make a
-    cycle through C++ autograd nodes that Python's gc cannot see, leaking every history. Once
-    the history (and so ``e``) is gone, the hook is removed, so tensors that outlive the pass
-    (inputs, parameters) do not collect dead hooks trace after trace.
-    """
-    handle = None
-
-    def forget(_ref: weakref.ref) -> None:
-        if handle is not None:
-            handle.remove()
-
-    entry_ref = weakref.ref(e, forget)
-
-    def record(grad: torch.Tensor) -> None:
-        entry = entry_ref()
-        if entry is None:
-            return
-        grad = grad.detach()
-        entry.gradient = grad.clone() if entry.gradient is None else entry.gradient + grad
-
-    handle = tensor.register_hook(record)
 
 
 def _rng_state() -> tuple:
@@ -642,14 +587,6 @@ def _raise_site(error: BaseException) -> str:
         return ""
     code = tb.tb_frame.f_code
     return f", raised at {code.co_filename}:{tb.tb_lineno} in {code.co_name}()"
-
-
-def _dotted(position: Any) -> str:
-    if position == ():
-        return ""
-    if isinstance(position, tuple):
-        return "." + ".".join(map(str, position))
-    return f".{position}"
 
 
 __all__ = ["Tracer", "identity"]

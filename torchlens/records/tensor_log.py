@@ -119,7 +119,7 @@ class TensorLogEntry:
         (['linear_1_1'], '1')
     """
 
-    # __weakref__: gradient hooks refer to their entry weakly (see capture.tracer._record_gradient)
+    # __weakref__: gradient hooks refer to their entry weakly (see capture.gradients.record_gradient)
     __slots__ = _ALL_FIELDS + ("__weakref__",)
 
     def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable], func_name: str) -> None:

@@ -1,0 +1,68 @@
+"""Torch functions bound to the model's own names: patching torch's namespaces does not reach
+them, so they are wrapped in place for the pass."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .decorate import FUNCTION_TYPES, WrapperTable
+from .modules import tensors_held
+
+
+def _is_torch_or_builtins(module_name: str) -> bool:
+    """torch's own modules bind nothing the tracer must see; ``builtins`` (the module of
+    ``object``, in every class's MRO) holds no torch function."""
+    return module_name == "builtins" or module_name == "torch" or module_name.startswith("torch.")
+
+
+class BoundReferences:
+    """Wrap torch functions the model bound before the pass (``from torch import triu``,
+    ``self.act = torch.relu``) in its modules' globals and attributes, and put them back."""
+
+    def __init__(
+        self, table: WrapperTable, model: torch.nn.Module, modules: Optional[List[torch.nn.Module]] = None
+    ) -> None:
+        self.table = table
+        self.model = model
+        self.modules = modules  # the model's modules, when the caller has them already
+        self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
+        # tensors among those globals: constants (found here cheaply; see capture/preexisting.py)
+        self.global_tensors: Dict[int, torch.Tensor] = {}
+
+    def install(self) -> None:
+        seen_classes, seen_globals = set(), set()
+        for module in self.modules if self.modules is not None else self.model.modules():
+            cls = type(module)
+            if cls not in seen_classes:
+                seen_classes.add(cls)
+                for base in cls.__mro__:
+                    mod = sys.modules.get(base.__module__)
+                    if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
+                        seen_globals.add(id(mod))
+                        self._wrap_in(vars(mod), all_values=True)
+                        tensors_held(vars(mod), self.global_tensors, depth=1)
+            self._wrap_in(vars(module), all_values=False)
+
+    def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
+        by_original, originals = self.table.by_original, self.table.originals
+        if all_values:
+            items = list(namespace.items())
+        else:  # a module's own attributes: only plain functions can be torch's
+            items = [(key, value) for key, value in namespace.items() if type(value) in FUNCTION_TYPES]
+        for key, value in items:
+            wrapper = by_original.get(id(value))
+            if wrapper is not None and value is originals.get(id(value)):
+                namespace[key] = wrapper
+                self.replaced.append((namespace, key, value, wrapper))
+
+    def uninstall(self) -> None:
+        for namespace, key, original, wrapper in self.replaced:
+            if namespace.get(key) is wrapper:
+                namespace[key] = original
+        self.replaced.clear()
+
+
+__all__ = ["BoundReferences"]
