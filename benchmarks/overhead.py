@@ -10,6 +10,9 @@ For each model below, in one process and on the CPU:
 * ``torchlens`` -- median wall time of
                    ``torchlens.log_forward_pass(model, ..., layers_to_save='all')``;
 * ``ratio``     -- torchlens median / plain median;
+* ``loop ratio`` -- the same, timed right after another ``log_forward_pass``
+                   (as in a loop of them; see below);
+* ``metadata ratio`` -- median of ``get_model_metadata`` (nothing saved) / plain median;
 * ``ops``       -- number of logged operations, ``len(history)``;
 * ``first``     -- wall time of the very first torchlens call for that model
                    (includes any one-off setup; not part of the medians).
@@ -22,15 +25,16 @@ c) GPT-2 (12 layers, ``GPT2LMHeadModel(GPT2Config())``, random weights),
    ``input_ids`` of shape (1, 128). Skipped with a message when
    ``transformers`` is not installed (``pip install -e '.[bench]'``).
 
-After a warm-up, plain and torchlens calls are *alternated* (plain, torchlens,
-plain, torchlens, ...) so that both see the same machine conditions; only the
-ratio is meaningful on a noisy machine, absolute times are indicative. Each
-history is freed (by reference counting) before the next call; the collector
-is left to run as it would in a training script, for both kinds of call. (A
-``gc.collect()`` per round would leave the caches and the allocator's free
-lists cold for the next call: that costs a logged call, which allocates many
-small Python objects, far more than a plain one. The ``first call`` column
-shows a cold call.)
+After a warm-up, rounds of plain, torchlens and metadata calls follow each
+other so that all see the same machine conditions; only the ratios are
+meaningful on a noisy machine, absolute times are indicative. ``ratio`` times
+``log_forward_pass`` right after a plain forward; ``loop ratio`` right after
+another ``log_forward_pass``, whose history was just released: glibc returns
+that memory to the OS, and the next call faults it in again (page faults, not
+torchlens's work: with ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``
+set high the two ratios agree). The collector is left to run as in a training
+script (a ``gc.collect()`` per round leaves caches and free lists cold). The
+``first call`` column shows a cold call.
 By default torch runs single-threaded (``--threads 1``): on a small shared
 machine (2 cores) a 2-thread OpenMP pool stalls for milliseconds per kernel
 whenever another process holds a core, which inflates the plain forward and
@@ -98,6 +102,8 @@ class Result:
     repeats: int = 0
     plain_s: List[float] = field(default_factory=list)
     tl_s: List[float] = field(default_factory=list)
+    meta_s: List[float] = field(default_factory=list)  # get_model_metadata
+    loop_s: List[float] = field(default_factory=list)  # log_forward_pass after log_forward_pass
     first_tl_s: Optional[float] = None
     ops: Optional[int] = None
     skipped: Optional[str] = None
@@ -115,6 +121,18 @@ class Result:
     def ratio(self) -> Optional[float]:
         if self.plain_med and self.tl_med:
             return self.tl_med / self.plain_med
+        return None
+
+    @property
+    def loop_ratio(self) -> Optional[float]:
+        if self.plain_med and self.loop_s:
+            return statistics.median(self.loop_s) / self.plain_med
+        return None
+
+    @property
+    def meta_ratio(self) -> Optional[float]:
+        if self.plain_med and self.meta_s:
+            return statistics.median(self.meta_s) / self.plain_med
         return None
 
 
@@ -186,6 +204,9 @@ def bench_case(case: Case, warmup: int) -> Result:
             layers_to_save="all",
         )
 
+    def metadata():
+        return tl.get_model_metadata(model, case.tl_input_args, input_kwargs=case.kwargs or None)
+
     try:
         for _ in range(warmup):
             plain()
@@ -198,15 +219,21 @@ def bench_case(case: Case, warmup: int) -> Result:
         gc.collect()
 
         for _ in range(case.repeats):
-            t, out = _timed(plain)
-            res.plain_s.append(t)
-            del out
-            t, history = _timed(logged)
-            res.tl_s.append(t)
-            ops = _count_ops(history)
-            if ops is not None:
-                res.ops = ops
-            del history  # freed here: a history holds no reference cycles
+            # A call that follows the release of a history pays for fresh pages: glibc hands the
+            # freed memory back to the OS, and faulting it in again costs about 15-30 ms on
+            # ResNet-18 here. So log_forward_pass is timed twice per round: right after a plain
+            # forward (``ratio``) and right after another log_forward_pass (``loop ratio``); the
+            # others each after an untimed call of their own kind.
+            for kind, fn in (("plain", plain), ("logged", logged), ("loop", logged), ("metadata", metadata)):
+                if kind in ("plain", "metadata"):
+                    del_me = fn()
+                    del del_me
+                t, out = _timed(fn)
+                ops = _count_ops(out) if kind == "logged" else None
+                if ops is not None:
+                    res.ops = ops
+                del out  # freed here: a history holds no reference cycles
+                {"plain": res.plain_s, "logged": res.tl_s, "loop": res.loop_s, "metadata": res.meta_s}[kind].append(t)
     except Exception as exc:  # keep going with the other models
         res.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -250,16 +277,26 @@ def _fmt_ms(seconds: Optional[float]) -> str:
 
 
 def print_table(results: List[Result]) -> None:
-    headers = ["model", "ops", "plain ms", "torchlens ms", "ratio", "first call ms", "n"]
+    headers = [
+        "model",
+        "ops",
+        "plain ms",
+        "torchlens ms",
+        "ratio",
+        "loop ratio",
+        "metadata ratio",
+        "first call ms",
+        "n",
+    ]
     rows = []
     notes = []
     for r in results:
         if r.skipped:
-            rows.append([r.name, "-", "-", "-", "skipped", "-", "-"])
+            rows.append([r.name, "-", "-", "-", "skipped", "-", "-", "-", "-"])
             notes.append(f"{r.name}: skipped ({r.skipped})")
             continue
         if r.error and not r.tl_s:
-            rows.append([r.name, "-", _fmt_ms(r.plain_med), "-", "error", "-", "-"])
+            rows.append([r.name, "-", _fmt_ms(r.plain_med), "-", "error", "-", "-", "-", "-"])
             notes.append(f"{r.name}: {r.error}")
             continue
         rows.append(
@@ -269,6 +306,8 @@ def print_table(results: List[Result]) -> None:
                 _fmt_ms(r.plain_med),
                 _fmt_ms(r.tl_med),
                 "-" if r.ratio is None else f"{r.ratio:,.2f}x",
+                "-" if r.loop_ratio is None else f"{r.loop_ratio:,.2f}x",
+                "-" if r.meta_ratio is None else f"{r.meta_ratio:,.2f}x",
                 _fmt_ms(r.first_tl_s),
                 str(len(r.tl_s)),
             ]
@@ -395,7 +434,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             "threads": torch.get_num_threads(),
             "quick": opts.quick,
             "models": [
-                {**asdict(r), "plain_median_s": r.plain_med, "tl_median_s": r.tl_med, "ratio": r.ratio} for r in results
+                {
+                    **asdict(r),
+                    "plain_median_s": r.plain_med,
+                    "tl_median_s": r.tl_med,
+                    "ratio": r.ratio,
+                    "loop_ratio": r.loop_ratio,
+                    "metadata_ratio": r.meta_ratio,
+                }
+                for r in results
             ],
             "import": imp,
         }
