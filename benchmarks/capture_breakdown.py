@@ -139,12 +139,15 @@ def measure(funcs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, floa
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         # no collection per round: results hold no reference cycles (``del out`` frees them), and
-        # a full collection leaves the caches cold for whichever variant comes next. A new order
-        # each round: a variant run just after one that freed 30 MB of activations pays for the
-        # allocator's fresh pages, whichever it is.
+        # a full collection leaves the caches cold for whichever variant comes next. Each timed
+        # call follows an untimed one of the same variant: a call right after the release of 30 MB
+        # of activations pays for fresh pages (glibc gave them back to the OS), and that cost is
+        # the variant's own in a loop, not its neighbour's. A new order each round.
         shuffle(order)
         for key in order:
             f = funcs[key]
+            del_me = f()
+            del del_me
             start = time.perf_counter()
             out = f()
             times[key].append(time.perf_counter() - start)
