@@ -229,8 +229,7 @@ class WrapperTable:
         self.patches: List[Patch] = []
         self._build()
         # modules are patched through their namespace dict, one C-level ``dict.update`` per
-        # namespace (a Python loop of 1,200 writes cost more than a small model's forward);
-        # classes need setattr (type slots such as ``nb_add`` must follow ``__add__``)
+        # namespace (a Python loop of 1,200 writes cost more than a small model's forward)
         self.module_patches = [
             (vars(p.owner), p.name, p.replacement, p.original, p.had_own)
             for p in self.patches
@@ -274,11 +273,13 @@ class WrapperTable:
         ]
         self.watched: List[Tuple[dict, str, Any]] = []
         if previous is not None:
-            patched = {(id(p.owner), p.name) for p in self.patches}
-            for p in previous.patches:
-                if (id(p.owner), p.name) not in patched:
-                    namespace = namespace_of(p.owner)
-                    self.watched.append((namespace, p.name, namespace.get(p.name, _ABSENT)))
+            patched = {(id(namespace_of(p.owner)), p.name) for p in self.patches}
+            earlier = [(namespace_of(p.owner), p.name) for p in previous.patches]
+            earlier += [(namespace, name) for namespace, name, _ in previous.watched]
+            for namespace, name in earlier:
+                if (id(namespace), name) not in patched:
+                    patched.add((id(namespace), name))
+                    self.watched.append((namespace, name, namespace.get(name, _ABSENT)))
 
     def is_current(self) -> bool:
         """Whether torch still holds what the wrappers were made for. A function may have been
