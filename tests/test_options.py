@@ -100,6 +100,26 @@ def test_every_history_key_works_in_layers_to_save():
         tl.log_forward_pass(model, x, layers_to_save=["input.y"])
 
 
+class OutputModule(nn.Module):
+    """A top-level module named ``output``: its address is also the model output's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.output = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.output(torch.relu(self.fc(x)))
+
+
+def test_a_key_naming_a_module_and_the_output_saves_what_history_gives():
+    model, x = OutputModule(), torch.rand(1, 3)
+    full = tl.log_forward_pass(model, x, random_seed=0)
+    for key in ("output", "output:1", -1):
+        h = tl.log_forward_pass(model, x, layers_to_save=[key], random_seed=0)
+        assert h.layer_labels == [full[key].label], key
+
+
 def test_keep_unsaved_layers(net):
     h = tl.log_forward_pass(net, X, layers_to_save=["fc"], keep_unsaved_layers=True)
     assert len(h) == 7

@@ -5,7 +5,9 @@ module returns), an input, output or buffer address (``'input.x'``, ``'output.lo
 ``'bn.running_mean'``: any other key with a ``.``, or a buffer's name; known when the tensor is
 recorded) or a substring of layer types (``'conv'``, ``'linear'``): a string without ``_`` or
 ``:`` that is not all digits can only match inside the type part of a label. Keys that need
-final labels or ordinals (``'conv2d_3_7'``, ``-5``) need a first, metadata-only pass.
+final labels or ordinals (``'conv2d_3_7'``, ``-5``) need a first, metadata-only pass, as does
+a module address that is also an output address (``self.output = nn.Linear(...)``): the lookup
+decides, as it does for ``history['output']``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def parse_request(
             needs_labels = True
             continue
         base, sep, pass_text = key.rpartition(":")
-        if key in module_addresses and key:
+        if key in module_addresses and key and (key == "output" or key.startswith("output.")):
+            needs_labels = True  # also the model output's address: resolved as history[key] would be
+        elif key in module_addresses and key:
             modules.add(key)
         elif sep and base in module_addresses and pass_text.isdigit():
             modules.add((base, int(pass_text)))
