@@ -5,8 +5,9 @@ intercept) plus the tensor factories that ``torch.overrides`` lists as ignored, 
 functions and ``Tensor`` methods that are aten operators (``torch._weight_norm``, the fused
 ``torch._transformer_encoder_layer_fwd`` that fast paths call), plus ``torch.sparse`` and
 ``torch.nested``. ``torch.ops`` operators and functorch transforms are wrapped in ``opaque.py``.
-Wrappers are built once per process and cached; installing or removing them is a loop of
-``setattr`` calls.
+Wrappers are built once and cached, and built again when torch's namespaces no longer hold what
+they were made for (``WrapperTable.is_current``). Installing or removing them writes namespace
+dicts in one step each (``capture/class_dict.py`` for ``torch.Tensor``).
 
 A wrapper does nothing but forward the call unless a pass is active *in the calling thread*; then
 it hands the call to the active tracer (``capture.tracer.Tracer.on_call``).
@@ -221,7 +222,7 @@ class Patch:
 
 
 class WrapperTable:
-    """All wrappers of the process, built once: ``patches`` to install, and original->wrapper."""
+    """All wrappers for torch as it is: ``patches`` to install, and original->wrapper."""
 
     def __init__(self, previous: Optional["WrapperTable"] = None) -> None:
         self.by_original: Dict[int, Callable] = {}
