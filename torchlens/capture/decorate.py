@@ -229,43 +229,29 @@ class WrapperTable:
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
         self._build()
-        # modules are patched through their namespace dict, one C-level ``dict.update`` per
-        # namespace (a Python loop of 1,200 writes cost more than a small model's forward)
-        self.module_patches = [
-            (vars(p.owner), p.name, p.replacement, p.original, p.had_own)
-            for p in self.patches
-            if isinstance(p.owner, types.ModuleType)
-        ]
-        by_dict: Dict[int, Tuple[dict, dict, dict, list]] = {}
-        for owner_dict, name, replacement, original, had_own in self.module_patches:
-            group = by_dict.setdefault(id(owner_dict), (owner_dict, {}, {}, []))
-            group[1][name] = replacement
-            if had_own:
-                group[2][name] = original
-            else:
-                group[3].append(name)
-        # (namespace dict, name -> wrapper, name -> original, names shadowed then removed)
-        self.namespace_groups = list(by_dict.values())
-        type_patches = [p for p in self.patches if not isinstance(p.owner, types.ModuleType)]
-        # a class's methods go through its dict too (see capture/class_dict.py), except those a C slot
-        # calls directly: only setattr points the slot at the new method
-        self.class_groups: List[Tuple[ClassDict, dict, dict, list]] = []
+        # Patches are written one namespace at a time, in C: a module's dict, or a class's real
+        # dict (capture/class_dict.py; a Python loop of 1,900 writes cost more than a small
+        # model's forward). Only methods a C slot calls directly need setattr (type_patches).
+        # Groups: (namespace, name -> wrapper, name -> original, names shadowed then removed).
+        by_namespace: Dict[int, Tuple[Any, dict, dict, list]] = {}
         self.type_patches: List[Patch] = []
-        by_class: Dict[int, Tuple[ClassDict, dict, dict, list]] = {}
-        for p in type_patches:
-            owner_dict = None if has_own_slot(p.original) else ClassDict.of(p.owner)
-            if owner_dict is None:
-                self.type_patches.append(p)
-                continue
-            group = by_class.get(id(p.owner))
-            if group is None:
-                group = by_class[id(p.owner)] = (owner_dict, {}, {}, [])
-                self.class_groups.append(group)
+        for p in self.patches:
+            if isinstance(p.owner, types.ModuleType):
+                namespace: Any = vars(p.owner)
+            else:
+                namespace = None if has_own_slot(p.original) else ClassDict.of(p.owner)
+                if namespace is None:
+                    self.type_patches.append(p)
+                    continue
+            group = by_namespace.setdefault(id(p.owner), (namespace, {}, {}, []))
             group[1][p.name] = p.replacement
             if p.had_own:
                 group[2][p.name] = p.original
             else:
                 group[3].append(p.name)
+        groups = list(by_namespace.values())
+        self.namespace_groups = [g for g in groups if isinstance(g[0], dict)]
+        self.class_groups: List[Tuple[ClassDict, dict, dict, list]] = [g for g in groups if isinstance(g[0], ClassDict)]
         # (see is_current) what each namespace must still hold, and names an earlier table
         # wrapped that this one leaves alone (a mock was there): (namespace, name, value then)
         self.expected = [(d, originals, frozenset(shadowed)) for d, _, originals, shadowed in self.namespace_groups]
