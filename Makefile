@@ -3,7 +3,7 @@
 #   make venv       create .venv and install torchlens (editable) with test+zoo extras
 #   make test       full test suite, slow model-zoo tests included (what CI runs)
 #   make test-fast  test suite without the slow model-zoo tests
-#   make lint       ruff: lint and format check (CI runs it before the tests)
+#   make lint       ruff (lint and format check) and mypy over the package (CI runs it before the tests)
 #   make demo       run the demo module (python -m torchlens.examples.demo)
 #   make images     draw the README's example graphs and explorer screenshots into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
@@ -83,6 +83,7 @@ test-fast: venv
 lint: venv
 	"$(VENV_PY)" -m ruff check .
 	"$(VENV_PY)" -m ruff format --check .
+	"$(VENV_PY)" -m mypy
 
 format: venv
 	"$(VENV_PY)" -m ruff check --fix .

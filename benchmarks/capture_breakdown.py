@@ -48,11 +48,11 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens.capture import decorate  # noqa: E402
-from torchlens.capture.run import run_pass  # noqa: E402
-from torchlens.capture.save_plan import SavePlan  # noqa: E402
-from torchlens.capture.tracer import Tracer  # noqa: E402
-from torchlens.postprocess import build_history  # noqa: E402
+from torchlens.trace.capture import decorate, ops  # noqa: E402
+from torchlens.trace.capture.run import run_pass  # noqa: E402
+from torchlens.trace.capture.save_plan import SavePlan  # noqa: E402
+from torchlens.trace.capture.tracer import Tracer  # noqa: E402
+from torchlens.trace.postprocess import build_history  # noqa: E402
 
 
 def build(name: str) -> Tuple[nn.Module, tuple, dict]:
@@ -94,11 +94,11 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
                 h.remove()
 
     def wrapped() -> Any:
-        decorate.install(table)
+        ops.install(table)
         try:
             return hooked()
         finally:
-            decorate.uninstall(table)
+            ops.uninstall(table)
 
     def records() -> Any:
         original = Tracer._walk_frames

@@ -26,7 +26,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.examples.browser import launch
-from torchlens.explorer import explore
+from torchlens.train.serve import explore
 
 TARGETS_MS = {"first paint": 2000, "drill transformer:1": 200, "drill transformer.h.5:1": 200, "long strip": 500}
 FIRST_NODE_JS = """(() => {

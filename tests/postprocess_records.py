@@ -8,7 +8,7 @@ the tracer's ``((code, line, bytecode offset), ...)``.
 
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from torchlens.records.tensor_log import TensorLogEntry
+from torchlens.trace.records.tensor_log import TensorLogEntry
 
 ModuleStack = Tuple[Tuple[str, int], ...]
 

@@ -1,4 +1,4 @@
-"""Finding tensors in inputs and outputs (torchlens.capture.args), cache objects included."""
+"""Finding tensors in inputs and outputs (torchlens.trace.capture.args), cache objects included."""
 
 import dataclasses
 import inspect
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.capture.args import tensors_in
+from torchlens.trace.capture.args import tensors_in
 
 
 def _tiny_gpt2():

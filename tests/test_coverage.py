@@ -21,8 +21,8 @@ from torch import nn
 from trace_holes import holes, tensors_alive, tensors_in_arguments
 
 import torchlens as tl
-from torchlens.records.tensor_log import ParentRef
-from torchlens.render import build_dot
+from torchlens.trace.records.tensor_log import ParentRef
+from torchlens.trace.render import build_dot
 
 NESTED_WARNING = "ignore:The PyTorch API of nested tensors:UserWarning"
 

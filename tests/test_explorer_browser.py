@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.explorer import explore, export_html
+from torchlens.train.serve import explore, export_html
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need the playwright package")
 

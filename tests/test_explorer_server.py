@@ -12,7 +12,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.cli import main as cli_main
-from torchlens.explorer import explore, export_html
+from torchlens.train.serve import explore, export_html
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ class Checkpointed(nn.Module):
 
 
 def test_layers_inside_a_reentrant_checkpoint_say_they_get_no_gradient():
-    from torchlens.render import build_dot
+    from torchlens.trace.render import build_dot
 
     torch.manual_seed(0)
     h = tl.log_forward_pass(Checkpointed(True), torch.rand(2, 3, requires_grad=True), save_gradients=True)

@@ -9,9 +9,9 @@ import torchvision
 from torch import nn
 
 import torchlens as tl
-from torchlens.render import build_dot
-from torchlens.render.style import INTERVENED_BORDER
-from torchlens.rerun import RerunError
+from torchlens.trace.render import build_dot
+from torchlens.trace.render.style import INTERVENED_BORDER
+from torchlens.trace.rerun import RerunError
 
 
 def mlp() -> nn.Sequential:

@@ -1,4 +1,4 @@
-"""Lookup keys (torchlens.postprocess.labels): per-output keys of modules with several outputs,
+"""Lookup keys (torchlens.trace.history.index): per-output keys of modules with several outputs,
 ambiguity errors whose advice works, and the outputs of one multi-output call shown together."""
 
 import re
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.render import build_dot
+from torchlens.trace.render import build_dot
 
 
 class TwoLSTMCalls(nn.Module):

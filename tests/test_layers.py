@@ -1,69 +1,84 @@
-"""The package's layers point one way: every import inside torchlens goes down this table.
+"""The package's layers point one way: every import inside torchlens goes down.
 
-    records <- capture <- postprocess -> history <- (render | validate | storage ...) <- api <- face
+Two rules, checked on the syntax trees of every module (imports inside functions included):
 
-An import found by walking the syntax trees of every module (also imports inside functions)
-that this table does not allow fails the test, naming the file, the line and the rule.
+1. Between parts (the table ``ALLOWED``): the two wings, ``trace`` and ``train``, stand on
+   ``web`` and ``errors``; ``train`` sees the trace wing only through ``trace.observe`` (the
+   pass observer) and ``trace.history`` (``ModelHistory``). Inside ``trace`` each part may
+   import only the parts its row names.
+2. Between files, inside parts too: no circle. A file graph without circles is one whose files
+   can be put on floors with every import pointing down; any circle has an edge pointing up.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
-from typing import Dict, Iterator, Set, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import torchlens
 
 PACKAGE = pathlib.Path(torchlens.__file__).parent
 
-# The explorer's engine (watch: recording, the run store and reader) and its page (explorer:
-# the server and the exported file) are one layer: tl.watch serves the page of what it records.
-ONE_LAYER = {"explorer": "watch"}
-
-# layer -> the layers it may import (besides itself). A layer is a subpackage or a top-level
-# module of torchlens; "face" is torchlens/__init__.py.
+# part -> the parts it may import (besides itself). A part is a file or folder of torchlens,
+# or of torchlens/trace; "face" is torchlens/__init__.py.
 ALLOWED: Dict[str, Set[str]] = {
     "version": set(),
-    "records": set(),
-    "assets": set(),
-    "history": {"records"},
-    "capture": {"records"},
-    "postprocess": {"records", "capture", "history"},
-    "input_copy": {"capture"},
-    "layer_request": {"records", "history"},
-    "render": {"records", "history", "assets"},
-    "validate": {"records", "history", "capture", "input_copy"},
-    "storage": {"records", "history", "capture", "postprocess", "version"},
-    "intervene": {"records", "history", "capture", "layer_request"},
-    "rerun": {"records", "history", "postprocess", "layer_request", "storage", "validate"},
-    "api": {
-        "records",
-        "history",
-        "capture",
-        "postprocess",
-        "input_copy",
-        "layer_request",
-        "render",
-        "validate",
-        "storage",
-        "intervene",
+    "errors": set(),
+    "web": {"errors"},
+    "trace": set(),  # trace/__init__.py
+    "trace.records": {"errors"},
+    "trace.capture": {"trace.records", "errors"},
+    "trace.history": {"trace.records", "errors"},
+    "trace.observe": {"trace.capture", "trace.records"},
+    "trace.postprocess": {"trace.records", "trace.capture", "trace.history"},
+    "trace.input_copy": {"trace.capture"},
+    "trace.layer_request": {"trace.records", "trace.history", "errors"},
+    "trace.replay": {"trace.records", "trace.capture"},
+    "trace.render": {"trace.records", "trace.history", "web", "errors"},
+    "trace.validate": {"trace.records", "trace.history", "trace.capture", "trace.input_copy", "trace.replay"},
+    "trace.storage": {"trace.records", "trace.history", "trace.capture", "trace.postprocess", "version", "errors"},
+    "trace.intervene": {"trace.records", "trace.history", "trace.capture", "trace.layer_request", "errors"},
+    "trace.rerun": {
+        "trace.records",
+        "trace.history",
+        "trace.postprocess",
+        "trace.layer_request",
+        "trace.storage",
+        "trace.replay",
+        "errors",
     },
-    "show": {"api", "render"},
-    "watch": {"capture", "records", "assets"},
-    "integrations": {"watch"},
-    "cli": {"face", "api", "render", "watch"},
+    "trace.api": {
+        "trace.records",
+        "trace.history",
+        "trace.capture",
+        "trace.postprocess",
+        "trace.input_copy",
+        "trace.layer_request",
+        "trace.render",
+        "trace.validate",
+        "trace.storage",
+        "trace.intervene",
+        "errors",
+    },
+    "trace.show": {"trace.api", "trace.render"},
+    "train": {"trace.observe", "trace.history", "web", "errors", "version"},
+    "cli": {"face", "trace.api", "trace.render", "train", "errors"},
     "__main__": {"cli"},
-    "examples": {"face", "render", "watch"},
+    "examples": {"face", "trace.render", "train"},
     "face": set(),  # filled below: the face may import everything
 }
 ALLOWED["face"] = set(ALLOWED) - {"face", "cli", "examples", "__main__"}
 
 
-def _layer(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1 or parts[1] == "__init__":
+def _part(module: str) -> str:
+    """``torchlens.trace.capture.tracer`` -> ``trace.capture``; ``torchlens.train.serve.x`` -> ``train``."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] == "__init__":
         return "face"
-    return ONE_LAYER.get(parts[1], parts[1])
+    if parts[0] == "trace" and len(parts) > 1:
+        return f"trace.{parts[1]}"
+    return parts[0]
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> Tuple[str, str]:
@@ -77,43 +92,105 @@ def _module_name(path: pathlib.Path, root: pathlib.Path) -> Tuple[str, str]:
 
 
 def _imports(path: pathlib.Path, root: pathlib.Path = PACKAGE.parent) -> Iterator[Tuple[int, str]]:
-    """(line, imported torchlens module) for every import in the file, relative ones resolved."""
+    """(line, imported torchlens module) for every import in the file, relative ones resolved.
+    ``from .pkg import name`` yields ``pkg.name`` when that is a module of its own."""
     _, package = _module_name(path, root)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
-                if not node.module:  # from . import x: each name may be a submodule
-                    for alias in node.names:
-                        yield node.lineno, f"{target}.{alias.name}"
-                    continue
             else:
                 target = node.module or ""
-            if target.split(".")[0] == "torchlens":
-                yield node.lineno, target
+            if target.split(".")[0] != "torchlens":
+                continue
+            folder = root.joinpath(*target.split("."))
+            for alias in node.names:
+                if (folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists():
+                    yield node.lineno, f"{target}.{alias.name}"
+                else:
+                    yield node.lineno, target
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "torchlens":
                     yield node.lineno, alias.name
 
 
+def _files(package: pathlib.Path) -> List[pathlib.Path]:
+    return sorted(package.rglob("*.py"))
+
+
 def _violations(package: pathlib.Path = PACKAGE) -> Iterator[str]:
     root = package.parent
-    for path in sorted(package.rglob("*.py")):
+    for path in _files(package):
         name, _ = _module_name(path, root)
-        here = _layer(name)
+        here = _part(name)
+        if here not in ALLOWED:
+            yield f"{path.relative_to(root)}: part {here!r} is not in ALLOWED"
+            continue
         for line, target in _imports(path, root):
-            there = _layer(target)
-            if there == here:
+            there = _part(target)
+            if there != here and there not in ALLOWED[here]:
+                yield f"{path.relative_to(root)}:{line} imports {target} ({there!r}), which part {here!r} may not import"
+
+
+def _circles(package: pathlib.Path = PACKAGE) -> List[List[str]]:
+    """Every circle of imports between files (one per strongly connected group of files)."""
+    root = package.parent
+    graph: Dict[str, Set[str]] = {}
+    for path in _files(package):
+        name, _ = _module_name(path, root)
+        graph.setdefault(name, set())
+        for _, target in _imports(path, root):
+            while target not in graph and not (
+                root.joinpath(*target.split(".")).with_suffix(".py").exists()
+                or root.joinpath(*target.split("."), "__init__.py").exists()
+            ):
+                target = target.rsplit(".", 1)[0]  # a name imported from a module: the module
+            if target != name:
+                graph[name].add(target)
+    # Tarjan's strongly connected components, iteratively
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    on_stack: Set[str] = set()
+    stack: List[str] = []
+    groups: List[List[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
                 continue
-            if here not in ALLOWED:
-                yield f"{path.relative_to(root)}: layer {here!r} is not in ALLOWED"
-                break
-            if there not in ALLOWED[here]:
-                yield (
-                    f"{path.relative_to(root)}:{line} imports {target} ({there!r}), which layer {here!r} may not import"
-                )
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
 
 
 def test_every_import_points_down():
@@ -121,21 +198,30 @@ def test_every_import_points_down():
     assert not found, "imports against the layer order:\n" + "\n".join(found)
 
 
-def test_the_check_sees_imports_inside_functions(tmp_path):
-    # the walk must catch the lazy imports that once closed cycles (history -> render)
-    source = PACKAGE / "history" / "model_history.py"
-    assert all(_layer(t) in {"history", "records"} for _, t in _imports(source))
-    probe = tmp_path / "torchlens" / "history"
-    probe.mkdir(parents=True)
-    (probe / "model_history.py").write_text("import torch\n\n\ndef f():\n    from ..render import build_dot\n")
-    found = list(_violations(tmp_path / "torchlens"))
+def test_no_circle_of_imports_between_files():
+    circles = _circles()
+    assert not circles, "files that import each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_checks_see_imports_inside_functions_and_circles(tmp_path):
+    probe = tmp_path / "torchlens"
+    (probe / "trace" / "history").mkdir(parents=True)
+    (probe / "__init__.py").write_text("")
+    (probe / "trace" / "__init__.py").write_text("")
+    (probe / "trace" / "history" / "__init__.py").write_text("")
+    (probe / "trace" / "history" / "model_history.py").write_text(
+        "import torch\n\n\ndef f():\n    from ..render import build_dot\n    from . import rolled\n"
+    )
+    (probe / "trace" / "history" / "rolled.py").write_text("from .model_history import f\n")
+    found = list(_violations(probe))
     assert found == [
-        "torchlens/history/model_history.py:5 imports torchlens.render ('render'), which layer 'history' may not import"
+        "torchlens/trace/history/model_history.py:5 imports torchlens.trace.render ('trace.render'), "
+        "which part 'trace.history' may not import"
     ]
+    assert _circles(probe) == [["torchlens.trace.history.model_history", "torchlens.trace.history.rolled"]]
 
 
-def test_the_table_names_every_layer():
-    layers = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    layers |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    layers = {ONE_LAYER.get(name, name) for name in layers}
-    assert layers <= set(ALLOWED), f"layers missing from ALLOWED: {sorted(layers - set(ALLOWED))}"
+def test_the_table_names_every_part():
+    names = [_module_name(p, PACKAGE.parent)[0] for p in _files(PACKAGE)]
+    parts = {_part(n) for n in names}
+    assert parts <= set(ALLOWED), f"parts missing from ALLOWED: {sorted(parts - set(ALLOWED))}"

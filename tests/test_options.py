@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.records.tensor_log import ParentRef
+from torchlens.trace.records.tensor_log import ParentRef
 
 
 class CountingNet(nn.Module):
@@ -227,7 +227,10 @@ def test_summary_of_a_subset_describes_the_whole_pass(net):
     assert len(h) == 1 and h.num_tensors == len(full) == 7
     assert h.tensor_bytes == full.tensor_bytes and h.num_param_operations == full.num_param_operations == 3
     text = str(h)
-    assert f"7 tensors ({tl.records.format.human_bytes(full.tensor_bytes)}) computed in forward pass; 1 tensors" in text
+    assert (
+        f"7 tensors ({tl.trace.records.format.human_bytes(full.tensor_bytes)}) computed in forward pass; 1 tensors"
+        in text
+    )
     assert "used by 3 operations" in text and "Layers (1 of 7 kept" in text
     assert "Layer linear_1_5, operation 6/7:" in str(h["linear_1_5"])  # its place in the pass, as in full
 

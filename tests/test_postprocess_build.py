@@ -1,5 +1,5 @@
 """postprocess/__init__.py on hand-built records: ``build_history`` (prune, passes, labels,
-links, lookup wired together) and ``drop_unsaved``. The tracer and the inventory are stand-ins
+links, lookup wired together) and ``drop_unsaved``. The inventory is a stand-in
 holding only what post-processing reads."""
 
 from types import SimpleNamespace
@@ -8,9 +8,9 @@ import pytest
 import torch
 from postprocess_records import Records, site
 
-from torchlens.capture.run import PassResult
-from torchlens.postprocess import build_history, drop_unsaved
-from torchlens.records.tensor_log import ParentRef
+from torchlens.trace.capture.run import PassResult
+from torchlens.trace.postprocess import build_history, drop_unsaved
+from torchlens.trace.records.tensor_log import ParentRef
 
 
 def _result(
@@ -23,20 +23,23 @@ def _result(
     save_gradients=False,
     module_types=None,
 ):
-    tracer = SimpleNamespace(
-        entries=r.entries,
-        notes=[],
-        module_frame_depths=depths or {},
-        module_outputs=module_outputs,
-        parent_placeholders=list(placeholders),
-        module_pass_counts=module_pass_counts,
-        save_gradients=save_gradients,
-    )
     types = module_types or {"": "Model", **{a: "Linear" for a in module_pass_counts}}
     inventory = SimpleNamespace(
         param_info=param_info, module_types=types, module_children={"": [a for a in types if a]}
     )
-    return PassResult(tracer=tracer, inventory=inventory, model_name="Model", random_seed=7, elapsed=0.5)
+    return PassResult(
+        records=r.entries,
+        parent_refs=list(placeholders),
+        module_pass_counts=module_pass_counts,
+        module_frame_depths=depths or {},
+        module_outputs=module_outputs,
+        notes=[],
+        save_gradients=save_gradients,
+        inventory=inventory,
+        model_name="Model",
+        random_seed=7,
+        elapsed=0.5,
+    )
 
 
 def _recurrent():
@@ -49,7 +52,7 @@ def _recurrent():
     l2 = r.op("linear", l1, params=("fc.weight", "fc.bias"), modules=(("fc", 2),), frames=site(10, 3))
     l1.output_of_modules.append(("fc", 1))  # the module hook notes both this and module_outputs
     l2.output_of_modules.append(("fc", 2))
-    ref = ParentRef(l2)  # the tracer's placeholder holds the record until labels exist
+    ref = ParentRef(record=l2)  # the tracer's placeholder holds the record until labels exist
     act = r.op("maximum", l2, l2, frames=site(11), func_args=(ref, ref))
     out = r.output(act)
     result = _result(
@@ -113,8 +116,8 @@ def test_build_history_keeps_a_branch_condition_only_when_it_was_kept():
     gt = r.op("gt", s, frames=site(10, offset=2), bool_used=True)  # if x.sum() > 0:
     noise = r.op("rand", frames=site(12))
     coin = r.op("gt", noise, frames=site(12, offset=2), bool_used=True)  # if torch.rand(1) > 0.5: (pruned)
-    a = r.op("relu", x, frames=site(11), branch_condition=gt)
-    b = r.op("sin", a, frames=site(13), branch_condition=coin)
+    a = r.op("relu", x, frames=site(11), branch_condition_record=gt)
+    b = r.op("sin", a, frames=site(13), branch_condition_record=coin)
     r.output(b)
     history = build_history(_result(r, {}, {}, {}))
     assert history.layer_labels == ["input_1_0", "sum_1_1", "gt_1_2", "relu_1_3", "sin_1_4", "output_1_5"]

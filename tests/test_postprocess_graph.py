@@ -6,7 +6,7 @@ from an ``untraced`` node) and every ancestor of a kept record; drop the rest.
 
 from postprocess_records import Records, raw
 
-from torchlens.postprocess.graph import children_of, prune
+from torchlens.trace.postprocess.graph import children_of, prune
 
 
 # ----- what is kept ------------------------------------------------------------------------

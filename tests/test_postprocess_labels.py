@@ -7,8 +7,9 @@ test_postprocess_lookup.py.
 
 from postprocess_records import Records, site
 
-from torchlens.postprocess.graph import prune
-from torchlens.postprocess.labels import assign_labels, link_call_outputs, output_key
+from torchlens.trace.history.index import output_key
+from torchlens.trace.postprocess.graph import prune
+from torchlens.trace.postprocess.labels import assign_labels, link_call_outputs
 
 
 def _fields(e):

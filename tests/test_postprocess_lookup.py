@@ -1,9 +1,10 @@
-"""postprocess/labels.py ``build_lookup`` on hand-built, labelled records: every key form of
+"""history/index.py ``build_lookup`` on hand-built, labelled records: every key form of
 every entry, ``Ambiguous`` for keys naming several, ``lookup_keys`` and the suggestions."""
 
 from postprocess_records import Records
 
-from torchlens.postprocess.labels import Ambiguous, assign_labels, build_lookup
+from torchlens.trace.history.index import Ambiguous, build_lookup
+from torchlens.trace.postprocess.labels import assign_labels
 
 
 def _named(lookup):

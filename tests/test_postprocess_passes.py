@@ -8,8 +8,8 @@ anchor, the latest weighted ancestor; inputs, outputs and buffers are layers of 
 
 from postprocess_records import Records, layer_ids, site
 
-from torchlens.postprocess.labels import assign_labels
-from torchlens.postprocess.passes import group_passes
+from torchlens.trace.postprocess.labels import assign_labels
+from torchlens.trace.postprocess.recurrent_passes import group_passes
 
 FC = ("fc.weight", "fc.bias")
 

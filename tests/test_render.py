@@ -1,4 +1,4 @@
-"""The graphviz renderer (torchlens.render): DOT source, clusters, rolled passes, collapsed modules,
+"""The graphviz renderer (torchlens.trace.render): DOT source, clusters, rolled passes, collapsed modules,
 styles, overrides, real files in three formats, and a missing ``dot``.
 
 Golden DOT files live in tests/golden/; regenerate them with ``pytest tests/test_render.py
@@ -21,10 +21,10 @@ from torch import nn
 import torchlens as tl
 from torchlens import show_model_graph
 from torchlens.examples.models import SimpleRecurrent
-from torchlens.history.model_history import ModelHistory, ModuleInfo
-from torchlens.records.tensor_log import TensorLogEntry
-from torchlens.render import GraphvizNotFoundError, build_dot, render_graph, style, svg_of
-from torchlens.render import graphviz as tl_graphviz
+from torchlens.trace.history.model_history import ModelHistory, ModuleInfo
+from torchlens.trace.records.tensor_log import TensorLogEntry
+from torchlens.trace.render import GraphvizNotFoundError, build_dot, render_graph, style, svg_of
+from torchlens.trace.render import graphviz as tl_graphviz
 
 GOLDEN = Path(__file__).parent / "golden"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot program is not installed")
@@ -457,8 +457,8 @@ def test_svg_of_and_show_model_graph(tmp_path, recurrent, monkeypatch):
     )
     assert (tmp_path / "shown.svg").read_bytes().startswith(b"<?xml")
     shown = []
-    monkeypatch.setattr("torchlens.show.in_notebook", lambda: True)
-    monkeypatch.setattr("torchlens.show.display_svg", shown.append)
+    monkeypatch.setattr("torchlens.trace.show.in_notebook", lambda: True)
+    monkeypatch.setattr("torchlens.trace.show.display_svg", shown.append)
     monkeypatch.chdir(tmp_path)
     show_model_graph(SimpleRecurrent(), torch.rand(2, 5), vis_mode="rolled")
     assert len(shown) == 1 and "<svg" in shown[0] and not (tmp_path / "graph.pdf").exists()
@@ -533,8 +533,8 @@ def _steps(n):
 
 
 def test_wide_fan_in_and_out_go_through_junctions():
-    from torchlens.render.fans import Junction
-    from torchlens.render.structure import build_structure
+    from torchlens.trace.render.fans import Junction
+    from torchlens.trace.render.structure import build_structure
 
     s = build_structure(_steps(20))
     into_stack = [e for e in s.edges if e.head.id == "stack_1_4"]
@@ -627,7 +627,7 @@ def test_both_spellings_of_an_option_are_a_type_error(recurrent, call, message):
 
 
 def test_show_model_graph_html_writes_the_interactive_page(tmp_path, monkeypatch):
-    monkeypatch.setattr("torchlens.show.in_notebook", lambda: False)
+    monkeypatch.setattr("torchlens.trace.show.in_notebook", lambda: False)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
     assert show_model_graph(model, torch.rand(2, 4), vis_fileformat="html", vis_outpath=str(tmp_path / "g")) is None
     page = (tmp_path / "g.html").read_text()

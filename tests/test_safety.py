@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlens as tl
-from torchlens.capture import decorate
+from torchlens.trace.capture import decorate
 
 
 def _torch_snapshot():

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.render import build_dot
-from torchlens.storage.codec import Unsaved
-from torchlens.storage.shards import TensorStore
+from torchlens.trace.render import build_dot
+from torchlens.trace.storage.codec import Unsaved
+from torchlens.trace.storage.shards import TensorStore
 
 
 class Branchy(nn.Module):

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.render import build_dot
-from torchlens.validate import validate_history
+from torchlens.trace.render import build_dot
+from torchlens.trace.validate import validate_history
 
 
 class Branchy(nn.Module):

@@ -1,5 +1,5 @@
 """TorchScript models are refused; torch.compile'd models and submodules are traced eagerly
-(torchlens.capture.unwrap)."""
+(torchlens.trace.capture.unwrap)."""
 
 import time
 import warnings
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.capture.unwrap import TorchScriptModelError
+from torchlens.trace.capture.unwrap import TorchScriptModelError
 
 
 def _net():

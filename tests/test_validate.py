@@ -6,8 +6,8 @@ from models import REGISTRY
 from torch import nn
 
 import torchlens as tl
-import torchlens.api as api_module
-import torchlens.validate as validate_module
+import torchlens.trace.api as api_module
+import torchlens.trace.validate as validate_module
 
 # Models that raise on purpose.
 EXPECTED_NOT_VALID = {"raises_midway", "raises_in_submodule"}

@@ -39,9 +39,9 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
-from torchlens.history.model_history import ModelHistory
-from torchlens.records.tensor_log import ParentRef
-from torchlens.validate import validate_history
+from torchlens.trace.history.model_history import ModelHistory
+from torchlens.trace.records.tensor_log import ParentRef
+from torchlens.trace.validate import validate_history
 
 # a warning raised by this file's own code fails its test, as for torchlens (pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("error:::test_validate_mutations")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.watch.histogram import NUM_BINS
+from torchlens.web.stats import NUM_BINS
 
 
 def quiet_watch(model, tmp_path, **options):
@@ -565,7 +565,7 @@ def test_default_run_dir_is_printed_once(tmp_path, monkeypatch, capsys):
 
 
 def test_inplace_gradient_error_names_the_call_and_both_remedies(tmp_path):
-    from torchlens.watch.recorder import InplaceGradientError
+    from torchlens.train.recorder import InplaceGradientError
 
     class Probe(nn.Module):
         def forward(self, x):

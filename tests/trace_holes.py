@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List
 import torch
 from torch import nn
 
-from torchlens.history.model_history import ModelHistory
+from torchlens.trace.history.model_history import ModelHistory
 
 
 def tensors_alive() -> Dict[int, torch.Tensor]:

@@ -1,4 +1,33 @@
-"""torchlens: see every tensor operation inside a PyTorch model.
+"""torchlens: see every tensor operation inside a PyTorch model, and watch a model train.
+
+Two wings over one front end. What flows where::
+
+    model, inputs
+      |  trace/capture      the decorator layer on torch functions and Tensor methods, installed
+      |                     for one pass; one flat record per operation (trace/records)
+      v
+    PassResult (plain records) --> trace/postprocess  prune, recurrent passes, labels
+                                        |
+                                        v
+                                  trace/history        ModelHistory: the records, its lookup
+                                        |              index, the rolled view
+          +--------------+--------------+--------------+---------------+
+          v              v              v              v               v
+    trace/render    trace/replay    trace/storage   trace/rerun,    train/ (tl.watch): the
+    graphviz and    (one saved op   save, load,     intervene       module-call graph, from a
+    the graph page  again) ->       save_to                         traced pass it subscribes
+    data            validate                                        to (trace/observe), then
+                                                                    hooks -> histograms -> the
+                                                                    run database -> reader ->
+                                                                    page server, wandb, TensorBoard
+          |                                                                |
+          +-------------------------> web/ <-------------------------------+
+                          the pages' assets, inlining, and the one
+                          statistics/histogram rule both pages use
+
+``trace/api.py`` (log_forward_pass, get_model_metadata, validate_model_activations) drives the
+trace wing; the two wings meet only at ``ModelHistory`` and the pass observer; ``web`` and
+``errors`` (``TorchlensError``, the base of every torchlens exception) are below both.
 
 Example:
     >>> import torch, torchlens as tl
@@ -7,17 +36,18 @@ Example:
     ['input_1_0', 'linear_1_1', 'output_1_2']
 """
 
-from .api import get_model_metadata, log_forward_pass, validate_model_activations
-from .history.model_history import ModelHistory
-from .records.func_call import FuncCallLocation
-from .records.tensor_log import TensorLogEntry
-from .render import GraphvizNotFoundError, render_graph
-from .rerun import RerunError
-from .show import show_model_graph
-from .storage import HistoryFileError, UnsavedValuesWarning, load
-from .validate import validate_history
+from .errors import TorchlensError
+from .trace.api import get_model_metadata, log_forward_pass, validate_model_activations
+from .trace.history.model_history import ModelHistory
+from .trace.records.func_call import FuncCallLocation
+from .trace.records.tensor_log import TensorLogEntry
+from .trace.render import GraphvizNotFoundError, render_graph
+from .trace.rerun import RerunError
+from .trace.show import show_model_graph
+from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
+from .trace.validate import validate_history
+from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 from .version import __version__
-from .watch import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
 __all__ = [
     "log_forward_pass",
@@ -43,5 +73,6 @@ __all__ = [
     "RunError",
     "Series",
     "Watch",
+    "TorchlensError",
     "__version__",
 ]

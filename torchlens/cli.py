@@ -23,12 +23,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from .errors import TorchlensError
 
-class CliError(Exception):
+
+class CliError(TorchlensError):
     """A problem with what was asked on the command line (printed without a traceback)."""
 
 
-class ModelError(Exception):
+class ModelError(TorchlensError):
     """The user's model (or its file) raised: printed as one message with its notes, exit code 1."""
 
     def __init__(self, what: str, error: BaseException) -> None:
@@ -236,8 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def explore_main(argv: Sequence[str]) -> int:
     """``torchlens explore RUN_DIR [--port N] [--host H] [--export FILE]``."""
-    from .explorer import PortInUseError, explore, export_html
-    from .watch.reader import RunError
+    from .train.reader import RunError
+    from .train.serve import PortInUseError, explore, export_html
 
     parser = argparse.ArgumentParser(
         prog="torchlens explore",
@@ -281,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 + ("token ids" if kind == "language" else "float images")
             )
         shape = parse_shape(args.input) if args.input else ((1, 16) if kind == "language" else (1, 3, 224, 224))
-        input_args, input_kwargs = make_inputs(model, kind, shape, args.dtype, args.high)
+        input_args, input_kwargs = make_inputs(model, kind, shape, args.dtype, high=args.high)
         try:
             history = tl.log_forward_pass(model, input_args, input_kwargs, layers_to_save="all", random_seed=args.seed)
         except Exception as error:
@@ -334,7 +336,7 @@ def _output_format(output: Optional[str]) -> Optional[str]:
 
 
 def _draw(history: Any, args: argparse.Namespace, fileformat: str) -> None:
-    from .render import render_graph
+    from .trace.render import render_graph
 
     root = os.path.splitext(args.output)[0]
     if fileformat == "html":  # the interactive page: every module, rolled and unrolled, in one file

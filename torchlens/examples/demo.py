@@ -71,7 +71,7 @@ def main(outdir: str = "demo_out") -> None:
     written.append(_draw(history, outdir, "resnet18_depth1", vis_mode="unrolled", vis_nesting_depth=1))
 
     _banner("4. Watching a small training run: histograms of every module call over 20 steps")
-    from torchlens.explorer import export_html
+    from torchlens.train.serve import export_html
 
     run_dir = os.path.join(outdir, "resnet18_run")
     with tl.watch(resnet, run_dir=run_dir, backend=None, log_freq=2) as w:

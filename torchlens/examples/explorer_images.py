@@ -19,7 +19,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.examples.browser import launch
-from torchlens.explorer import explore
+from torchlens.train.serve import explore
 
 
 def train_run(run_dir: str, steps: int = 30) -> None:

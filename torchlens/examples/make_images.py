@@ -25,7 +25,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.examples.models import SimpleRecurrent
-from torchlens.render import render_graph
+from torchlens.trace.render import render_graph
 
 PNG_DPI = "110"
 

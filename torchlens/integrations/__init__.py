@@ -1,1 +1,0 @@
-"""Integrations with training frameworks (each imports its framework only when imported)."""

@@ -1,0 +1,291 @@
+"""The public entry points: ``log_forward_pass``, ``get_model_metadata`` and
+``validate_model_activations`` (which traces, so it lives here, above ``validate``)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+from .capture.args import tensors_in
+from .capture.modules import BufferSnapshot
+from .capture.run import RngState, run_pass, seed_everything
+from .capture.save_plan import SavePlan
+from .capture.unwrap import eager_only, traceable_model
+from .history.model_history import ModelHistory
+from .input_copy import as_args, copy_inputs
+from .intervene import check_applied, check_intervene, plan_interventions
+from .layer_request import LayerKey, parse_request, resolve_request
+from .postprocess import build_history, drop_unsaved
+from .storage.stream import StreamedSave
+from .validate import validate_history
+
+
+def log_forward_pass(
+    model: nn.Module,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    layers_to_save: Union[str, None, List[LayerKey]] = "all",
+    keep_unsaved_layers: Optional[bool] = None,
+    output_device: Union[str, torch.device] = "same",
+    activation_postfunc: Optional[Callable[[torch.Tensor], Any]] = None,
+    detach_saved_tensors: bool = False,
+    save_function_args: bool = False,
+    save_gradients: bool = False,
+    random_seed: Optional[int] = None,
+    vis_mode: str = "none",
+    vis_nesting_depth: Optional[int] = None,
+    vis_outpath: str = "graph",
+    vis_fileformat: str = "pdf",
+    vis_save_only: bool = False,
+    vis_direction: str = "bottomup",
+    intervene: Optional[Dict[LayerKey, Callable[[torch.Tensor, Any], torch.Tensor]]] = None,
+    save_to: Optional[str] = None,
+) -> ModelHistory:
+    """Run one forward pass of ``model`` and return the log of every tensor operation in it.
+
+    Args:
+        model: any ``torch.nn.Module``.
+        input_args: a tensor, or a list/tuple of positional arguments (nested containers of
+            tensors and other values are fine).
+        input_kwargs: keyword arguments for ``forward``.
+        layers_to_save: ``'all'``; ``None``/``'none'``/``[]`` for metadata only; or a list of
+            layer labels (``'conv2d_3_7'``, ``'linear_1_1:2'``), module addresses
+            (``'features'``), input/output/buffer addresses (``'input.x'``,
+            ``'output.logits'``), ordinals (``-5``) and label substrings (``'conv'``): any key
+            ``history[...]`` accepts.
+        keep_unsaved_layers: keep entries whose activation was not saved. Default: ``True``
+            unless a subset of layers was requested.
+        output_device: ``'same'`` (where the tensor was), ``'cpu'``, or any device.
+        activation_postfunc: applied to each saved activation (e.g. ``lambda t: t.mean(0)``).
+        detach_saved_tensors: save detached copies (no autograd history).
+        save_function_args: keep each operation's arguments, so it can be re-run.
+        save_gradients: after you call ``.backward()`` on the output (or on any saved
+            activation, or a loss built from them), each layer the gradient flowed through
+            has it in ``entry.gradient``.
+        random_seed: seeds python, numpy and torch for the pass (chosen at random if None;
+            recorded as ``history.random_seed``). The caller's RNG state is restored afterwards.
+        vis_mode: ``'none'``, ``'unrolled'`` (one node per pass) or ``'rolled'`` (one node per
+            layer) to also draw the graph (see ``render_graph`` for the ``vis_*`` options:
+            nesting depth, output path without extension, file format, whether to skip opening
+            a viewer, direction).
+        intervene: ``{key: fn}``: the output of each layer a key names (keys as in
+            ``layers_to_save``; ``'relu_1_2:2'`` for one pass) is replaced, during the pass, by
+            ``fn(activation, entry)`` before anything downstream uses it; those entries get
+            ``entry.intervened``. Costs one extra, metadata-only pass to resolve the keys.
+        save_to: a folder: each saved activation is written there (safetensors shards) as soon
+            as it is produced, so memory stays near that of a plain forward pass; the history
+            returned is ``torchlens.load(save_to)``.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> history = tl.log_forward_pass(model, torch.rand(2, 4))
+        >>> history['relu_1_2'].activation.shape
+        torch.Size([2, 3])
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
+            "Wrap a plain function in an nn.Module whose forward calls it."
+        )
+    model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
+    if vis_mode not in ("none", None, "unrolled", "rolled"):
+        raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
+    if detach_saved_tensors and save_gradients:
+        raise ValueError(
+            "detach_saved_tensors=True and save_gradients=True cannot be combined: gradients are recorded when "
+            "you call .backward() through the saved activations (e.g. history[history.output_layers[0]]"
+            ".activation.sum().backward()), and detached copies have no autograd graph to carry them. Use "
+            "save_gradients=True alone (the saved copies then keep their graph), or detach_saved_tensors=True alone."
+        )
+    if output_device not in ("same", None):
+        torch.device(output_device)  # a bad device name fails here, before the pass
+    args = as_args(input_args)
+    kwargs = dict(input_kwargs or {})
+    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
+    if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
+        request = parse_request(layers_to_save, ())
+    else:  # keys to classify: module and buffer addresses are needed
+        module_addresses = {address for address, _ in model.named_modules()}
+        buffer_addresses = {address for address, _ in model.named_buffers()}
+        request = parse_request(layers_to_save, module_addresses, buffer_addresses)
+    if keep_unsaved_layers is None:
+        keep_unsaved_layers = request.save_all or request.saves_nothing
+
+    interventions = check_intervene(intervene) if intervene is not None else None
+    stream = (
+        StreamedSave(save_to, save_gradients) if save_to is not None else None
+    )  # before the pass: bad paths fail now
+
+    def plan(**which) -> SavePlan:
+        make = SavePlan if stream is None else stream.plan
+        return make(
+            output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
+        )
+
+    with (
+        eager_only(),
+        stream or contextlib.nullcontext(),
+    ):  # compiled submodules run eagerly, so their operations are seen
+        if request.needs_labels or interventions:
+            # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
+            # cache, a tensor the model writes into) must be used once, by the pass they get
+            first_args, first_kwargs, copy_note = copy_inputs(model, args, kwargs)
+            if copy_note is not None:
+                notes.append(f"layers_to_save needed a first pass to resolve labels: {copy_note}")
+            buffers = BufferSnapshot(model)
+            first = build_history(run_pass(model, first_args, first_kwargs, plan(), random_seed=seed))
+            del first_args, first_kwargs
+            buffers.restore()
+            chosen = frozenset(resolve_request(request, first))
+            second = (
+                plan(raw_indices=chosen)
+                if request.needs_labels
+                else plan(
+                    save_all=request.save_all,
+                    type_substrings=request.type_substrings,
+                    modules=request.modules,
+                    addresses=request.addresses,
+                )
+            )
+            if interventions:  # resolved on the first pass, like layers_to_save keys
+                second.intervention = plan_interventions(interventions, first)
+            result = run_pass(
+                model,
+                args,
+                kwargs,
+                second,
+                random_seed=seed,
+                save_function_args=save_function_args,
+                save_gradients=save_gradients,
+            )
+            history = build_history(result)
+            if interventions:
+                check_applied(second.intervention, history)
+            elif history.layer_labels != first.layer_labels:
+                raise RuntimeError(
+                    "layers_to_save: the model ran differently in the second pass needed to resolve "
+                    "labels and positions (its operations depend on something other than the inputs "
+                    "and the random seed). Use layers_to_save='all' or module addresses/substrings."
+                )
+        else:
+            result = run_pass(
+                model,
+                args,
+                kwargs,
+                plan(
+                    save_all=request.save_all,
+                    type_substrings=request.type_substrings,
+                    modules=request.modules,
+                    addresses=request.addresses,
+                ),
+                random_seed=seed,
+                save_function_args=save_function_args,
+                save_gradients=save_gradients,
+            )
+            history = build_history(result)
+            resolve_request(request, history)  # unknown keys raise, with close matches
+    for note in notes:
+        print(f"torchlens: note: {note}", file=sys.stderr)
+    history.notes.extend(notes)
+    history = history if keep_unsaved_layers else drop_unsaved(history)
+    if stream is not None:
+        history = stream.finish(history)
+    if vis_mode in ("unrolled", "rolled"):
+        from .render import GraphvizNotFoundError, render_graph
+
+        try:
+            render_graph(
+                history,
+                vis_mode=vis_mode,
+                vis_nesting_depth=vis_nesting_depth,
+                vis_direction=vis_direction,
+                vis_outpath=vis_outpath,
+                vis_fileformat=vis_fileformat,
+                vis_save_only=vis_save_only,
+            )
+        except GraphvizNotFoundError as error:
+            error.history = history  # the trace is not lost: error.history
+            raise
+    return history
+
+
+def get_model_metadata(
+    model: nn.Module, input_args: Any, input_kwargs: Optional[Dict[str, Any]] = None, random_seed: Optional[int] = None
+) -> ModelHistory:
+    """Everything ``log_forward_pass`` records except activations (none are saved).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.get_model_metadata(torch.nn.Linear(4, 3), torch.rand(2, 4))
+        >>> h['linear_1_1'].activation is None, h['linear_1_1'].shape
+        (True, torch.Size([2, 3]))
+    """
+    return log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=random_seed)
+
+
+def validate_model_activations(
+    model: nn.Module,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    random_seed: Optional[int] = None,
+    verbose: bool = False,
+) -> bool:
+    """True if the activations torchlens saves are exactly those of the real forward pass.
+
+    Runs the model twice: plainly on a deep copy of the inputs, then logged on the inputs
+    themselves, which therefore end as after one plain forward (a ``DynamicCache`` grows once).
+    The model is left as it was found: parameters, buffers and the caller's RNG state. With
+    ``verbose=True`` every failed check is printed with the layer and the reason.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Dropout())
+        >>> tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0)
+        True
+    """
+    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
+    args, kwargs = as_args(input_args), dict(input_kwargs or {})
+    rng = RngState()
+    buffers = BufferSnapshot(model)
+    params: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        if any(is_lazy(p) for p in model.parameters()):
+            # lazy modules (nn.LazyLinear) create their parameters first, from the caller's random
+            # streams as in a plain forward: the seeded runs below must draw the same numbers
+            lazy_args, lazy_kwargs, _ = copy_inputs(model, args, kwargs)
+            with torch.no_grad():
+                model(*lazy_args, **lazy_kwargs)
+            del lazy_args, lazy_kwargs
+            buffers.restore()
+        params = [(p, p.detach().clone()) for p in model.parameters()]
+        plain_args, plain_kwargs, note = copy_inputs(model, args, kwargs)
+        if note is not None and verbose:
+            print(f"validate_model_activations: note: {note}")
+        seed_everything(seed)
+        expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
+        del plain_args, plain_kwargs
+        buffers.restore()
+        history = log_forward_pass(
+            model,
+            list(args),
+            kwargs,
+            layers_to_save="all",
+            save_function_args=True,
+            detach_saved_tensors=True,
+            random_seed=seed,
+        )
+        return validate_history(history, expected, verbose)
+    finally:
+        buffers.restore()
+        with torch.no_grad():
+            for p, value in params:
+                if not torch.equal(p, value):
+                    p.copy_(value)
+        rng.restore()

@@ -1,0 +1,263 @@
+"""What the model is made of (module, parameter and buffer addresses), and a snapshot of the
+state that tracing must leave exactly as it found it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import is_lazy
+
+
+@dataclass
+class ModelInventory:
+    """Addresses of the model's modules, parameters and buffers, keyed by object id."""
+
+    module_addresses: Dict[int, str]
+    module_types: Dict[str, str]
+    module_children: Dict[str, List[str]]
+    param_addresses: Dict[int, str]
+    param_info: Dict[str, Tuple[torch.Size, int, int]]  # address -> (shape, numel, nbytes)
+    buffer_addresses: Dict[int, str]
+    weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
+    has_lazy: bool = False  # some parameter is not created yet (nn.LazyLinear before its first forward)
+    # tensors held by the modules before the pass (plain attributes, also inside lists, tuples
+    # and dicts): id -> tensor. Constants, found cheaply where most are; any other tensor older
+    # than the pass is a constant too (capture/preexisting.py), only asked about at more cost.
+    constants: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+    # the modules (each once, in ``named_modules`` order) and parameters (each once), kept
+    # so the rest of the pass's setup does not walk the tree again
+    modules: List[nn.Module] = field(default_factory=list)
+    parameters: List[torch.Tensor] = field(default_factory=list)
+    buffers: List[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "ModelInventory":
+        """One walk over the module tree (``named_modules``, ``named_parameters`` and
+        ``named_buffers`` would each walk it again, through generators: most of the setup cost
+        of a pass on a small model)."""
+        module_addresses: Dict[int, str] = {}
+        module_types: Dict[str, str] = {}
+        children: Dict[str, List[str]] = {"": []}
+        params: Dict[int, str] = {}
+        buffers: Dict[int, str] = {}
+        modules: List[nn.Module] = []
+        parameters: List[torch.Tensor] = []
+        buffer_list: List[torch.Tensor] = []
+        stack = [("", model)]
+        while stack:  # depth first, children in registration order: named_modules' order
+            address, module = stack.pop()
+            if id(module) in module_addresses:
+                continue
+            module_addresses[id(module)] = address
+            module_types[address] = type(module).__name__
+            modules.append(module)
+            if address:
+                children.setdefault(address.rpartition(".")[0], []).append(address)
+                children.setdefault(address, [])
+            prefix = address + "." if address else ""
+            for name, p in module._parameters.items():
+                if p is not None and id(p) not in params:
+                    params[id(p)] = prefix + name
+                    parameters.append(p)
+            for name, b in module._buffers.items():
+                if b is not None and id(b) not in buffers:
+                    buffers[id(b)] = prefix + name
+                    buffer_list.append(b)
+            subs = [(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]
+            stack.extend(reversed(subs))
+        weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
+        has_lazy = any(is_lazy(p) for p in parameters)
+        inventory = cls(
+            module_addresses,
+            module_types,
+            children,
+            params,
+            param_info={},
+            buffer_addresses=buffers,
+            weighted_modules=frozenset(weighted),
+            has_lazy=has_lazy,
+            modules=modules,
+            parameters=parameters,
+            buffers=buffer_list,
+        )
+        inventory.param_info = {
+            address: (p.shape, p.numel(), p.numel() * p.element_size())
+            for p, address in zip(parameters, params.values())
+            if not is_lazy(p)
+        }
+        for module in modules:
+            tensors_held(module.__dict__, inventory.constants)
+        return inventory
+
+    def describe_params(self, model: nn.Module) -> None:
+        """Shapes and sizes of the parameters that exist (a lazy one has no shape yet)."""
+        self.param_info = {
+            address: (p.shape, p.numel(), p.numel() * p.element_size())
+            for address, p in model.named_parameters()
+            if not is_lazy(p)
+        }
+
+    def describe_materialised(self, model: nn.Module) -> None:
+        """After a pass that created lazy parameters: their shapes, and the modules' new types
+        (a ``LazyLinear`` becomes a ``Linear``). The objects, so their ids, are unchanged."""
+        self.describe_params(model)
+        for address, module in model.named_modules():
+            self.module_types[address] = type(module).__name__
+
+
+_Tensor = torch.Tensor
+# nn.Module's own attributes: parameters, buffers and submodules are inventoried, hooks are
+# functions. Leaving them out (a set difference, in C) makes the scan of a module cheap.
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+_SCALARS = frozenset((bool, int, float, str, type(None)))
+
+
+def tensors_held(namespace: Dict[str, Any], found: Dict[int, torch.Tensor], depth: int = 2) -> None:
+    """Add the tensors among ``namespace``'s values, and inside its lists, tuples and dicts
+    (``depth`` levels), to ``found``."""
+    for key in namespace.keys() - _MODULE_INTERNALS:
+        value = namespace[key]
+        if type(value) in _SCALARS:
+            continue
+        if isinstance(value, _Tensor):
+            found[id(value)] = value
+        elif depth and isinstance(value, (list, tuple, dict)) and value:
+            _held_in(value, found, depth - 1)
+
+
+def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int) -> None:
+    for value in container.values() if isinstance(container, dict) else container:
+        if isinstance(value, _Tensor):
+            found[id(value)] = value
+        elif depth and isinstance(value, (list, tuple, dict)) and value:
+            _held_in(value, found, depth - 1)
+
+
+class RngState:
+    """The caller's random number generator states, put back after the pass."""
+
+    def __init__(self) -> None:
+        self.capture()
+
+    def capture(self) -> None:
+        """Take the generators' states as they are now."""
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+        self.torch = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+class LazyInitialisation:
+    """Lazy modules (``nn.LazyLinear``) create their parameters in their first forward call.
+
+    During a traced pass they do so as in a plain forward: from the caller's random streams (not
+    the pass's seed, which the caller's streams then advance past, as a plain forward would),
+    and without the initialisation being logged as operations of the model. Two hooks around
+    the module's own initialising pre-hook do this; ``remove`` takes them away.
+    """
+
+    def __init__(self, model: nn.Module, tracer: Any, caller_rng: RngState) -> None:
+        self.tracer = tracer
+        self.caller_rng = caller_rng
+        self.pass_rng: Any = None
+        self.handles = []
+        for module in model.modules():
+            if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+                self.handles.append(module.register_forward_pre_hook(self._before, prepend=True))
+                self.handles.append(module.register_forward_pre_hook(self._after))
+
+    def _before(self, module: nn.Module, args: Any) -> None:
+        if not module.has_uninitialized_params():
+            return
+        self.pass_rng = RngState()
+        self.caller_rng.restore()
+        self.tracer.paused = True
+
+    def _after(self, module: nn.Module, args: Any) -> None:
+        if self.pass_rng is None:
+            return
+        self.caller_rng.capture()  # the caller's streams, advanced by the initialisation
+        self.pass_rng.restore()
+        self.pass_rng = None
+        self.tracer.paused = False
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass
+class ModelState:
+    """Flags and attributes of a model that a pass must not change (restored on exit)."""
+
+    training: List[Tuple[nn.Module, bool]] = field(default_factory=list)
+    requires_grad: List[Tuple[torch.Tensor, bool]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, model: nn.Module, inventory: "ModelInventory" = None) -> "ModelState":
+        modules = inventory.modules if inventory is not None else list(model.modules())
+        parameters = inventory.parameters if inventory is not None else list(model.parameters())
+        return cls([(m, m.training) for m in modules], [(p, p.requires_grad) for p in parameters])
+
+    def restore(self) -> None:
+        for m, training in self.training:
+            if m.training != training:
+                m.training = training
+        for p, flag in self.requires_grad:
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+
+class BufferSnapshot:
+    """The model's buffers (objects and values), to undo a metadata-only pass before the pass
+    that saves: a stateful model (BatchNorm statistics, counters) then runs only once in effect.
+
+    A lazy module's buffer (``nn.LazyBatchNorm1d``) has no value until the module's first call
+    creates it; its value is taken right then, before the module's forward can update it.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.dicts = [(m, dict(m._buffers)) for m in model.modules()]
+        self.values = [
+            (b, b.detach().clone()) for _, bs in self.dicts for b in bs.values() if b is not None and not is_lazy(b)
+        ]
+        self.handles = []
+        for module, buffers in self.dicts:
+            lazy = [b for b in buffers.values() if b is not None and is_lazy(b)]
+            if lazy:
+                # appended after the module's own initialising hook (registered when it was built)
+                self.handles.append(module.register_forward_pre_hook(self._created(lazy)))
+
+    def _created(self, lazy: List[torch.Tensor]):
+        def take_values(module: nn.Module, args: Any) -> None:
+            if not any(is_lazy(b) for b in lazy):
+                with torch.no_grad():
+                    self.values.extend((b, b.clone()) for b in lazy)
+                lazy.clear()
+
+        return take_values
+
+    def restore(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        for module, buffers in self.dicts:
+            module._buffers.clear()
+            module._buffers.update(buffers)
+        with torch.no_grad():
+            for buffer, value in self.values:
+                buffer.copy_(value)

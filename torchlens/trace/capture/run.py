@@ -1,0 +1,262 @@
+"""One traced forward pass: install everything, run the model, and put everything back."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random
+import threading
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..records.tensor_log import ParentRef, TensorLogEntry
+from . import decorate, ops
+from .args import tensors_in, tensors_in_call
+from .bound import BoundReferences
+from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
+from .observer import PassObserver, PassRecords
+from .preexisting import PassStart
+from .save_plan import SavePlan
+from .tracer import Tracer
+
+_PASS_LOCK = threading.Lock()
+
+
+@dataclass
+class PassResult:
+    """What a pass hands to post-processing: plain data, the tracer itself is gone."""
+
+    records: List[TensorLogEntry]  # every record, in the order made
+    parent_refs: List[ParentRef]  # the placeholders in saved arguments, still naming records
+    module_pass_counts: Dict[str, int]
+    module_frame_depths: Dict[Tuple[str, int], int]  # (address, pass) -> frames above its forward
+    module_outputs: Dict[Tuple[str, int], List[Tuple[Any, TensorLogEntry]]]  # for keys like 'lstm:1.0'
+    notes: List[str]
+    save_gradients: bool
+    inventory: ModelInventory
+    model_name: str
+    random_seed: int
+    elapsed: float
+
+    @classmethod
+    def of(cls, tracer: Tracer, model_name: str, random_seed: int, elapsed: float) -> "PassResult":
+        return cls(
+            records=tracer.entries,
+            parent_refs=tracer.parent_placeholders,
+            module_pass_counts=tracer.module_pass_counts,
+            module_frame_depths=tracer.module_frame_depths,
+            module_outputs=tracer.module_outputs,
+            notes=tracer.notes,
+            save_gradients=tracer.save_gradients,
+            inventory=tracer.inventory,
+            model_name=model_name,
+            random_seed=random_seed,
+            elapsed=elapsed,
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    # torch.manual_seed would also queue a lazy CUDA seeding that captures a stack trace on
+    # every call; seed the CPU generator directly and CUDA only when it is in use.
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_signature(forward_function: Any) -> inspect.Signature:
+    signature = inspect.signature(forward_function)
+    params = list(signature.parameters.values())
+    if params and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        params = params[1:]  # self
+    return signature.replace(parameters=params)
+
+
+def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
+    """Input values named after the parameters of ``forward`` (``x``, ``mask``) where possible."""
+    try:
+        forward = model.forward
+        if getattr(forward, "__self__", None) is model and hasattr(forward, "__func__"):
+            signature = _forward_signature(forward.__func__)
+        else:
+            signature = inspect.signature(forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    named: List[Tuple[str, Any]] = []
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.extend(value.items())
+        else:
+            named.append((name, value))
+    return named
+
+
+def _check_not_nested() -> None:
+    active = ops.ACTIVE.tracer
+    if active is not None and active.thread_id == threading.get_ident():
+        raise RuntimeError(
+            "torchlens: log_forward_pass was called while a forward pass is already being "
+            "logged in this thread (from inside the model or a torchlens callback). Run the "
+            "second pass after the first one returns."
+        )
+
+
+def run_pass(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    plan: SavePlan,
+    random_seed: int,
+    save_function_args: bool = False,
+    save_gradients: bool = False,
+    observer: Optional[PassObserver] = None,
+) -> PassResult:
+    """Run ``model(*args, **kwargs)`` once with the decorator layer installed."""
+    _check_not_nested()
+    with _PASS_LOCK:
+        table = decorate.current_wrapper_table()
+        inventory = ModelInventory.of(model)
+        state = ModelState.of(model, inventory)
+        tracer = Tracer(inventory, plan, save_function_args, save_gradients)
+        rng = RngState()
+        lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
+        bound_refs = BoundReferences(table, model, inventory.modules)
+        hooks = []
+        start = perf_counter()
+        stale: List[Any] = []
+        if tracer.shared is not None:  # to know whether a rerun would start where this pass did
+            watched = inventory.buffers + [t for _, t in tensors_in_call(args, kwargs)]
+            versions = (watched, _versions(watched))
+        # after this, a tensor without a record that is new is a gap; an old one is a constant
+        tracer.pass_start = PassStart()
+        observed = False
+        try:
+            seed_everything(random_seed)
+            ops.install(table)
+            bound_refs.install()
+            tracer.known = {**bound_refs.global_tensors, **inventory.constants}
+            hooks.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
+            hooks.append(nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True))
+            ops.ACTIVE.tracer = tracer
+            if observer is not None:
+                observer.pass_started(PassRecords(tracer))
+                observed = True
+            tracer.add_inputs(named_inputs(model, args, kwargs))
+            try:
+                output = tracer.run_model(model, args, kwargs)
+            except Exception as error:
+                _annotate(error, tracer, model)
+                raise
+            tracer.add_outputs(output)
+            tracer.mark_buffer_writes()
+            stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
+            if lazy is not None:
+                inventory.describe_materialised(model)
+        finally:
+            if observed:
+                observer.pass_ended()
+            tracer.pass_start.end()
+            if lazy is not None:
+                lazy.remove()
+            ops.ACTIVE.tracer = None
+            for handle in hooks:
+                handle.remove()
+            bound_refs.uninstall()
+            ops.uninstall(table)
+            state.restore()
+            rng.restore()
+        elapsed = perf_counter() - start
+    if stale:
+        return _rerun_copying(
+            model,
+            args,
+            kwargs,
+            plan,
+            random_seed=random_seed,
+            save_function_args=save_function_args,
+            save_gradients=save_gradients,
+            stale=stale,
+            versions=versions,
+        )
+    return PassResult.of(tracer, type(model).__name__, random_seed, elapsed)
+
+
+def _held_after(inventory: ModelInventory, args: tuple, kwargs: dict, output: Any) -> List[torch.Tensor]:
+    """What the caller and the model still hold after the pass: they may write into it later."""
+    held = [t for _, t in tensors_in_call(args, kwargs)] + [t for _, t in tensors_in(output)]
+    attributes: dict = {}
+    for module in inventory.modules:
+        tensors_held(module.__dict__, attributes)
+    return held + list(attributes.values())
+
+
+def _versions(tensors: List[torch.Tensor]) -> List[int]:
+    out = []
+    for t in tensors:
+        try:
+            out.append(t._version)
+        except RuntimeError:  # an inference tensor: no version counter
+            out.append(-1)
+    return out
+
+
+def _rerun_copying(
+    model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions
+) -> "PassResult":
+    """A saved activation was written by something the tracer does not see: run the pass again,
+    copying every activation when it is made. Only possible if the first run left the model's
+    buffers and the inputs as they were."""
+    tensors, before = versions
+    if _versions(tensors) != before:
+        names = ", ".join(e.layer_type for e in stale[:5])
+        raise RuntimeError(
+            f"torchlens: the model wrote into saved activations ({names}) in a way torchlens cannot see (a call "
+            "it does not trace), and it changed its buffers or inputs in place, so the pass cannot simply be run "
+            "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made."
+        )
+    plan.copy_at_once = True
+    result = run_pass(
+        model,
+        args,
+        kwargs,
+        plan,
+        random_seed=random_seed,
+        save_function_args=save_function_args,
+        save_gradients=save_gradients,
+    )
+    result.notes.append(
+        f"{len(stale)} saved activations were changed by a write torchlens does not see (a call it does not "
+        "trace), so the pass was run a second time, copying every activation when it was made."
+    )
+    return result
+
+
+def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
+    """Add a note saying which operation was running; keep the model's own exception type."""
+    if error is tracer.plan.postfunc_error:
+        return  # not the model's error: activation_postfunc's, which has its own note
+    where = tracer.error_context or (
+        f"after operation #{len(tracer.entries)}"
+        + (f" inside module '{tracer.module_stack[-1][0]}'" if tracer.module_stack else "")
+    )
+    note = (
+        f"torchlens: {type(model).__name__} raised {type(error).__name__} {where}. "
+        "This is the model's own error: check that the inputs given to log_forward_pass are what "
+        "the model's forward expects. torch has been restored to its normal state."
+    )
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    elif error.args and isinstance(error.args[0], str):  # Python < 3.11
+        error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]
+
+
+__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs"]

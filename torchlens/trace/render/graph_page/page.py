@@ -1,0 +1,75 @@
+"""The interactive graph page of a ``ModelHistory``: one self-contained HTML file (assets and
+data inline, no server, no network), and its inline display in Jupyter (an iframe with
+``srcdoc``, so two graphs in one notebook do not share scripts, styles or ids)."""
+
+from __future__ import annotations
+
+import html as _html
+import os
+from typing import Any, Optional
+
+from ....web.embed import inline_page
+from .data import page_data
+
+
+def to_html(history: Any, path: Optional[str] = None) -> str:
+    """The page as HTML text; with ``path`` also written there (``.html`` is not added).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> from torchlens.trace.render.graph_page import to_html
+        >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+        >>> page = to_html(h)
+        >>> page.startswith("<!doctype html>") and "linear_1_1" in page and "/assets/" not in page
+        True
+    """
+    page = inline_page("graph.html", page_data(history), "TORCHLENS_GRAPH")
+    page = page.replace(
+        "<title>torchlens graph</title>", f"<title>{_html.escape(history.model_name)} · torchlens graph</title>"
+    )
+    if path is not None:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+    return page
+
+
+def iframe_html(page: str, height: int = 640) -> str:
+    """An ``<iframe>`` holding ``page`` in its ``srcdoc`` (isolated from the notebook page).
+
+    Example:
+        >>> iframe_html("<p>a & b</p>", height=100)[:80]
+        '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 100%; height: 100px;'
+    """
+    return (
+        f'<iframe srcdoc="{_html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
+        f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>'
+    )
+
+
+def show(history: Any, height: int = 640) -> Any:
+    """Display the page inline in Jupyter (returns the IPython ``HTML`` object displayed); outside
+    a notebook, raise a ``RuntimeError`` suggesting ``to_html(path)``.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> from torchlens.trace.render.graph_page import show
+        >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+        >>> show(h)  # doctest: +SKIP
+    """
+    from ..graphviz import in_notebook
+
+    if not in_notebook():
+        raise RuntimeError(
+            "history.show() displays the graph in a Jupyter notebook; elsewhere write a file with "
+            "history.to_html('graph.html') and open it in a browser."
+        )
+    from IPython.display import HTML, display
+
+    shown = HTML(iframe_html(to_html(history), height))
+    display(shown)
+    return shown
+
+
+__all__ = ["to_html", "show", "iframe_html"]

@@ -1,0 +1,75 @@
+"""Re-running one saved operation from its parents' saved activations: the primitive that
+``validate_history`` checks each op with and that ``history.rerun`` propagates changes with."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+import torch
+
+from .capture.args import tensors_in
+from .capture.tracer import empty_out
+from .records.tensor_log import ParentRef, TensorLogEntry
+
+
+def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
+    """Run the entry's function on its parents' saved activations (``overrides``: other values
+    for some parents, by label); an error message on failure. Also what ``history.rerun`` runs."""
+
+    def value_of(ref: Any) -> Any:
+        if isinstance(ref, ParentRef):
+            saved = overrides.get(ref.label)
+            if saved is None:
+                parent = by_label.get(ref.label)
+                if parent is None:
+                    raise LookupError(f"an argument refers to {ref.label}, which is not a layer of this history")
+                saved = parent.activation
+            return saved.clone()  # in-place replays must not change what was saved
+        return ref
+
+    try:
+        args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
+        kwargs = _resolve(entry.func_kwargs or {}, value_of)
+    except LookupError as error:
+        return str(error)
+    if kwargs.get("out") is not None:  # a fresh out= tensor per replay: results must not alias
+        kwargs["out"] = _fresh_out(kwargs["out"])
+    if entry.rng_state is not None:
+        cpu, cuda = entry.rng_state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+    try:
+        out = entry.func(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - reported to the caller
+        return f"{type(error).__name__}: {error}"
+    if entry.is_inplace:
+        out = kwargs.get("out") if kwargs.get("out") is not None else args[0]
+    if entry.output_index is None:
+        return out
+    return dict(tensors_in(out)).get(entry.output_index)
+
+
+def _fresh_out(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return empty_out(value)
+    if type(value) in (list, tuple):
+        return type(value)(_fresh_out(v) for v in value)
+    return value
+
+
+def _parents_as_args(entry: TensorLogEntry) -> tuple:
+    return tuple(ParentRef(p) for p in entry.parent_layers)
+
+
+def _resolve(value: Any, value_of: Callable[[Any], Any]) -> Any:
+    if isinstance(value, ParentRef):
+        return value_of(value)
+    if type(value) in (list, tuple):
+        return type(value)(_resolve(v, value_of) for v in value)
+    if type(value) is dict:
+        return {k: _resolve(v, value_of) for k, v in value.items()}
+    return value
+
+
+__all__ = ["replay_entry"]

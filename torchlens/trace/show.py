@@ -1,0 +1,87 @@
+"""``show_model_graph``: trace a model (metadata only) and draw it in one call (the package's face:
+it uses both the tracer and the drawing, which do not know each other)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from .api import get_model_metadata
+from .render.graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
+
+
+def show_model_graph(
+    model: Any,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    vis_mode: str = "unrolled",
+    vis_nesting_depth: Optional[int] = None,
+    vis_direction: Optional[str] = None,
+    vis_outpath: Optional[str] = None,
+    vis_fileformat: Optional[str] = None,
+    vis_save_only: Optional[bool] = None,
+    random_seed: Optional[int] = None,
+    **render_options: Any,
+) -> None:
+    """Run ``torchlens.get_model_metadata(model, input_args, input_kwargs)`` and draw the graph.
+
+    ``vis_fileformat='html'`` writes the interactive graph page instead (``vis_outpath + '.html'``,
+    see ``ModelHistory.to_html``; shown inline in a notebook unless ``vis_save_only``).
+    In a Jupyter notebook the graph is shown inline as SVG (and also written to a file when
+    ``vis_outpath`` is given or ``vis_save_only`` is True). Elsewhere it is written to
+    ``vis_outpath + '.' + vis_fileformat`` (defaults ``'graph'``, ``'pdf'``) and, unless
+    ``vis_save_only``, opened in the system viewer when there is one. Other options
+    (``graph_attrs``, ``node_attrs``, ``edge_attrs``, ``module_attrs``, ...) are those of
+    ``torchlens.trace.render.render_graph``; like there, the older names ``outpath``, ``fileformat``,
+    ``save_only`` and ``direction`` are accepted too. Returns None, so a notebook does not show
+    the graph twice.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> from torchlens import show_model_graph
+        >>> out = os.path.join(tempfile.mkdtemp(), "mlp")
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> show_model_graph(model, torch.rand(2, 4), vis_outpath=out, vis_fileformat="svg", vis_save_only=True)
+        >>> os.path.exists(out + ".svg")
+        True
+    """
+    old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
+    names = resolve_names(
+        "show_model_graph",
+        old_names,
+        vis_direction=vis_direction,
+        vis_outpath=vis_outpath,
+        vis_fileformat=vis_fileformat,
+        vis_save_only=vis_save_only,
+    )
+    outpath = vis_outpath if "outpath" not in old_names else old_names["outpath"]  # None: no file in a notebook
+    history = get_model_metadata(model, input_args, input_kwargs, random_seed=random_seed)
+    options = dict(
+        vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"], **render_options
+    )
+    save_only = names["vis_save_only"]
+    if names["vis_fileformat"] == "html":  # the interactive page (graph_page), not a graphviz drawing
+        _html_page(history, outpath, save_only)
+        return None
+    if in_notebook() and not save_only:
+        display_svg(svg_of(history, **options))
+        if outpath is None:
+            return None
+        save_only = True
+    render_graph(
+        history,
+        vis_outpath=outpath or "graph",
+        vis_fileformat=names["vis_fileformat"],
+        vis_save_only=save_only,
+        **options,
+    )
+    return None
+
+
+def _html_page(history: Any, outpath: Optional[str], save_only: bool) -> None:
+    from .render.graph_page import iframe_html, to_html
+
+    page = to_html(history, f"{outpath or 'graph'}.html")
+    if in_notebook() and not save_only:
+        from IPython.display import HTML, display
+
+        display(HTML(iframe_html(page)))

@@ -1,0 +1,213 @@
+"""Reading a run: ``tl.open_run(run_dir)``. Works on a finished run and on one that a training
+process is still writing; every property reads the database afresh."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import TorchlensError
+from ..web.stats import bin_edges
+from .calls import Call
+from .store import DB_NAME, FORMAT, KINDS, connect
+
+
+class RunError(TorchlensError):
+    """The folder is not a readable torchlens run."""
+
+
+@dataclass
+class Series:
+    """The histograms of one tensor over training: row ``i`` is column ``i`` of the heat strip.
+
+    A column usually holds one logged step; in long runs older columns hold several
+    (``steps[i]`` to ``last_steps[i]``, ``num_steps[i]`` of them).
+    """
+
+    call_id: str
+    kind: str
+    name: str
+    steps: np.ndarray  # (n,) int64: first training step of each column
+    last_steps: np.ndarray
+    num_steps: np.ndarray
+    bin_edges: np.ndarray  # (n, bins + 1)
+    counts: np.ndarray  # (n, bins) float32
+    min: np.ndarray  # (n,) smallest value kept (nan: no finite value)
+    max: np.ndarray
+    nonfinite: np.ndarray  # (n,) nan/inf values seen in the sample
+
+
+class Run:
+    """A run folder written by ``tl.watch``.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Linear(3, 2)
+        >>> folder = tempfile.mkdtemp()
+        >>> with tl.watch(model, run_dir=folder, backend=(), verbose=False):
+        ...     for _ in range(3):
+        ...         model(torch.rand(4, 3)).sum().backward()
+        >>> run = tl.open_run(folder)
+        >>> run.steps.tolist(), run.series('', 'params', 'weight').counts.sum(axis=1).tolist()
+        ([0, 1, 2], [6.0, 6.0, 6.0])
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = os.path.abspath(run_dir)
+        if not os.path.isdir(self.run_dir):
+            raise FileNotFoundError(f"torchlens: no run folder at {self.run_dir}.")
+        self.path = os.path.join(self.run_dir, DB_NAME)
+        if not os.path.isfile(self.path):
+            raise RunError(
+                f"torchlens: {self.run_dir} is not a torchlens run (it has no {DB_NAME}). "
+                "Pass the folder that tl.watch printed (w.run_dir)."
+            )
+        self._lock = threading.Lock()
+        try:
+            self._db = connect(self.path)
+            meta = self._meta()
+        except sqlite3.DatabaseError as error:
+            raise RunError(f"torchlens: the run database {self.path} is corrupted or unreadable ({error}).") from None
+        if meta.get("format") != FORMAT:
+            raise RunError(
+                f"torchlens: {self.path} is not a torchlens run database "
+                f"(format {meta.get('format')!r}, expected {FORMAT!r})."
+            )
+        self.model_name: str = meta.get("model", "")
+        self.options: dict = json.loads(meta.get("options", "{}"))
+        self.bins = int(meta["bins"])
+
+    def _meta(self, wait: float = 5.0) -> dict:
+        """The meta table; a database with no tables yet is a run being created: wait for it."""
+        deadline = time.monotonic() + wait
+        while True:
+            tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables or time.monotonic() > deadline:
+                return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            time.sleep(0.05)
+
+    # ----- plumbing -----------------------------------------------------------------------
+    def _query(self, sql: str, args: tuple = ()) -> list:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as error:
+                raise RunError(f"torchlens: reading {self.path} failed: {error}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<torchlens run of {self.model_name} at {self.run_dir}: {len(self.steps)} logged steps>"
+
+    # ----- what is in it ------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``'running'``, ``'finished'``, or ``'running'`` forever when the writer was killed."""
+        return self._query("SELECT value FROM meta WHERE key = 'status'")[0][0]
+
+    @property
+    def stride(self) -> int:
+        """Logged steps per column in this run's newest columns (doubles as a run grows long)."""
+        return int(self._query("SELECT value FROM meta WHERE key = 'stride'")[0][0])
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The logged training steps, in order."""
+        return np.array([r[0] for r in self._query("SELECT step FROM steps ORDER BY ordinal")], dtype=np.int64)
+
+    def steps_after(self, step: int) -> np.ndarray:
+        """The logged steps after ``step``, in order (an index lookup: cheap however long the run)."""
+        rows = self._query("SELECT step FROM steps WHERE step > ? ORDER BY step", (int(step),))
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    @property
+    def num_calls(self) -> int:
+        """How many module calls the run has (without reading them)."""
+        return int(self._query("SELECT count(*) FROM calls")[0][0])
+
+    @property
+    def calls(self) -> Dict[str, Call]:
+        """Every module call, in call order; the model itself is ``''``."""
+        return {
+            cid: Call.from_dict(json.loads(doc)) for cid, doc in self._query("SELECT id, doc FROM calls ORDER BY ord")
+        }
+
+    def series_names(self, call_id: Optional[str] = None) -> List[Tuple[str, str, str]]:
+        """``(call id, kind, name)`` of every series (of one call when given)."""
+        if call_id is None:
+            rows = self._query("SELECT call_id, kind, name FROM series ORDER BY id")
+        else:
+            rows = self._query("SELECT call_id, kind, name FROM series WHERE call_id = ? ORDER BY id", (call_id,))
+        return [tuple(r) for r in rows]
+
+    def series(self, call_id: str, kind: str, name: str, since: Optional[int] = None) -> Series:
+        """The histograms of one tensor; with ``since``, only columns that end at or after that
+        step (what a live view needs to catch up)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
+        found = self._query("SELECT id FROM series WHERE call_id = ? AND kind = ? AND name = ?", (call_id, kind, name))
+        if not found:
+            raise KeyError(self._unknown_series(call_id, kind, name))
+        sql = (
+            "SELECT step, last_step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ?"
+            + (" AND last_step >= ?" if since is not None else "")
+            + " ORDER BY slot"
+        )
+        rows = self._query(sql, (found[0][0],) + ((int(since),) if since is not None else ()))
+        n = len(rows)
+        lo = np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64)
+        hi = np.array([np.nan if r[4] is None else r[4] for r in rows], dtype=np.float64)
+        counts = (
+            np.stack([np.frombuffer(r[6], np.float32) for r in rows]) if n else np.zeros((0, self.bins), np.float32)
+        )
+        return Series(
+            call_id,
+            kind,
+            name,
+            steps=np.array([r[0] for r in rows], np.int64),
+            last_steps=np.array([r[1] for r in rows], np.int64),
+            num_steps=np.array([r[2] for r in rows], np.int64),
+            bin_edges=bin_edges(lo, hi, self.bins),
+            counts=counts,
+            min=lo,
+            max=hi,
+            nonfinite=np.array([r[5] for r in rows], np.int64),
+        )
+
+    def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
+        names = self.series_names()
+        calls = sorted({c for c, _, _ in names})
+        if call_id not in calls:
+            close = difflib.get_close_matches(call_id, calls, n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            return f"no call {call_id!r} has series in this run.{hint} Calls are listed in run.calls."
+        here = [f"{k}/{n}" for c, k, n in names if c == call_id]
+        return f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}."
+
+
+def open_run(run_dir: str) -> Run:
+    """Open a run folder written by ``tl.watch`` (also while training still writes it).
+
+    Raises ``FileNotFoundError`` for a missing folder and ``RunError`` for a folder that is not a
+    run or whose database is corrupted.
+    """
+    return Run(run_dir)
+
+
+__all__ = ["open_run", "Run", "Series", "RunError"]

@@ -1,0 +1,573 @@
+"""``tl.watch``: record histograms of every module call while a model trains.
+
+The first training forward pass is traced once (metadata only) to get the module-call graph.
+Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients and the
+parameters; when the next step starts (or at ``close()``), the step's histograms are computed
+together on the device and written to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import random
+import re
+import sys
+import time
+import warnings
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..web.stats import NUM_BINS, histograms
+from .calls import trace_calls
+from .recorder import ModelHook, StepRecorder
+from .sampling import Sampler
+from .store import KINDS, RunWriter
+
+BACKENDS = ("standalone", "wandb", "tensorboard")
+_ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
+_WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
+_MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
+
+
+class Watch:
+    """A model being watched; returned by ``tl.watch``. Close it (or leave a ``with`` block) to
+    remove every hook and finish the run."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        log_freq: int,
+        log: Sequence[str],
+        backends: Tuple[str, ...],
+        run_dir: Optional[str],
+        port: int,
+        host: str,
+        sample_n: Optional[int],
+        reject_outlier_proportion: float,
+        disable_inplace: bool,
+        ignore_io_grad_classes: Tuple[type, ...],
+        delay_log_multibackward: bool,
+        max_columns: int,
+        verbose: bool,
+        manual_steps: bool = False,
+        tensorboard_writer: Any = None,
+        wandb_html_every: int = 50,
+    ) -> None:
+        self.model = model
+        self.log_freq = log_freq
+        self.kinds = set(log)
+        self.delay = delay_log_multibackward
+        self.reject = reject_outlier_proportion
+        self.verbose = verbose
+        self.manual_steps = manual_steps
+        self.backends: list = []  # wandb / tensorboard
+        self.url: Optional[str] = None
+        self.run_dir: Optional[str] = None
+        self.closed = False
+        self._server = None  # the explorer server, with backend="standalone"
+        self._writer: Optional[RunWriter] = None
+        self._root_hooks: list = []
+        self._inplace_flags: list = []
+        self._tracing = None  # the call recorder of the metadata pass, while it runs
+        self._graph_done = False
+        self._step: Optional[int] = None  # the training step in progress
+        self._next_step = 0
+        self._logging = False  # the step in progress is logged
+        self._forward_active = False
+        self._backward_seen = False
+        self._end_queued = False  # a callback waits for the end of the backward pass in flight
+        self._depth = 0  # calls of the model in progress (it may call itself)
+        self._markers: list = []  # gradient hooks on the model's outputs
+        self._steps_written = 0
+        self.recorder = StepRecorder(
+            model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)), ignore_io_grad_classes
+        )
+        self.recorder.gate = lambda: self._tracing is None and self._training()
+        self.recorder.on_gradient = self._gradient_arrived
+        options = {
+            "log_freq": log_freq,
+            "log": list(log),
+            "sample_n": sample_n,
+            "reject_outlier_proportion": reject_outlier_proportion,
+            "disable_inplace": disable_inplace,
+            "delay_log_multibackward": delay_log_multibackward,
+        }
+        try:
+            if "standalone" in backends:
+                from .serve.server import RunServer
+
+                self._server = RunServer("", host=host, port=port)  # bind first: a busy port fails early
+            if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
+                from .backends import WandbBackend
+
+                self.backends.append(WandbBackend(html_every=wandb_html_every))
+            self.run_dir = _prepare_run_dir(run_dir, type(model).__name__)
+            self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
+            if "tensorboard" in backends:
+                from .backends import TensorboardBackend
+
+                self.backends.append(TensorboardBackend(self.run_dir, tensorboard_writer))
+            if self._server is not None:
+                self._server.root = self.run_dir
+                self._server.start()
+                self.url = self._server.url
+        except BaseException:
+            self._release()
+            raise
+        if disable_inplace:
+            for m in model.modules():
+                if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
+                    self._inplace_flags.append(m)
+                    m.inplace = False
+        self._root_hooks.append(model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True))
+        self._root_hooks.append(
+            model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)
+        )
+        _WATCHES[id(model)] = self
+        for m in model.modules():
+            _MODULE_OWNERS[id(m)] = self
+        atexit.register(self.close)
+        if verbose:
+            where = f"; explorer at {self.url}" if self.url else ""
+            print(f"torchlens: watching {type(model).__name__}, run saved in {self.run_dir}{where}", flush=True)
+
+    # ----- public -------------------------------------------------------------------------
+    @property
+    def steps_logged(self) -> int:
+        """Logged steps written to the run so far (also after ``close()``)."""
+        return self._steps_written
+
+    def flush(self) -> None:
+        """Write the step in progress now (it is otherwise written when the next one starts)."""
+        self._finish_step()
+
+    def close(self) -> None:
+        """Write the last step, remove every hook, restore ``inplace`` flags, stop the server."""
+        if self.closed:
+            return
+        try:
+            self._finish_step()
+        finally:
+            self._release()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.steps_logged} steps logged"
+        return f"<torchlens watch of {type(self.model).__name__}: {state}, run_dir={self.run_dir!r}>"
+
+    # ----- the model's hooks ----------------------------------------------------------------
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._tracing is not None:
+            return  # the metadata pass
+        self._depth += 1
+        if self._depth > 1 or not self._training():
+            return  # the model calling itself is part of the running pass; evaluation logs nothing
+        if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
+            if self._logging and not self._graph_done:
+                self._trace_graph(args, kwargs)
+            return
+        if not (self.delay and self._step is not None and not self._backward_seen):
+            self._start_step(self._next_step, (args, kwargs))
+        if self._logging:
+            self.recorder.begin_forward()
+            self._forward_active = True
+            self.recorder.pre(module, args, kwargs)
+
+    def _training(self) -> bool:
+        return self.model.training and torch.is_grad_enabled()
+
+    def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
+        self._finish_step()
+        self._step, self._next_step = step, step + 1
+        self._backward_seen = self._end_queued = False
+        self._logging = step % self.log_freq == 0
+        if self._logging:
+            if not self._graph_done and call is not None:
+                self._trace_graph(*call)
+            self.recorder.begin_step(step)
+
+    def begin_step(self, step: int) -> None:
+        """With ``manual_steps=True``: training step ``step`` begins now (every forward pass
+        until the next call belongs to it). Calls with the same ``step`` continue that step."""
+        if not self.manual_steps:
+            raise RuntimeError(
+                "begin_step is for tl.watch(..., manual_steps=True); otherwise each training "
+                "forward pass of the model is a step."
+            )
+        if self.closed:
+            return
+        if step != self._step:
+            self._start_step(int(step))
+        self.recorder.end_forward()
+        if self._logging:
+            self.recorder.begin_forward(include_model=True)
+
+    def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._tracing is not None:
+            return
+        self._depth = max(self._depth - 1, 0)
+        if self._depth > 0:
+            return
+        if self._forward_active:
+            self._forward_active = False
+            try:
+                self.recorder.post(module, args, kwargs, output)
+            finally:
+                self.recorder.end_forward()
+        if self._step is not None and (self._logging or self.delay) and self._training():
+            self._mark_backward(output)
+
+    def _mark_backward(self, output: Any) -> None:
+        """Hooks on the model's outputs, where a backward pass enters the model: they tell a
+        step with several forwards that its backward has come, and start waiting for its end."""
+        from .calls import output_tensors
+
+        for _, t in output_tensors(output):
+            if t.requires_grad:
+                try:
+                    self._markers.append(t.register_hook(self._output_gradient))
+                except RuntimeError:  # a view that autograd refuses hooks on: the other hooks still work
+                    pass
+
+    def _output_gradient(self, grad: torch.Tensor) -> None:
+        self._backward_seen = True
+        self._gradient_arrived()
+
+    def _gradient_arrived(self) -> None:
+        """Called by every gradient hook of a logged step: the first one of a backward pass asks
+        the autograd engine for a call when the pass has ended."""
+        if self._logging and not self._end_queued:
+            self._end_queued = True
+            _ENGINE.queue_callback(functools.partial(self._backward_ending, self._step))
+
+    def _backward_ending(self, step: int) -> None:
+        # callbacks queued during the pass run before this one; one queued now runs after them
+        # all, among them DistributedDataParallel's, which writes the averaged gradients to .grad
+        _ENGINE.queue_callback(functools.partial(self._backward_ended, step))
+
+    def _backward_ended(self, step: int) -> None:
+        if step != self._step or not self._logging:
+            return
+        self._end_queued = False
+        # .grad as the backward pass left it; a later backward through the same forward (two
+        # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
+        # The step is written when the next one starts: only then is it known to be complete.
+        self.recorder.collect_param_grads()
+
+    def _remove_markers(self) -> None:
+        for h in self._markers:
+            h.remove()
+        self._markers = []
+
+    def _trace_graph(self, args: tuple, kwargs: dict) -> None:
+        self._graph_done = True
+        calls = None
+        try:
+            calls = trace_calls(self.model, args, kwargs, on_attach=self._set_tracing)
+        except Exception as error:  # the histograms do not depend on the graph: keep training
+            warnings.warn(
+                f"torchlens.train: tracing the module graph of {type(self.model).__name__} failed "
+                f"({type(error).__name__}: {error}); histograms are recorded, the graph will lack "
+                "data-flow edges.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if calls:
+            self._writer.add_calls(calls.values())
+            self.recorder.known_calls.update(calls)
+
+    def _set_tracing(self, recorder) -> None:
+        self._tracing = recorder
+
+    def attach(self, tensor: torch.Tensor, module: nn.Module, name: str) -> None:
+        if self._tracing is not None:
+            cid = self._tracing.current(module)
+            if cid is not None:
+                call = self._tracing.calls[cid]
+                if name not in call.attached:
+                    call.attached.append(name)
+        elif self._forward_active and isinstance(tensor, torch.Tensor):
+            self.recorder.attach(module, name, tensor)
+
+    # ----- writing and releasing ------------------------------------------------------------
+    def _finish_step(self) -> None:
+        self._remove_markers()
+        step, logging = self._step, self._logging
+        self._step, self._logging = None, False
+        if step is None or not logging or self._writer is None:
+            return
+        keys, samples = self.recorder.end_step()
+        new_calls = self.recorder.take_new_calls()
+        if new_calls:
+            self._writer.add_calls(new_calls)
+        h = histograms(samples, self.reject)
+        self._writer.write_step(step, keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite)
+        self._steps_written += 1
+        for backend in self.backends:
+            backend.log_step(step, keys, h, self.run_dir)
+
+    def _release(self) -> None:
+        self.closed = True
+        for h in self._root_hooks:
+            h.remove()
+        self._root_hooks = []
+        self._remove_markers()
+        self._depth = 0
+        self.recorder.end_forward()
+        self.recorder.end_step()
+        for m in self._inplace_flags:
+            m.inplace = True
+        self._inplace_flags = []
+        if _WATCHES.get(id(self.model)) is self:
+            del _WATCHES[id(self.model)]
+        for key in [k for k, w in _MODULE_OWNERS.items() if w is self]:
+            del _MODULE_OWNERS[key]
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for backend in self.backends:
+            try:
+                backend.close(self.run_dir)
+            except Exception as error:  # a backend's own failure must not keep hooks on the model
+                warnings.warn(
+                    f"torchlens.train: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=3
+                )
+        self.backends = []
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        atexit.unregister(self.close)
+
+
+class _Inactive:
+    """What ``watch`` returns on ranks other than 0 of a distributed run: nothing is installed."""
+
+    run_dir = None
+    url = None
+    closed = True
+    steps_logged = 0
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "_Inactive":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _prepare_run_dir(run_dir: Optional[str], model_name: str) -> str:
+    if run_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = os.path.join(os.getcwd(), "torchlens_runs", f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', model_name)}")
+        run_dir, k = base, 1
+        while os.path.exists(run_dir):
+            k += 1
+            run_dir = f"{base}-{k}"
+    run_dir = os.path.abspath(run_dir)
+    if os.path.exists(os.path.join(run_dir, "run.db")):
+        raise FileExistsError(
+            f"torchlens.train: {run_dir} already holds a run. Pass a new run_dir (or none for "
+            "a fresh folder under ./torchlens_runs/)."
+        )
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise PermissionError(
+            f"torchlens.train: cannot write the run folder {run_dir} ({error.strerror}). Pass a writable run_dir."
+        ) from None
+    return run_dir
+
+
+def _is_nonzero_rank() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+
+
+def watch(
+    model: nn.Module,
+    log_freq: int = 1,
+    log: Iterable[str] = ("io", "io_grad", "params", "params_grad"),
+    backend: Union[str, Iterable[str], None] = "standalone",
+    run_dir: Optional[str] = None,
+    port: int = 8080,
+    sample_n: Optional[int] = 100,
+    reject_outlier_proportion: float = 0.1,
+    disable_inplace: bool = False,
+    ignore_io_grad_classes: Iterable[type] = (),
+    delay_log_multibackward: bool = False,
+    host: str = "127.0.0.1",
+    max_columns: int = 512,
+    verbose: bool = True,
+    tensorboard_writer: Any = None,
+    wandb_html_every: int = 50,
+    manual_steps: bool = False,
+) -> Union[Watch, _Inactive]:
+    """Record histograms of every module call's inputs, outputs, their gradients and the
+    parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
+
+    Args:
+        model: the ``nn.Module`` to watch (a ``DistributedDataParallel`` wrapper is unwrapped;
+            only rank 0 records).
+        log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
+            mode with gradients enabled), the first one included. A logged step is written to
+            the run when the next step starts (or at ``flush()``/``close()``), with every
+            backward pass through its forward: ``params_grad`` is ``.grad`` after the last one.
+        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
+        backend: one name or several: ``'standalone'`` serves the explorer page at
+            ``http://localhost:port``; ``'wandb'`` logs into the active wandb run (histograms
+            under ``torchlens/<call id>/<kind>/<name>`` and the page as ``torchlens/explorer``);
+            ``'tensorboard'`` writes the same histograms as TensorBoard events. The run database
+            is always written; ``None`` or ``()`` writes only it.
+        run_dir: the run folder (default: a new folder under ``./torchlens_runs/``).
+        port, host: where the standalone server listens (``port=0``: any free port).
+        sample_n: values sampled per tensor (``None``: all).
+        reject_outlier_proportion: fraction of values farthest from the median dropped.
+        disable_inplace: turn off ``inplace`` flags of modules while watched.
+        ignore_io_grad_classes: module classes whose input/output gradients are not recorded.
+        delay_log_multibackward: several forward passes before one backward form one step.
+        max_columns: columns kept per series; older ones are merged beyond that.
+        verbose: print the run folder and the URL once.
+        tensorboard_writer: a ``SummaryWriter`` to log into (default: one on ``run_dir``).
+        wandb_html_every: refresh the page in wandb every this many logged steps.
+        manual_steps: steps begin when you call ``w.begin_step(n)`` (for frameworks whose
+            training step does not call the model itself, or to count optimizer steps) and are
+            written when the next one begins, with all their backward passes; otherwise each
+            training forward pass of the model is a step.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        >>> w = tl.watch(model, run_dir=tempfile.mkdtemp(), backend=None, verbose=False)
+        >>> for _ in range(5):
+        ...     model(torch.rand(8, 3)).mean().backward()
+        >>> w.close()
+        >>> run = tl.open_run(w.run_dir)
+        >>> len(run.steps), sorted(run.calls)
+        (5, ['', '0:1', '1:1', '2:1'])
+    """
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"tl.watch expects a torch.nn.Module, got {type(model).__name__}.")
+    log = (log,) if isinstance(log, str) else tuple(log)
+    unknown = [k for k in log if k not in KINDS]
+    if unknown or not log:
+        raise ValueError(f"tl.watch: unknown log kind(s) {unknown}; valid kinds are {', '.join(KINDS)}.")
+    backends = () if backend is None else (backend,) if isinstance(backend, str) else tuple(backend)
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad:
+        raise ValueError(f"tl.watch: unknown backend(s) {bad}; available: {', '.join(BACKENDS)} (or None).")
+    if not isinstance(log_freq, int) or log_freq < 1:
+        raise ValueError(f"tl.watch: log_freq must be a positive int, not {log_freq!r}.")
+    if not 0.0 <= float(reject_outlier_proportion) < 1.0:
+        raise ValueError("tl.watch: reject_outlier_proportion must be in [0, 1).")
+    if not isinstance(max_columns, int) or max_columns < 2:
+        raise ValueError("tl.watch: max_columns must be an int >= 2.")
+    classes = tuple(ignore_io_grad_classes)
+    if not all(isinstance(c, type) for c in classes):
+        raise TypeError("tl.watch: ignore_io_grad_classes takes classes, e.g. [torchvision.models.resnet.BasicBlock].")
+    if id(model) in _WATCHES:
+        raise RuntimeError(
+            f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
+            "Close that watch first (w.close() or tl.unwatch(model))."
+        )
+    if any(id(m) in _MODULE_OWNERS for m in model.modules()):
+        raise RuntimeError(
+            "tl.watch: a module of this model is already watched as part of another model. Close that watch first."
+        )
+    if _is_nonzero_rank():
+        return _Inactive()
+    return Watch(
+        model,
+        log_freq,
+        log,
+        backends,
+        run_dir=run_dir,
+        port=port,
+        host=host,
+        sample_n=sample_n,
+        reject_outlier_proportion=float(reject_outlier_proportion),
+        disable_inplace=disable_inplace,
+        ignore_io_grad_classes=classes,
+        delay_log_multibackward=delay_log_multibackward,
+        max_columns=max_columns,
+        verbose=verbose,
+        manual_steps=manual_steps,
+        tensorboard_writer=tensorboard_writer,
+        wandb_html_every=wandb_html_every,
+    )
+
+
+def unwatch(model: nn.Module) -> None:
+    """Stop watching ``model`` (the same as closing the object ``tl.watch`` returned)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    w = _WATCHES.get(id(model))
+    if w is None:
+        raise ValueError(f"tl.unwatch: this {type(model).__name__} is not being watched.")
+    w.close()
+
+
+def attach(tensor: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
+    """Inside a module's ``forward``, log ``tensor`` under ``name`` as if it were one more output
+    of that call. Returns ``tensor`` unchanged; does nothing when the model is not watched.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> class Net(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         h = tl.attach(x * 2, self, "doubled")
+        ...         return h + 1
+        >>> Net()(torch.ones(2)).tolist()
+        [3.0, 3.0]
+    """
+    w = _MODULE_OWNERS.get(id(module))
+    if w is not None:
+        w.attach(tensor, module, str(name))
+    return tensor
+
+
+def setup(limit: int = 50_000, verbose: bool = True) -> int:
+    """Raise this process's soft limit of open files to ``min(hard limit, limit)`` (wandb opens
+    many files); call it before ``wandb.init()``. Returns the new soft limit.
+
+    Example:
+        >>> import torchlens as tl
+        >>> tl.setup(verbose=False) >= 1
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = limit if hard == resource.RLIM_INFINITY else min(hard, limit)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if verbose:
+            print(f"torchlens.setup: open-file limit raised from {soft} to {target}.", file=sys.stderr)
+        return target
+    if verbose:
+        print(f"torchlens.setup: open-file limit is already {soft}; nothing to do.", file=sys.stderr)
+    return soft
+
+
+__all__ = ["watch", "unwatch", "attach", "setup", "Watch"]

@@ -1,0 +1,238 @@
+"""The one rule for statistics and histograms of tensor values, shared by both pages.
+
+``NUM_BINS`` equal bins between the smallest and the largest finite value. The explorer's
+logged steps collect many 1-D samples (one per series) and ``histograms`` bins them all with
+a fixed number of operations, moving the result to the host in one transfer; the graph page's
+details panel describes one saved activation with ``tensor_stats``, which bins the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+NUM_BINS = 32
+
+
+def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[torch.Tensor]:
+    """Drop the ``proportion`` of each sample's values farthest from its median.
+
+    Samples of equal length are handled as one batch (one median and one top-k per length).
+    Non-finite values count as the farthest.
+    """
+    if proportion <= 0:
+        return list(samples)
+    kept: List[Optional[torch.Tensor]] = [None] * len(samples)
+    by_length: Dict[tuple, List[int]] = {}
+    for i, s in enumerate(samples):
+        by_length.setdefault((s.numel(), s.device), []).append(i)
+    for (length, _), indices in by_length.items():
+        keep = length - int(proportion * length)
+        if keep >= length or keep < 1:
+            for i in indices:
+                kept[i] = samples[i]
+            continue
+        batch = torch.stack([samples[i] for i in indices])
+        median = batch.nanmedian(dim=1, keepdim=True).values
+        distance = (batch - median).abs().nan_to_num(nan=float("inf"))
+        chosen = distance.topk(keep, dim=1, largest=False, sorted=False).indices
+        rows = batch.gather(1, chosen)
+        for row, i in zip(rows, indices):
+            kept[i] = row
+    return kept  # type: ignore[return-value]
+
+
+class Histograms:
+    """Histograms of several series on the host: row ``i`` belongs to the ``i``-th sample."""
+
+    def __init__(
+        self,
+        counts: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        nonfinite: np.ndarray,
+        sums: Optional[np.ndarray] = None,
+        sums_of_squares: Optional[np.ndarray] = None,
+    ) -> None:
+        self.counts = counts  # (S, NUM_BINS) float32
+        self.lo = lo  # (S,) float64: the smallest finite value (nan when there is none)
+        self.hi = hi
+        self.nonfinite = nonfinite  # (S,) int64: nan/inf values seen (before outlier rejection)
+        self.sums = sums if sums is not None else np.zeros(len(lo))  # of the binned values
+        self.sums_of_squares = sums_of_squares if sums_of_squares is not None else np.zeros(len(lo))
+
+    def edges(self, i: int) -> np.ndarray:
+        """Bin edges of row ``i``."""
+        return bin_edges(self.lo[i : i + 1], self.hi[i : i + 1], self.counts.shape[1])[0]
+
+
+def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int = NUM_BINS) -> Histograms:
+    """Histograms of 1-D float samples over [min, max] of each, in ``bins`` equal bins.
+
+    Example:
+        >>> h = histograms([torch.tensor([0., 1., 2., 3.])], reject_proportion=0.0, bins=3)
+        >>> h.counts.tolist(), float(h.lo[0]), float(h.hi[0])
+        ([[1.0, 1.0, 2.0]], 0.0, 3.0)
+    """
+    if not samples:
+        empty = np.zeros(0)
+        return Histograms(np.zeros((0, bins), np.float32), empty, empty, np.zeros(0, np.int64))
+    devices = {s.device for s in samples}
+    if len(devices) > 1:  # rare: a model split over devices; one pass per device
+        parts = {d: [i for i, s in enumerate(samples) if s.device == d] for d in devices}
+        result = Histograms(
+            np.zeros((len(samples), bins), np.float32),
+            np.zeros(len(samples)),
+            np.zeros(len(samples)),
+            np.zeros(len(samples), np.int64),
+        )
+        for indices in parts.values():
+            part = histograms([samples[i] for i in indices], reject_proportion, bins)
+            result.counts[indices], result.lo[indices] = part.counts, part.lo
+            result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
+        return result
+    device = samples[0].device
+    n = len(samples)
+    # No operation below needs a value on the host (no boolean masks, no bincount, whose output
+    # size depends on the data): on a GPU the whole step stays asynchronous until the one copy.
+    nonfinite = torch.zeros(n, device=device)
+    values, segments = _flatten(samples, device)
+    nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
+
+    values, segments = _flatten(reject_outliers(samples, reject_proportion), device)
+    finite = torch.isfinite(values)
+    lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
+        0, segments, torch.where(finite, values, float("inf")), "amin"
+    )
+    hi = torch.full((n,), -float("inf"), device=device).scatter_reduce(
+        0, segments, torch.where(finite, values, -float("inf")), "amax"
+    )
+    width = (hi - lo)[segments]
+    position = torch.where(width > 0, (values - lo[segments]) / width.clamp_min(1e-38), torch.zeros_like(values))
+    bin_index = (position.nan_to_num(0.0) * bins).floor().clamp(0, bins - 1).long()
+    flat_index = torch.where(finite, segments * bins + bin_index, n * bins)  # non-finite: one spare slot
+    counts = torch.zeros(n * bins + 1, device=device).scatter_add_(0, flat_index, torch.ones_like(values))
+    counts = counts[: n * bins].view(n, bins)
+    exact = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+    kept = torch.where(finite, values, 0.0).to(exact)
+    sums = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept)
+    squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
+    packed = (
+        torch.cat(
+            [
+                counts.to(exact),
+                lo.to(exact)[:, None],
+                hi.to(exact)[:, None],
+                nonfinite.to(exact)[:, None],
+                sums[:, None],
+                squares[:, None],
+            ],
+            dim=1,
+        )
+        .cpu()
+        .double()
+        .numpy()
+    )  # the one host transfer
+    lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
+    empty = ~np.isfinite(lo_host)
+    lo_host[empty], hi_host[empty] = np.nan, np.nan
+    return Histograms(
+        packed[:, :bins].astype(np.float32),
+        lo_host,
+        hi_host,
+        packed[:, bins + 2].astype(np.int64),
+        sums=packed[:, bins + 3],
+        sums_of_squares=packed[:, bins + 4],
+    )
+
+
+def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
+    """All samples end to end, and the index of the sample each value came from."""
+    lengths = torch.tensor([s.numel() for s in samples])
+    segments = torch.repeat_interleave(torch.arange(len(samples)), lengths).to(device, non_blocking=True)
+    return torch.cat(list(samples)), segments
+
+
+def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:
+    """(S, bins + 1) edges spanning [lo, hi] of each row."""
+    steps = np.linspace(0.0, 1.0, bins + 1)
+    return lo[:, None] + (hi - lo)[:, None] * steps[None, :]
+
+
+def merge(lo_a: float, hi_a: float, counts_a: np.ndarray, lo_b: float, hi_b: float, counts_b: np.ndarray) -> tuple:
+    """One histogram holding two, over the union of their ranges (counts spread evenly within
+    each old bin). Used to keep long runs to a bounded number of columns."""
+    parts = [(lo, hi, c) for lo, hi, c in ((lo_a, hi_a, counts_a), (lo_b, hi_b, counts_b)) if np.isfinite(lo)]
+    bins = len(counts_a)
+    if not parts:
+        return float("nan"), float("nan"), counts_a + counts_b
+    lo = min(p[0] for p in parts)
+    hi = max(p[1] for p in parts)
+    new_edges = np.linspace(lo, hi, bins + 1)
+    total = np.zeros(bins, np.float64)
+    for p_lo, p_hi, c in parts:
+        if p_hi <= p_lo or hi <= lo:  # all values at one point
+            index = 0 if hi <= lo else min(int((p_lo - lo) / (hi - lo) * bins), bins - 1)
+            total[index] += c.sum()
+            continue
+        old_edges = np.linspace(p_lo, p_hi, bins + 1)
+        cumulative = np.concatenate([[0.0], np.cumsum(c, dtype=np.float64)])
+        total += np.diff(np.interp(new_edges, old_edges, cumulative))
+    return lo, hi, total.astype(np.float32)
+
+
+def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
+    """min, max, mean, std, fraction of zeros, count of non-finite values and a histogram of
+    ``bins`` equal bins between min and max; None for anything that is not a dense tensor of
+    numbers.
+
+    Example:
+        >>> import torch
+        >>> s = tensor_stats(torch.tensor([0.0, 0.0, 1.0, 3.0]), bins=3)
+        >>> s["min"], s["max"], s["mean"], s["zeros"], s["hist"]
+        (0.0, 3.0, 1.0, 0.5, [2, 1, 1])
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or tensor.is_meta:
+        return None
+    try:
+        with torch.no_grad():
+            t = tensor.detach()
+            if t.is_quantized:
+                t = t.dequantize()
+            if t.is_complex():
+                t = t.abs()
+            x = t.to("cpu", torch.float64).flatten() if t.numel() <= 1 << 16 else t.flatten().to("cpu", torch.float32)
+            n = int(x.numel())
+            if n == 0:
+                return {"n": 0, "nonfinite": 0}
+            finite = torch.isfinite(x)
+            nonfinite = n - int(finite.sum())
+            if nonfinite:
+                x = x[finite]
+            if x.numel() == 0:
+                return {"n": n, "nonfinite": nonfinite}
+            lo, hi = float(x.min()), float(x.max())
+            mean = float(x.mean())
+            std = float(x.std(correction=0)) if x.numel() > 1 else 0.0
+            zeros = float((x == 0).sum()) / n
+            if hi > lo:  # the same bins as the explorer's histograms
+                counts = [int(c) for c in histograms([x.float()], reject_proportion=0.0, bins=bins).counts[0]]
+            else:
+                counts = [int(x.numel())]
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):  # exotic tensors: no statistics
+        return None
+    return {
+        "n": n,
+        "min": lo,
+        "max": hi,
+        "mean": mean,
+        "std": std,
+        "zeros": zeros,
+        "nonfinite": nonfinite,
+        "hist": counts,
+    }
+
+
+__all__ = ["histograms", "reject_outliers", "bin_edges", "merge", "NUM_BINS", "Histograms", "tensor_stats"]
