@@ -278,3 +278,28 @@ def test_detached_copies_and_gradients_are_refused_before_the_pass(net):
     with pytest.raises(ValueError, match="detach_saved_tensors=True and save_gradients=True cannot be combined"):
         tl.log_forward_pass(net, X, detach_saved_tensors=True, save_gradients=True)
     assert net.calls == 0  # refused up front: the model did not run
+
+
+class TwiceNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.fc(self.fc(x)).relu()
+
+
+def test_a_pass_a_module_or_layer_does_not_have_says_how_many_it_has(net):
+    h = tl.log_forward_pass(net, X)
+    for key, named in (("fc:2", "'fc'"), ("linear_1_5:2", "'linear_1_5'"), ("linear_1:3", "'linear_1'")):
+        with pytest.raises(KeyError) as info:
+            h[key]
+        message = str(info.value)
+        assert "1 pass" in message and named in message and "not saved" not in message, message
+    twice = tl.log_forward_pass(TwiceNet(), torch.ones(1, 2), layers_to_save=["relu"])
+    for key, valid in (("fc:3", "'fc:2'"), ("linear_1_1:3", "'linear_1_1:2'"), ("fc:0", "'fc:1'")):
+        with pytest.raises(KeyError) as info:
+            twice[key]
+        assert "2 passes" in str(info.value) and valid in str(info.value), str(info.value)
+    with pytest.raises(KeyError, match="keep_unsaved_layers=True"):
+        twice["fc:2"]  # a pass it has, not kept: the existing advice

@@ -149,6 +149,9 @@ class ModelHistory:
         if isinstance(key, int):
             return f"Layer {key} is out of range: this history has {len(self)} layers (use 0..{len(self) - 1} or -1..-{len(self)})."
         base = key.rpartition(":")[0] if ":" in key else key
+        missing_pass = self._missing_pass_message(key)
+        if missing_pass is not None:
+            return missing_pass
         if key in self._all_labels or base in self.modules.passes:
             what = "Layer" if key in self._all_labels else "The output of module"
             return (
@@ -161,6 +164,34 @@ class ModelHistory:
         close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         return f"{key!r} is not a layer label, module address or input/output address of this history.{hint}"
+
+    def _missing_pass_message(self, key: str) -> Optional[str]:
+        """``'fc:2'`` for a module (or layer) that ran once: say how many passes it has."""
+        base, _, suffix = key.rpartition(":")
+        if not suffix.isdigit():
+            return None
+        passes, what = self.modules.passes.get(base), "Module"
+        if passes is None:
+            passes, what = self._layer_passes(base), "Layer"
+        if passes is None or 1 <= int(suffix) <= passes:
+            return None
+        if passes == 1:
+            return (
+                f"{what} {base!r} has 1 pass in this forward pass (it ran once), so {key!r} names nothing: "
+                f"use {base!r} or '{base}:1'."
+            )
+        return (
+            f"{what} {base!r} has {passes} passes in this forward pass, so {key!r} names nothing: "
+            f"use '{base}:1' to '{base}:{passes}'."
+        )
+
+    def _layer_passes(self, name: str) -> Optional[int]:
+        """How many passes the layer ``name`` (``'linear_1_1'`` or ``'linear_1'``) has, if it is one."""
+        for e in self.layer_list:
+            if name in (e.layer_label, e.short_label):
+                return e.num_passes
+        passes = sum(1 for label in self._all_labels if label == name or label.rpartition(":")[0] == name)
+        return passes or None  # a layer whose entries were all dropped (layers_to_save)
 
     # ----- views ----------------------------------------------------------------------------
     @property
