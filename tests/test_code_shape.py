@@ -49,3 +49,20 @@ def test_the_check_sees_a_call_with_five_positional_arguments(tmp_path):
     tree = ast.parse("f(1, 2, 3, 4, 5)\ng(1, 2, 3, 4, e=5)\n")
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert [len(c.args) > 4 for c in calls] == [True, False]
+
+
+def test_import_torchlens_loads_only_the_trace_wing():
+    """Drawing, rerunning and the training explorer load on first use (import time)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torchlens as tl\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('torchlens.train', 'torchlens.trace.render', "
+        "'torchlens.trace.rerun', 'graphviz')))\n"
+        "print(loaded)\n"
+        "tl.watch, tl.render_graph\n"
+        "print('torchlens.train' in sys.modules, 'torchlens.trace.render' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    assert out.splitlines() == ["[]", "True True"]

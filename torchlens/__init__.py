@@ -36,18 +36,48 @@ Example:
     ['input_1_0', 'linear_1_1', 'output_1_2']
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
 from .errors import TorchlensError
 from .trace.api import get_model_metadata, log_forward_pass, validate_model_activations
 from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
 from .trace.records.tensor_log import TensorLogEntry
-from .trace.render import GraphvizNotFoundError, render_graph
-from .trace.rerun import RerunError
-from .trace.show import show_model_graph
 from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
 from .trace.validate import validate_history
-from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 from .version import __version__
+
+# Public names whose layers load on first use: drawing, rerunning and the training explorer
+# are not needed to trace, and importing them would double the time of ``import torchlens``.
+_LAZY = {
+    "render_graph": "torchlens.trace.render",
+    "GraphvizNotFoundError": "torchlens.trace.render",
+    "show_model_graph": "torchlens.trace.show",
+    "RerunError": "torchlens.trace.rerun",
+    **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
+    **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
+}
+
+if TYPE_CHECKING:
+    from .trace.render import GraphvizNotFoundError, render_graph
+    from .trace.rerun import RerunError
+    from .trace.show import show_model_graph
+    from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchlens' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "log_forward_pass",

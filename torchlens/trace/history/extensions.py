@@ -1,7 +1,7 @@
 """What a ``ModelHistory`` can do with the help of higher layers: draw itself, write its graph
 page, save itself, rerun. Those layers import ``history``, so ``history`` must not import them:
-each registers its function here when it is imported (``torchlens/__init__`` imports them all),
-and the history's methods look it up by name.
+each registers its function here when it is imported, and the history's methods look it up by
+name (importing the providing layer on first use, so ``import torchlens`` need not load them).
 
 Example:
     >>> import torchlens
@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Dict
 
 _PROVIDERS = {
@@ -32,8 +33,11 @@ def provide(name: str, function: Callable[..., Any]) -> None:
 
 
 def extension(name: str) -> Callable[..., Any]:
-    """The function registered for ``name``; a clear error if its layer was never imported."""
+    """The function registered for ``name``, importing the layer that provides it if needed."""
     function = _REGISTERED.get(name)
+    if function is None:
+        importlib.import_module(_PROVIDERS[name])  # registers it
+        function = _REGISTERED.get(name)
     if function is None:
         raise RuntimeError(
             f"ModelHistory needs {_PROVIDERS[name]} for this; import torchlens (or {_PROVIDERS[name]}) first."

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -132,6 +132,58 @@ class TensorLogEntry:
 
     # __weakref__: gradient hooks refer to their entry weakly (see capture.gradients.record_gradient)
     __slots__ = _ALL_FIELDS + ("__weakref__",)
+
+    if TYPE_CHECKING:  # the fields above, typed for readers and the type checker
+        raw_index: int
+        func: Optional[Callable[..., Any]]
+        func_name: str
+        layer_type: str
+        kind: str
+        address: Optional[str]
+        parent_refs: List[Tuple[Any, Any]]
+        param_addresses: Tuple[str, ...]
+        module_stack: Tuple[Tuple[str, int], ...]
+        call_frames: Tuple[Tuple[Any, int, int], ...]
+        elapsed: float
+        is_inplace: bool
+        output_index: Any
+        shape: Any
+        dtype: Optional[torch.dtype]
+        nbytes: int
+        grad_fn_name: Optional[str]
+        activation: Any
+        func_args: Optional[tuple]
+        func_kwargs: Optional[Dict[str, Any]]
+        output_of_modules: List[Tuple[str, int]]
+        bool_used: bool
+        stored_as_buffer: Optional[str]
+        branch_condition_record: Optional[TensorLogEntry]
+        gradient: Any
+        rng_state: Any
+        untraced_reason: Optional[str]
+        intervened: Optional[str]
+        label: str
+        layer_label: str
+        short_label: str
+        type_index: int
+        layer_index: int
+        pass_num: int
+        num_passes: int
+        parent_layers: List[str]
+        child_layers: List[str]
+        parent_arg_positions: Dict[str, list]
+        param_shapes: List[Any]
+        num_params: int
+        param_bytes: int
+        created_inside_model: Optional[bool]
+        lookup_keys: List[Any]
+        operation_num: int
+        num_operations: int
+        module_passes: Dict[str, int]
+        module_output_positions: Optional[Dict[Tuple[str, int], Any]]
+        call_outputs: Optional[List[str]]
+        gradient_note: Optional[str]
+        branch_condition: Optional[str]
 
     def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable], func_name: str) -> None:
         _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)
