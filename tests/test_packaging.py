@@ -1,0 +1,88 @@
+"""The package as users install it: ``pip wheel .`` gives a wheel that holds the licence, the
+page assets and the ``torchlens`` command, and works installed outside this checkout."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+MODEL = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # no build isolation: the build uses this environment's setuptools (no network needed)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        check=True,
+        timeout=300,
+    )
+    (found,) = out.glob("torchlens-*.whl")
+    return found
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_licence_metadata_and_page_assets(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    for asset in ("index.html", "graph.html", "explorer.js", "graph.js", "common.js"):
+        assert f"torchlens/web/assets/{asset}" in names, f"{asset} is missing from the wheel"
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT" in metadata
+    assert (
+        "torchlens = torchlens.cli:main"
+        in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    )
+
+
+@pytest.mark.slow
+def test_the_installed_command_draws_a_self_contained_graph_page(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    (tmp_path / "net.py").write_text(MODEL)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import torchlens; print(torchlens.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    ).stdout.strip()
+    assert where.startswith(str(site)), f"the installed copy was not the one imported: {where}"
+    page = tmp_path / "net.html"
+    subprocess.run(
+        [str(site / "bin" / "torchlens"), f"{tmp_path / 'net.py'}:Net", "--input", "2,4", "-o", str(page)],
+        check=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    text = page.read_text()
+    assert "linear_1_1" in text and "relu_1_2" in text
+    assert 'src="/assets/' not in text and "<script>" in text  # assets inlined from the installed package
