@@ -173,3 +173,95 @@ def test_command_line(tmp_path, run_dir, capsys):
         assert f"port {port}" in capsys.readouterr().err
     finally:
         sock.close()
+
+
+# ----- who may ask: Host, Origin, token -----------------------------------------------------------
+def request(port, path, method="GET", host="127.0.0.1", headers=None):
+    """``headers`` sent as given (a ``Host`` among them replaces the real one)."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request(method, path, headers=headers or {})
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response, body
+
+
+@pytest.mark.parametrize("name", ["evil.example.com", "evil.example.com:{port}", "localhost.evil.com", "", "a:b:c"])
+def test_a_foreign_host_is_refused(server, run_dir, name):
+    response, body = request(server.port, "/api/runs", headers={"Host": name.format(port=server.port)})
+    assert response.status == 403 and b"Host" in body
+    assert run_dir.encode() not in body and b'"runs"' not in body
+    assert request(server.port, "/", headers={"Host": name.format(port=server.port)})[0].status == 403
+
+
+@pytest.mark.parametrize(
+    "name", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}", "[::1]:{port}", "localhost"]
+)
+def test_the_served_host_is_answered(server, name):
+    response, body = request(server.port, "/api/runs", headers={"Host": name.format(port=server.port)})
+    assert response.status == 200 and json.loads(body)["runs"][0]["id"] == "."
+
+
+def test_json_carries_no_absolute_path(server, run_dir, tmp_path):
+    for path in ("/api/runs", "/api/run", "/api/run?run=nope", "/api/poll", "/api/layout?call=2:1"):
+        assert run_dir.encode() not in get(server, path)[1], path
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "run.db").write_bytes(b"garbage" * 500)
+    s = explore(str(tmp_path), port=0, block=False)
+    try:
+        for path in ("/api/runs", "/api/run?run=bad"):
+            status, body = get(s, path)
+            assert b"corrupted" in body and str(tmp_path).encode() not in body, (path, body)
+    finally:
+        s.close()
+
+
+def test_anything_but_a_read_needs_the_served_origin(server):
+    here = f"http://localhost:{server.port}"
+    headers = {"Host": f"localhost:{server.port}", "Content-Type": "application/json"}
+    for method in ("POST", "PUT", "DELETE"):
+        assert request(server.port, "/api/run", method, headers=headers)[0].status == 403
+        foreign = request(server.port, "/api/run", method, headers={**headers, "Origin": "http://evil.example.com"})
+        assert foreign[0].status == 403 and b"cross-origin" in foreign[1]
+        assert request(server.port, "/api/run", method, headers={**headers, "Origin": here})[0].status == 405
+    # a read with a foreign Origin (a page elsewhere) is refused too; the page's own is answered
+    assert request(server.port, "/api/run", headers={**headers, "Origin": "http://evil.example.com"})[0].status == 403
+    assert request(server.port, "/api/run", headers={**headers, "Origin": here})[0].status == 200
+
+
+def test_loopback_needs_no_token(server):
+    assert server.url == f"http://localhost:{server.port}" and get(server, "/api/runs")[0] == 200
+
+
+def test_another_address_needs_the_printed_token(run_dir):
+    s = explore(run_dir, host="127.0.0.2", port=0, block=False)
+    try:
+        assert s.url.startswith(f"http://127.0.0.2:{s.port}/?token=")
+        token = s.url.split("?token=", 1)[1]
+        at = {"host": "127.0.0.2"}
+        for path in ("/", "/api/runs", "/assets/explorer.js", "/api/run?token=wrong", f"/api/run?token={token}x"):
+            response, body = request(s.port, path, **at)
+            assert response.status == 403 and b"token" in body and b'"runs"' not in body, path
+        assert request(s.port, f"/api/runs?token={token}", **at)[0].status == 200
+        assert request(s.port, "/api/runs", headers={"Authorization": f"token {token}"}, **at)[0].status == 200
+        # first load: the token moves into a cookie and out of the address bar
+        response, _ = request(s.port, f"/?token={token}", **at)
+        assert response.status == 302 and response.getheader("Location") == "/"
+        cookie = response.getheader("Set-Cookie")
+        assert token in cookie and "HttpOnly" in cookie
+        jar = {"Cookie": cookie.split(";", 1)[0]}
+        assert request(s.port, "/", headers=jar, **at)[0].status == 200
+        assert request(s.port, "/api/poll", headers=jar, **at)[0].status == 200
+        # the token does not open the server to a foreign Host
+        foreign = {**jar, "Host": f"evil.example.com:{s.port}"}
+        assert request(s.port, f"/api/runs?token={token}", headers=foreign, **at)[0].status == 403
+        assert request(s.port, "/api/runs", headers={**jar, "Host": f"127.0.0.2:{s.port}"}, **at)[0].status == 200
+    finally:
+        s.close()
+    fixed = explore(run_dir, host="127.0.0.2", port=0, block=False, token="chosen")
+    try:
+        assert fixed.url.endswith("/?token=chosen")
+        assert request(fixed.port, "/api/runs?token=chosen", host="127.0.0.2")[0].status == 200
+    finally:
+        fixed.close()

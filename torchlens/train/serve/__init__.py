@@ -1,17 +1,22 @@
 """The explorer page of watched runs: served live by ``tl.watch``, after training by
 ``torchlens explore RUN_DIR``, or written to one self-contained file (``export_html``)."""
 
+from typing import Optional
+
 from .export import export_html
 from .server import PortInUseError, RunServer
 
 
-def explore(root: str, port: int = 8080, host: str = "127.0.0.1", block: bool = True) -> RunServer:
+def explore(
+    root: str, port: int = 8080, host: str = "127.0.0.1", block: bool = True, token: Optional[str] = None
+) -> RunServer:
     """Serve the run (or folder of runs) at ``root`` on ``http://host:port``.
 
     With ``block=True`` (the command line) it serves until interrupted; otherwise it returns the
-    started server (``server.url``, ``server.close()``).
+    started server (``server.url``, ``server.close()``). Bound to anything but loopback the
+    server wants a token (``token``, default a random one), given in the URL it prints.
     """
-    server = RunServer(root, host=host, port=port)
+    server = RunServer(root, host=host, port=port, token=token)
     if block:
         print(f"torchlens: serving {root} at {server.url} (Ctrl-C to stop)", flush=True)
         try:

@@ -55,7 +55,7 @@ class Catalog:
         if run_id in (None, "") and len(ids) == 1:
             run_id = ids[0]
         if run_id not in ids:
-            raise NotFound(f"no run {run_id!r} under {self.root}")
+            raise NotFound(f"no run {run_id!r} in the served folder")
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
@@ -81,9 +81,9 @@ class Catalog:
                 run = self.run(run_id)
                 entry.update(model=run.model_name, status=run.status, steps=len(run.steps))
             except (RunError, OSError) as error:
-                entry.update(error=str(error))
+                entry.update(error=str(error).replace(self.root + os.sep, ""))
             runs.append(entry)
-        return {"root": self.root, "runs": runs}
+        return {"runs": runs}  # ids are relative to the served folder: its absolute path stays here
 
     def summary_json(self, run_id: Optional[str]) -> dict:
         run = self.run(run_id)
