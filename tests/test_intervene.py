@@ -169,6 +169,28 @@ def test_bad_interventions_are_refused_clearly(intervene, error, match):
         tl.log_forward_pass(mlp(), torch.rand(5, 3), intervene=intervene)
 
 
+@pytest.mark.parametrize("fn", [lambda a: a * 0, lambda: None, lambda a, e, extra: a])
+def test_a_function_with_the_wrong_signature_is_named_with_the_expected_one(fn):
+    model = mlp()
+    with pytest.raises(TypeError) as info:
+        tl.log_forward_pass(model, torch.rand(5, 3), intervene={"relu_1_2": fn})
+    text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "intervene['relu_1_2']" in text and "wrong signature" in text and "fn(activation, entry)" in text
+    assert "model's own error" not in text
+
+
+def test_an_error_raised_by_the_intervene_function_is_blamed_on_it():
+    def broken(a, e):
+        return a.no_such_method()
+
+    for fn, error in ((broken, AttributeError), (lambda a, e: 1.0, TypeError)):
+        with pytest.raises(error) as info:
+            tl.log_forward_pass(mlp(), torch.rand(5, 3), intervene={"relu_1_2": fn})
+        text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+        assert "intervene['relu_1_2']" in text and "relu_1_2" in text
+        assert "model's own error" not in text, text
+
+
 # ----- rerun -----------------------------------------------------------------------------------
 def test_rerun_matches_a_forward_hook_and_leaves_the_original():
     model, x = mlp(), torch.rand(5, 3)

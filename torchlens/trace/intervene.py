@@ -16,11 +16,13 @@ the new value is copied into it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+import inspect
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from .capture.args import replace_tensors
+from .capture.save_plan import add_note
 from .history.model_history import ModelHistory
 from .layer_request import entries_for_key
 from .records.tensor_log import TensorLogEntry
@@ -41,7 +43,24 @@ def check_intervene(intervene: Any) -> Dict[Any, Intervention]:
                 f"intervene[{key!r}] must be a function(activation, entry) returning the new activation; "
                 f"got {type(fn).__name__}."
             )
+        _check_signature(key, fn)
     return dict(intervene)
+
+
+def _check_signature(key: Any, fn: Callable[..., Any]) -> None:
+    """Refuse, before any pass, a function that cannot be called as ``fn(activation, entry)``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no readable signature (some builtins): it is tried in the pass
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"intervene[{key!r}] = {_name(fn)}{signature} has the wrong signature: torchlens calls it as "
+            "fn(activation, entry), with the layer's output tensor and its TensorLogEntry, and uses the tensor it "
+            "returns, e.g. lambda activation, entry: activation * 0."
+        ) from None
 
 
 class Interventions:
@@ -55,11 +74,28 @@ class Interventions:
         self.targets = targets
         self.substitutes: Dict[int, torch.Tensor] = {}  # id(original) -> replacement, for one call
         self.applied: Dict[int, str] = {}  # raw index -> label from the first pass
+        self.error: Optional[BaseException] = None  # raised by (or about) an intervene function
 
     def apply(self, e: TensorLogEntry, tensor: torch.Tensor) -> torch.Tensor:
         target = self.targets.get(e.raw_index)
         if target is None or target[2].layer_type != e.layer_type:
             return tensor  # a changed control flow moved operations: checked after the pass
+        key, fn, first = target
+        try:
+            return self._replace(e, tensor, target)
+        except Exception as error:  # the user's function (or what it returned): not the model's error
+            self.error = error
+            add_note(
+                error,
+                f"torchlens: this error comes from intervene[{key!r}] ({_name(fn)}), applied to the output of "
+                f"layer {first.label}: fix that function (it is called as fn(activation, entry) and must return "
+                "a tensor).",
+            )
+            raise
+
+    def _replace(
+        self, e: TensorLogEntry, tensor: torch.Tensor, target: Tuple[Any, Intervention, TensorLogEntry]
+    ) -> torch.Tensor:
         key, fn, first = target
         new = fn(tensor, first)
         if not isinstance(new, torch.Tensor):

@@ -244,6 +244,8 @@ def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
     """Add a note saying which operation was running; keep the model's own exception type."""
     if error is tracer.plan.postfunc_error:
         return  # not the model's error: activation_postfunc's, which has its own note
+    if tracer.intervention is not None and error is tracer.intervention.error:
+        return  # an intervene function's, which has its own note
     where = tracer.error_context or (
         f"after operation #{len(tracer.entries)}"
         + (f" inside module '{tracer.module_stack[-1][0]}'" if tracer.module_stack else "")
