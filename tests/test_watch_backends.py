@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -135,7 +136,18 @@ def test_tensorboard_into_the_users_writer(tmp_path):
 
 # ----- Weights & Biases (offline: nothing leaves the machine) -----------------------------------
 def _wandb_records(path):
-    """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records)."""
+    """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records).
+    wandb-core writes the file in the background, after wandb.finish() returns: wait for its
+    final 'exit' record."""
+    deadline = time.monotonic() + 30
+    while True:
+        records = list(_read_wandb_file(path))
+        if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
+def _read_wandb_file(path):
     from wandb.proto import wandb_internal_pb2 as pb
 
     with open(path, "rb") as f:
@@ -147,6 +159,8 @@ def _wandb_records(path):
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if kind == 0:  # not written yet
+            return
         data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):  # full, first
             pending = data
@@ -262,3 +276,26 @@ def test_lightning_fit(tmp_path):
     assert s.counts.sum(axis=1).tolist() == [44] * 6  # two batches of 8x3 values overlaid, 10% rejected
     assert ("input 0", "net:1") in run.calls[""].edges
     assert run.series("net.2:1", "params_grad", "weight").steps.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_wandb_leaves_the_users_steps_alone(tmp_path, offline_wandb):
+    """The user's own wandb.log calls keep _step 0..N-1: torchlens' histograms join the user's
+    next row (commit=False) instead of committing rows of their own."""
+    wandb = offline_wandb
+    run = wandb.init(project="torchlens-test", dir=str(tmp_path))
+    model = tiny()
+    w = tl.watch(model, backend="wandb", run_dir=str(tmp_path / "run"), verbose=False, wandb_html_every=5)
+    for _ in range(20):
+        loss = model(torch.randn(6, 3)).pow(2).mean()
+        loss.backward()
+        wandb.log({"loss": loss.item()})
+    w.close()
+    offline_dir = os.path.dirname(run.dir)
+    wandb.finish()
+    rows = []
+    for record in _wandb_records(glob.glob(os.path.join(offline_dir, "run-*.wandb"))[0]):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
+    assert [r["_step"] for r in rows if "loss" in r] == list(range(20))
+    logged = [r["torchlens/step"] for r in rows if "torchlens/step" in r]
+    assert logged == sorted(logged) and len(logged) == len(tl.open_run(w.run_dir).steps)

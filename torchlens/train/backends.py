@@ -38,8 +38,16 @@ def _require(package: str, extra: str) -> Any:
 
 class WandbBackend:
     """Logs into the active wandb run: each series as a ``wandb.Histogram`` against the custom
-    x-axis ``torchlens/step`` (the training step, so the user's own ``wandb.log`` steps are not
-    disturbed), and the explorer page as ``torchlens/explorer`` (``wandb.Html``)."""
+    x-axis ``torchlens/step`` (the training step), and the explorer page as ``torchlens/explorer``
+    (``wandb.Html``).
+
+    The user's own ``wandb.log`` steps are left alone: every torchlens row is logged with
+    ``commit=False``, so it joins the user's next ``wandb.log`` row instead of taking a step of its
+    own. Only while the user has logged nothing since the watch began does torchlens commit its
+    pending row itself (else each logged step would overwrite the last). If the user logs less
+    often than torchlens, wandb keeps the histograms of the last torchlens step before each of
+    the user's rows; the run database keeps every step.
+    """
 
     name = "wandb"
 
@@ -55,6 +63,26 @@ class WandbBackend:
         self.logged = 0
         self.run.define_metric("torchlens/step")
         self.run.define_metric("torchlens/*", step_metric="torchlens/step")
+        self.start_step = self._wandb_step()
+        self.pending_at: Optional[int] = None  # the wandb step our uncommitted row waits on
+        self.own_rows = 0  # rows torchlens committed itself (while the user logged nothing)
+
+    def _wandb_step(self) -> Optional[int]:
+        try:
+            return int(self.run.step)
+        except Exception:  # e.g. wandb's "shared" mode has no step to read
+            return None
+
+    def _log(self, data: dict) -> None:
+        now = self._wandb_step()
+        if self.pending_at is not None and now is not None and now == self.pending_at:
+            user_logged = self.start_step is None or now - self.start_step > self.own_rows
+            if not user_logged:  # nobody else commits rows: commit ours before the next one
+                self.run.log({}, commit=True)
+                self.own_rows += 1
+                now += 1
+        self.run.log(data, commit=False)
+        self.pending_at = now
 
     def log_step(self, step: int, keys: List[Key], h: Histograms, run_dir: str) -> None:
         data = {"torchlens/step": step}
@@ -65,7 +93,7 @@ class WandbBackend:
         self.logged += 1
         if self.logged == 1 or self.logged % self.html_every == 0:
             data["torchlens/explorer"] = self._page(run_dir)
-        self.run.log(data)
+        self._log(data)
 
     def _page(self, run_dir: str) -> Any:
         from .serve.export import export_html
@@ -77,7 +105,7 @@ class WandbBackend:
 
     def close(self, run_dir: str) -> None:
         if self.logged and self.logged % self.html_every != 0 and self.run is self.wandb.run:
-            self.run.log({"torchlens/explorer": self._page(run_dir)})  # the final state of the run
+            self._log({"torchlens/explorer": self._page(run_dir)})  # the final state of the run
 
 
 class TensorboardBackend:
