@@ -303,3 +303,18 @@ def test_a_pass_a_module_or_layer_does_not_have_says_how_many_it_has(net):
         assert "2 passes" in str(info.value) and valid in str(info.value), str(info.value)
     with pytest.raises(KeyError, match="keep_unsaved_layers=True"):
         twice["fc:2"]  # a pass it has, not kept: the existing advice
+
+
+@pytest.mark.parametrize("bad", [[1], ("mask", 1), 3])
+def test_input_kwargs_that_are_not_a_dict_are_named(bad):
+    for call in (tl.log_forward_pass, tl.validate_model_activations):
+        with pytest.raises(TypeError, match=r"input_kwargs must be a dict of keyword arguments") as info:
+            call(nn.Linear(2, 2), torch.ones(1, 2), input_kwargs=bad)
+        assert type(bad).__name__ in str(info.value)
+
+
+def test_a_module_class_instead_of_an_instance_says_to_pass_an_instance():
+    for call in (tl.log_forward_pass, tl.get_model_metadata, tl.validate_model_activations):
+        with pytest.raises(TypeError, match=r"the class Linear.*an instance.*Linear\(\.\.\.\)") as info:
+            call(nn.Linear, torch.ones(1, 2))
+        assert "plain function" not in str(info.value)

@@ -18,7 +18,7 @@ from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
-from .input_copy import as_args, copy_inputs
+from .input_copy import as_args, as_kwargs, copy_inputs, refuse_module_class
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
@@ -89,6 +89,7 @@ def log_forward_pass(
         >>> history['relu_1_2'].activation.shape
         torch.Size([2, 3])
     """
+    refuse_module_class(model, "log_forward_pass")
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
@@ -107,7 +108,7 @@ def log_forward_pass(
     if output_device not in ("same", None):
         torch.device(output_device)  # a bad device name fails here, before the pass
     args = as_args(input_args)
-    kwargs = dict(input_kwargs or {})
+    kwargs = as_kwargs(input_kwargs)
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
@@ -250,8 +251,9 @@ def validate_model_activations(
         >>> tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0)
         True
     """
+    refuse_module_class(model, "validate_model_activations")
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
-    args, kwargs = as_args(input_args), dict(input_kwargs or {})
+    args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     rng = RngState()
     buffers = BufferSnapshot(model)
     params: List[Tuple[torch.Tensor, torch.Tensor]] = []

@@ -11,6 +11,7 @@ the user gets sees the user's objects: they end exactly as after one plain forwa
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -26,6 +27,33 @@ def as_args(input_args: Any) -> tuple:
     if isinstance(input_args, list):
         return tuple(input_args)
     return (input_args,)
+
+
+def as_kwargs(input_kwargs: Any) -> Dict[str, Any]:
+    """The keyword arguments of ``forward`` as a new dict; a clear error for anything else.
+
+    Example:
+        >>> as_kwargs(None), as_kwargs({"mask": 1})
+        ({}, {'mask': 1})
+    """
+    if input_kwargs is None:
+        return {}
+    if not isinstance(input_kwargs, Mapping) or not all(isinstance(k, str) for k in input_kwargs):
+        raise TypeError(
+            "input_kwargs must be a dict of keyword arguments for the model's forward (e.g. "
+            f"input_kwargs={{'mask': mask}}), or None; got {type(input_kwargs).__name__} ({input_kwargs!r:.80}). "
+            "Positional arguments go in input_args (a tensor, or a list/tuple of them)."
+        )
+    return dict(input_kwargs)
+
+
+def refuse_module_class(model: Any, caller: str) -> None:
+    """A module class (``nn.Linear``) where a model is expected: say to pass an instance."""
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        raise TypeError(
+            f"{caller} got the class {model.__name__}, not a model: pass an instance of it, "
+            f"e.g. {model.__name__}(...) with its constructor arguments (nn.Linear(4, 3), not nn.Linear)."
+        )
 
 
 def copy_inputs(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any], Optional[str]]:
