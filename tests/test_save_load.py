@@ -280,8 +280,36 @@ def test_corrupted_tensor_bytes(saved):
         f.seek(8 + header + 5)
         f.write(bytes([byte[0] ^ 0xFF]))
     loaded = tl.load(saved)  # opening reads no tensor data
-    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: tensor 't0' is corrupted"):
+    with pytest.raises(
+        tl.HistoryFileError,
+        match=r"tensors-00000\.safetensors: the activation of layer input_1_0 cannot be read: tensor 't0' is corrupted",
+    ):
         loaded[0].activation
+
+
+def test_a_corrupted_tensor_is_named_by_its_layer_and_field(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    h = tl.log_forward_pass(model, torch.rand(2, 3), save_gradients=True, random_seed=0)
+    h[h.output_layers[0]].activation.sum().backward()
+    folder = h.save(tmp_path / "g")
+    index = json.load(open(os.path.join(folder, "torchlens.json")))
+    path = os.path.join(folder, "tensors-00000.safetensors")
+    for field in ("activation", "gradient"):
+        fields = index["entry_fields"]
+        row = next(r for r in index["entries"] if r[fields.index("label")] == "relu_1_2")
+        record = index["tensors"][row[fields.index(field)]["k"]]  # stored as {"t": "tensor", "k": number}
+        with open(path, "r+b") as f:  # flip the first byte of that tensor's data
+            header = struct.unpack("<Q", f.read(8))[0]
+            f.seek(8)
+            start = json.loads(f.read(header))[record["name"]]["data_offsets"][0]
+            f.seek(8 + header + start)
+            byte = f.read(1)
+            f.seek(8 + header + start)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(tl.HistoryFileError) as info:
+            getattr(tl.load(folder)["relu_1_2"], field)
+        assert f"{field} of layer relu_1_2" in str(info.value) and "corrupted" in str(info.value), str(info.value)
+        assert info.value.path == path
 
 
 def test_corrupted_tensor_header(saved):
@@ -290,5 +318,7 @@ def test_corrupted_tensor_header(saved):
         f.seek(8)
         f.write(b"#garbage#")
     loaded = tl.load(saved)
-    with pytest.raises(tl.HistoryFileError, match=r"tensors-00000\.safetensors: not a readable safetensors file"):
+    with pytest.raises(
+        tl.HistoryFileError, match=r"tensors-00000\.safetensors: the activation of .* not a readable safetensors file"
+    ):
         loaded[1].activation

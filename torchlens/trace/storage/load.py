@@ -34,7 +34,14 @@ def _lazy_field(name: str) -> property:
     def get(self: "StoredTensorLogEntry") -> Any:
         pending = self._pending
         if pending and name in pending:
-            value = self._decoder.value(pending[name])
+            try:
+                value = self._decoder.value(pending[name])
+            except HistoryFileError as error:  # name the layer and field, not only the shard's tensor id
+                raise HistoryFileError(
+                    error.path,
+                    f"the {name} of layer {self.label} cannot be read: {error.problem}; the folder was changed "
+                    "or damaged after it was saved (save the history again)",
+                ) from None
             del pending[name]
             slot.__set__(self, value)
             return value
