@@ -14,7 +14,16 @@ from .records.tensor_log import ParentRef, TensorLogEntry
 
 def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
     """Run the entry's function on its parents' saved activations (``overrides``: other values
-    for some parents, by label); an error message on failure. Also what ``history.rerun`` runs."""
+    for some parents, by label); an error message on failure. Also what ``history.rerun`` runs.
+
+    A loaded history's function that is not to be called (``storage.codec.UnavailableFunction``:
+    not saved by name, or not an operation torchlens traces) is reported, not called; nothing
+    else (generator states, arguments) is touched then either."""
+    refusal = getattr(entry.func, "unavailable_reason", None)
+    if isinstance(refusal, str):
+        return refusal
+    if not callable(entry.func):
+        return f"its function is {type(entry.func).__name__}, not a callable"
 
     def value_of(ref: Any) -> Any:
         if isinstance(ref, ParentRef):
@@ -32,18 +41,22 @@ def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], ove
         kwargs = _resolve(entry.func_kwargs or {}, value_of)
     except LookupError as error:
         return str(error)
+    if type(args) not in (list, tuple) or type(kwargs) is not dict:  # a loaded history's arguments may be anything
+        return f"its saved arguments are {type(args).__name__} and {type(kwargs).__name__}, not a tuple and a dict"
     if kwargs.get("out") is not None:  # a fresh out= tensor per replay: results must not alias
         kwargs["out"] = _fresh_out(kwargs["out"])
-    if entry.rng_state is not None:
-        cpu, cuda = entry.rng_state
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
     try:
+        if entry.rng_state is not None:
+            cpu, cuda = entry.rng_state
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
         out = entry.func(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - reported to the caller
         return f"{type(error).__name__}: {error}"
     if entry.is_inplace:
+        if kwargs.get("out") is None and not args:
+            return "an in-place operation without arguments"
         out = kwargs.get("out") if kwargs.get("out") is not None else args[0]
     if entry.output_index is None:
         return out

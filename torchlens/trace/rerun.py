@@ -82,10 +82,12 @@ def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
 
 
 def _check_replayable(e: TensorLogEntry, history: ModelHistory, values: Dict[str, torch.Tensor]) -> None:
-    if e.func is None or isinstance(e.func, UnavailableFunction):
+    if e.func is None:
+        raise RerunError(f"rerun: {e.label} is downstream of the change, but it has no function to re-run.")
+    if isinstance(e.func, UnavailableFunction):
         raise RerunError(
-            f"rerun: {e.label} is downstream of the change, but its function ({e.func_name}) is not "
-            "available (it was not a torch function when the history was saved), so it cannot be re-run."
+            f"rerun: {e.label} is downstream of the change, but {e.func.unavailable_reason}. Trace the model "
+            "again to recompute it."
         )
     if e.kind == "untraced":
         raise RerunError(

@@ -2,8 +2,9 @@
 
 Every JSON object is a tagged value ``{"t": tag, ...}``; lists are lists; strings, numbers,
 booleans and null are themselves. Tensors go to the shards (``ShardWriter``) and are referred
-to by number; functions are stored by name and found again only by looking the name up in
-modules already imported (torch, torchlens, ``operator``, ``math``); references to other layers
+to by number; functions are stored by name, and a loaded name becomes a function only if it is
+an operation the tracer records (``allowlist.py``; anything else is an ``UnavailableFunction``
+that is never called); references to other layers
 are stored by label. A value of any other type is stored as an ``unsaved`` placeholder holding
 its type and ``repr`` and is reported by the save (never silently dropped).
 """
@@ -12,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..records.tensor_log import ParentRef, TensorLogEntry
-from .errors import HistoryFileError
+from .allowlist import Refused, replayable_function, resolve_name
+from .errors import HistoryFileError, UnreplayableFunctionError
 from .shards import ShardWriter, TensorStore, decode_tensor, dtype_name, dtype_of, encode_tensor
 
-_FUNC_ROOTS = ("torch", "torchlens", "operator", "math", "builtins")
 _TORCH_ENUMS = (torch.layout, torch.memory_format, torch.qscheme)
 _REPR_CHARS = 200
 
@@ -46,20 +46,36 @@ class Unsaved:
 
 
 class UnavailableFunction:
-    """The function of a loaded layer that could not be found again by name (a user's function
-    or lambda): printing works; calling it (``rerun``) raises and says why."""
+    """The function of a loaded layer that is not called: it could not be found by name when the
+    history was saved (a user's function or lambda), or the name in the file is not an operation
+    torchlens traces (see ``allowlist``). Printing works; calling it (``rerun``, validation) raises
+    and says why.
 
-    __slots__ = ("name", "text")
+    Example:
+        >>> f = UnavailableFunction("builtins.eval", "builtins.eval", reason="not an operation torchlens traces")
+        >>> f.unavailable_reason
+        'the saved function builtins.eval is not an operation torchlens traces, so this layer cannot be re-run'
+    """
 
-    def __init__(self, name: str, text: str) -> None:
+    __slots__ = ("name", "text", "reason")
+
+    def __init__(self, name: str, text: str, reason: Optional[str] = None) -> None:
         self.name = name
         self.text = text
+        self.reason = reason
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why this function is not called (read by ``replay.replay_entry`` before any call)."""
+        if self.reason is None:
+            return (
+                f"the function {self.text} of this loaded history could not be found by name when it was "
+                "saved (it is not a torch or torchlens function), so it cannot be re-run"
+            )
+        return f"the saved function {self.text} is {self.reason}, so this layer cannot be re-run"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"torchlens: the function {self.text} of this loaded history could not be found by "
-            "name when it was saved (it is not a torch or torchlens function), so it cannot be re-run."
-        )
+        raise UnreplayableFunctionError(f"torchlens: {self.unavailable_reason}.")
 
     def __repr__(self) -> str:
         return f"<unavailable function {self.text}>"
@@ -125,22 +141,9 @@ def function_name(func: Any) -> Optional[str]:
 
 
 def resolve_function(name: str) -> Any:
-    """The object at dotted ``name`` inside an already-imported module (never imports)."""
-    parts = name.split(".")
-    if parts[0] not in _FUNC_ROOTS or "<locals>" in parts:
-        raise LookupError(name)
-    for i in range(len(parts), 0, -1):
-        module = sys.modules.get(".".join(parts[:i]))
-        if module is None:
-            continue
-        value = module
-        try:
-            for attribute in parts[i:]:
-                value = getattr(value, attribute)
-        except AttributeError:
-            raise LookupError(name) from None
-        return value
-    raise LookupError(name)
+    """The object at dotted ``name`` inside an already-imported module (never imports; see
+    ``allowlist.resolve_name``). What a loaded history may call is ``replayable_function``."""
+    return resolve_name(name)
 
 
 class Written:
@@ -336,19 +339,28 @@ class Decoder:
     def function(self, data: Dict[str, Any]) -> Any:
         name = data.get("v")
         if name is None:
-            return UnavailableFunction("", data.get("repr", "?"))
+            return UnavailableFunction("", str(data.get("repr", "?"))[:_REPR_CHARS])
         try:
-            return resolve_function(name)
-        except LookupError:
-            return UnavailableFunction(name, name)
+            return replayable_function(name)  # checked now: a shared folder must not choose what runs
+        except Refused as refused:
+            return UnavailableFunction(str(name)[:_REPR_CHARS], str(name)[:_REPR_CHARS], reason=refused.reason)
 
     def _dataclass(self, name: str, fields: Dict[str, Any]) -> Any:
         try:
-            cls = resolve_function(name)
+            cls = resolve_name(name) if isinstance(name, str) and name.startswith("torchlens.") else None
         except LookupError:
             cls = None
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and name.startswith("torchlens.")):
-            raise HistoryFileError(self.where, f"unknown record type {name!r}")
+        # only torchlens's own record types, under their own name (never one reached through another module)
+        if not (
+            isinstance(cls, type)
+            and dataclasses.is_dataclass(cls)
+            and f"{cls.__module__}.{cls.__qualname__}" == name
+            and isinstance(fields, dict)
+        ):
+            raise HistoryFileError(self.where, f"unknown record type {str(name)[:80]!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        if not set(fields) <= known:
+            raise HistoryFileError(self.where, f"record type {name} has no fields {sorted(set(fields) - known)[:3]}")
         return cls(**{k: self.value(x) for k, x in fields.items()})
 
 

@@ -19,3 +19,14 @@ class HistoryFileError(TorchlensError, ValueError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+
+class UnreplayableFunctionError(TorchlensError, RuntimeError):
+    """A loaded history was asked to call a function it does not call: one that could not be
+    saved by name, or one the file names that is not an operation torchlens traces. The
+    message names the function; trace the model again to re-run that layer.
+
+    Example:
+        >>> isinstance(UnreplayableFunctionError("x"), RuntimeError)
+        True
+    """

@@ -1,0 +1,201 @@
+"""A saved history is untrusted input: loading it, validating it and re-running it never calls a
+function the file chose, never reads a file outside its folder, and every malformed field is a
+``HistoryFileError`` naming the layer."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.trace.rerun import RerunError
+from torchlens.trace.storage.codec import UnavailableFunction
+from torchlens.trace.validate import validate_history
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.sigmoid(torch.relu(self.fc(x)) * 2)
+
+
+@pytest.fixture
+def saved(tmp_path) -> pathlib.Path:
+    torch.manual_seed(0)
+    h = tl.log_forward_pass(Small(), torch.rand(2, 3), save_function_args=True)
+    return pathlib.Path(h.save(tmp_path / "h"))
+
+
+def _index(folder: pathlib.Path) -> dict:
+    return json.loads((folder / "torchlens.json").read_text())
+
+
+def _write(folder: pathlib.Path, document: dict) -> None:
+    (folder / "torchlens.json").write_text(json.dumps(document))
+
+
+def _set_field(document: dict, label: str, field: str, value) -> None:
+    fields = document["entry_fields"]
+    for row in document["entries"]:
+        if row[fields.index("label")] == label:
+            row[fields.index(field)] = value
+            return
+    raise AssertionError(f"no entry {label}")
+
+
+def _tamper(folder: pathlib.Path, func: str, args: list, label: str = "relu_1_2") -> None:
+    document = _index(folder)
+    _set_field(document, label, "func", {"t": "func", "v": func})
+    _set_field(document, label, "func_args", {"t": "tuple", "v": args})
+    _set_field(document, label, "func_kwargs", {"t": "dict", "v": []})
+    _write(folder, document)
+
+
+def _validate_then_rerun(folder: pathlib.Path) -> None:
+    """What a user does with a history they were sent (whatever happens, nothing may run)."""
+    loaded = tl.load(folder)
+    validate_history(loaded)
+    try:
+        loaded.rerun({"linear_1_1": torch.zeros(2, 3)})
+    except RerunError:
+        pass
+
+
+def _replays_refused(folder: pathlib.Path, name: str, label: str = "relu_1_2") -> None:
+    """Validation and rerun report the layer's function as not re-runnable and call nothing."""
+    loaded = tl.load(folder)
+    func = loaded[label].func
+    assert isinstance(func, UnavailableFunction), f"{name} was resolved to {func!r}"
+    assert name in repr(func)
+    assert validate_history(loaded) is False
+    with pytest.raises(RerunError, match=rf"{label} is downstream of the change, but the saved function {name}"):
+        loaded.rerun({"linear_1_1": torch.zeros(2, 3)})
+
+
+# ----- functions the file chooses ------------------------------------------------------------
+def test_eval_in_a_saved_history_is_never_called(saved, tmp_path):
+    marker = tmp_path / "pwned"
+    _tamper(saved, "builtins.eval", [f"__import__('pathlib').Path({str(marker)!r}).write_text('x')"])
+    _validate_then_rerun(saved)
+    assert not marker.exists()
+    _replays_refused(saved, "builtins.eval")
+
+
+def test_exec_in_a_saved_history_is_never_called(saved, tmp_path):
+    marker = tmp_path / "pwned"
+    _tamper(saved, "builtins.exec", [f"open({str(marker)!r}, 'w').write('x')"])
+    _validate_then_rerun(saved)
+    assert not marker.exists()
+    _replays_refused(saved, "builtins.exec")
+
+
+def test_open_in_a_saved_history_is_never_called(saved, tmp_path):
+    marker = tmp_path / "created"
+    _tamper(saved, "builtins.open", [str(marker), "w"])
+    _validate_then_rerun(saved)
+    assert not marker.exists()
+    _replays_refused(saved, "builtins.open")
+
+
+def test_a_module_reached_through_torchlens_is_not_entered(saved, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    _tamper(saved, "torchlens.trace.storage.save.shutil.rmtree", [str(victim)])
+    _validate_then_rerun(saved)
+    assert victim.exists()
+    _replays_refused(saved, "torchlens.trace.storage.save.shutil.rmtree")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "operator.attrgetter",
+        "torch.load",
+        "torch.save",
+        "torch.from_file",
+        "torch.ops.aten.from_file.default",
+        "torch.ops.aten.save.default",
+        "torch.ops.load_library",
+        "torch.os.system",
+        "torchlens.trace.storage.save.save_history",
+        "torchlens.trace.capture.run.run_pass",
+    ],
+)
+def test_functions_torchlens_does_not_trace_are_not_replayed(saved, name):
+    _tamper(saved, name, [{"t": "parent", "v": "linear_1_1"}])
+    _replays_refused(saved, name)
+
+
+def test_a_refused_function_among_the_arguments_is_not_called(saved, monkeypatch):
+    # Tensor.apply_ is traced, and calls the function it is given on every element
+    import builtins
+
+    calls = []
+    monkeypatch.setattr(builtins, "print", lambda *a: calls.append(a) or 0.0)
+    _tamper(saved, "torch.Tensor.apply_", [{"t": "parent", "v": "linear_1_1"}, {"t": "func", "v": "builtins.print"}])
+    loaded = tl.load(saved)
+    assert isinstance(loaded["relu_1_2"].func_args[1], UnavailableFunction)
+    assert validate_history(loaded) is False
+    assert calls == []
+
+
+def test_real_operations_of_a_loaded_history_still_replay(saved):
+    loaded = tl.load(saved)
+    assert validate_history(loaded) is True
+    changed = loaded.rerun({"linear_1_1": torch.zeros(2, 3)})
+    assert torch.equal(changed["sigmoid_1_4"].activation, torch.full((2, 3), 0.5))
+
+
+def test_torch_ops_and_pass_through_functions_load_as_themselves(saved):
+    document = _index(saved)
+    _set_field(document, "relu_1_2", "func", {"t": "func", "v": "torch.ops.aten.relu.default"})
+    _write(saved, document)
+    loaded = tl.load(saved)
+    assert loaded["relu_1_2"].func is torch.ops.aten.relu.default
+    assert loaded["output_1_5"].func.__name__ == "identity"
+    assert validate_history(loaded) is True
+
+
+def test_live_histories_keep_their_function_objects():
+    def mine(x):
+        return x * 3
+
+    h = tl.log_forward_pass(Small(), torch.rand(2, 3), save_function_args=True)
+    h["relu_1_2"].func = mine  # anything a user puts in a live history is theirs to call
+    changed = h.rerun({"linear_1_1": torch.ones(2, 3)})
+    assert torch.equal(changed["mul_1_3"].activation, torch.full((2, 3), 6.0))
+
+
+def test_loading_resolves_no_attribute_of_arbitrary_objects(saved):
+    # a name is followed through modules and classes only, never into a function's globals
+    _tamper(saved, "torch.cuda.is_available.__globals__", [])
+    loaded = tl.load(saved)
+    assert isinstance(loaded["relu_1_2"].func, UnavailableFunction)
+
+
+def test_record_types_are_torchlens_dataclasses_under_their_own_name(saved):
+    document = _index(saved)
+    modules = document["history"]["modules"]
+    modules["cls"] = "torchlens.trace.storage.codec.dataclasses.dataclass"
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="unknown record type"):
+        tl.load(saved)
+
+
+def test_saved_functions_are_checked_when_loading(saved, monkeypatch):
+    """The allowlist is consulted at load time, so a history never holds an unchecked callable."""
+    from torchlens.trace.storage import allowlist
+
+    checked = []
+    real = allowlist._check
+    monkeypatch.setattr(allowlist, "_CACHE", {})
+    monkeypatch.setattr(allowlist, "_check", lambda name: checked.append(name) or real(name))
+    tl.load(saved)
+    assert "torch.relu" in checked and "torch.sigmoid" in checked
