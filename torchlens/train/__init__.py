@@ -1,4 +1,5 @@
-"""Training-time explorer: ``watch`` records histograms while a model trains; ``open_run`` reads them."""
+"""The train wing: ``watch`` records histograms of a model while it trains (module hooks, the run
+database, wandb and TensorBoard), ``open_run`` reads them, ``serve`` shows them on a page."""
 
 from .reader import Run, RunError, Series, open_run
 from .session import Watch, attach, setup, unwatch, watch
