@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import random
 import re
 
@@ -202,9 +204,12 @@ def assert_consistent_graph(h):
         assert e.label in str(e)
     assert h.input_layers == labels[: len(h.input_layers)]
     assert h.output_layers == labels[len(labels) - len(h.output_layers) :]
-    text = str(h)
+    assert str(h).startswith(f"Log of {h.model_name} forward pass:")  # the module table prints
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):
+        h.print_layers()
     for label in labels:
-        assert label in text
+        assert label in listing.getvalue()
     frame = h.to_pandas()
     assert list(frame["label"]) == labels
 

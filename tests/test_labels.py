@@ -76,10 +76,11 @@ def test_ambiguity_errors_suggest_keys_that_work(history, key, expected):
     assert [history[k].label for k in suggestions] == labels[: len(suggestions)]  # each names one layer
 
 
-def test_outputs_of_one_call_are_shown_together(history):
+def test_outputs_of_one_call_are_shown_together(history, capsys):
     labels = history["lstm:1.0"].call_outputs
     assert len(labels) == 3 and labels == [history[k].label for k in ("lstm:1.0", "lstm:1.1.0", "lstm:1.1.1")]
-    summary = str(history)
+    history.print_layers()
+    summary = capsys.readouterr().out
     assert f"{labels[1]} (output 2 of 3 of one lstm call)" in summary
     entry = str(history[labels[2]])
     assert "(output 3 of 3 of one lstm call)" in entry and f"Outputs of the same call: {', '.join(labels)}" in entry

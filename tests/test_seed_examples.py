@@ -37,8 +37,41 @@ def test_alexnet_summary_shape(alexnet_history):
     assert "24 tensors (4.8 MB) computed in forward pass; 24 tensors (4.8 MB) saved." in text
     assert "61100840 params total" in text
     assert "Random seed: 1" in text
+    # one row per module: address indented by depth, class, calls, output shape, params, saved bytes
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith(("features", "  features"))}
+    assert list(rows) == ["features"] + [f"features.{i}" for i in range(13)]
+    assert rows["features.6"].split() == [
+        "features.6",
+        "Conv2d",
+        "1",
+        "(1,",
+        "384,",
+        "13,",
+        "13)",
+        "663,936",
+        "253.5",
+        "KB",
+    ]
+    assert rows["features"].startswith("features ") and rows["features.6"].startswith("  features.6 ")  # depth
+    assert len(text.splitlines()) < 40 and "conv2d_3_7" not in text
+    assert text.endswith(
+        "24 layers: history.print_layers() lists every one; history.summary(depth=1) shows the top-level modules only."
+    )
+    top = alexnet_history.summary(depth=1)
+    assert [line.split()[0] for line in top.splitlines() if line[:1].isalpha()][-3:] == [
+        "features",
+        "avgpool",
+        "classifier",
+    ]
+    assert top.endswith("20 deeper modules not shown: history.summary() shows all.")
+
+
+def test_alexnet_full_layer_listing(alexnet_history, capsys):
+    alexnet_history.print_layers()
+    text = capsys.readouterr().out
+    assert text.startswith("Log of AlexNet forward pass:\n")
     assert "\t\tfeatures:\n\t\t    features.0, features.1," in text
-    assert "\t\t7: conv2d_3_7\n" in text and text.endswith("23: output_1_23")
+    assert "\t\t7: conv2d_3_7\n" in text and text.endswith("23: output_1_23\n")
 
 
 def test_alexnet_entry_print_and_lookup(alexnet_history):

@@ -9,10 +9,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import torch
 
-from ..records.format import human_bytes
 from ..records.tensor_log import TensorLogEntry
 from .extensions import extension
 from .rolled import RolledLayer, roll
+from .summary import layers_text, summary_text
 
 
 @dataclass
@@ -303,57 +303,46 @@ class ModelHistory:
         return self.pass_time + self.postprocess_time
 
     # ----- printing and export --------------------------------------------------------------
-    def _structure_text(self) -> str:
-        shape = f"recurrent (at most {self.max_passes} loops)" if self.is_recurrent else "purely feedforward"
-        branching = "with branching" if self.is_branching else "without branching"
-        if self.has_conditional_branching:
-            branching += ", with conditional branching"
-        return f"{shape}, {branching}; {len(self.modules.addresses)} total modules."
-
-    def _hierarchy_lines(self, address: str = "", depth: int = 2) -> List[str]:
-        lines = []
-        for child in self.modules.children.get(address, []):
-            grandchildren = self.modules.children.get(child, [])
-            if not grandchildren:
-                lines.append("\t" * depth + child)
-                continue
-            lines.append("\t" * depth + child + ":")
-            if all(not self.modules.children.get(g) for g in grandchildren):
-                lines.extend(_wrap(grandchildren, "\t" * depth + "    "))
-            else:
-                lines.extend(self._hierarchy_lines(child, depth + 1))
-        return lines
-
-    def _untraced_lines(self) -> List[str]:
-        untraced = self.untraced_layers
-        if not untraced:
-            return []
-        count = "1 tensor comes" if len(untraced) == 1 else f"{len(untraced)} tensors come"
-        return [
-            f"\tWARNING: {count} from untraced producers (calls torchlens does not trace; "
-            f"what they were computed from is unknown): {', '.join(untraced)}"
-        ]
-
     def __str__(self) -> str:
-        lines = [
-            f"Log of {self.model_name} forward pass:",
-            f"\tModel structure: {self._structure_text()}",
-            f"\t{self.num_tensors} tensors ({human_bytes(self.tensor_bytes)}) computed in forward pass; "
-            f"{self.num_tensors_saved} tensors ({human_bytes(self.saved_tensor_bytes)}) saved.",
-            f"\t{self.num_param_tensors} parameter tensors, used by {self.num_param_operations} operations "
-            f"({self.num_params} params total; {human_bytes(self.param_bytes)}).",
-            *self._untraced_lines(),
-            *(f"\tNote: {note}" for note in self.notes),
-            f"\tRandom seed: {self.random_seed}",
-            f"\tTime elapsed: {self.elapsed_time:.3f}s",
-            "\tModule Hierarchy:",
-            *self._hierarchy_lines(),
-            "\tLayers:"
-            if len(self) == self.num_tensors
-            else f"\tLayers ({len(self)} of {self.num_tensors} kept: the saved ones; keep_unsaved_layers=True keeps all):",
-        ]
-        lines.extend(f"\t\t{i}: {e.label}{e.call_note()}" for i, e in enumerate(self.layer_list))
-        return "\n".join(lines)
+        """The header and one row per module (see ``summary``); ``print_layers`` lists layers."""
+        return summary_text(self, auto=True)
+
+    def summary(self, depth: Optional[int] = None) -> str:
+        """The header (model, operations, totals, notes) and one row per module: its address
+        indented by depth, class, number of calls, output shape of its first call, parameters
+        (its own and its submodules') and bytes of saved activations computed inside it.
+        ``depth=N`` shows modules at most N levels deep (1: the top-level ones); ``print(history)``
+        shows all that fit in 250 rows. ``print_layers()`` lists every layer instead.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(3, 3)), torch.nn.ReLU())
+            >>> h = tl.log_forward_pass(model, torch.ones(1, 3))
+            >>> text = h.summary(depth=1)
+            >>> print(text[text.index("Module"):])  # doctest: +NORMALIZE_WHITESPACE
+            Module  Class       Calls  Output shape  Params  Saved
+            0       Sequential      1  (1, 3)            12   12 B
+            1       ReLU            1  (1, 3)             0   12 B
+            <BLANKLINE>
+            4 layers: history.print_layers() lists every one; 1 deeper module not shown: history.summary() shows all.
+        """
+        return summary_text(self, depth=depth)
+
+    def print_layers(self) -> None:
+        """Print the header, the module hierarchy and one line per layer, in execution order.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> h = tl.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
+            >>> h.print_layers()  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+            Log of Linear forward pass:
+            ...
+            Layers:
+                0: input_1_0
+                1: linear_1_1
+                2: output_1_2
+        """
+        print(layers_text(self))
 
     def __repr__(self) -> str:
         return self.__str__()
@@ -441,17 +430,3 @@ def as_key(key: Any) -> Union[str, int]:
     raise TypeError(
         f"ModelHistory keys are layer labels, module addresses, ints or slices, not {type(key).__name__} ({key!r})"
     )
-
-
-def _wrap(items: List[str], indent: str, width: int = 100) -> List[str]:
-    lines, current = [], ""
-    for item in items:
-        piece = item if not current else ", " + item
-        if current and len(indent) + len(current) + len(piece) > width:
-            lines.append(indent + current + ",")
-            current = item
-        else:
-            current += piece
-    if current:
-        lines.append(indent + current)
-    return lines

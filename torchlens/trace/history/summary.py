@@ -1,0 +1,226 @@
+"""What ``print(history)`` shows: a header (model, operations, totals, notes) and one row per
+module (address indented by depth, class, calls, output shape of the first call, parameters,
+bytes of saved activations); ``history.print_layers()`` lists every layer instead.
+
+Everything here is linear in the entries times their module depth, so printing stays fast for
+models with tens of thousands of operations; the default print shows at most ``MAX_ROWS``
+modules (the deepest levels that fit) and says how to see the rest.
+
+Example:
+    >>> import torch, torchlens as tl
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    >>> h = tl.log_forward_pass(model, torch.ones(2, 3), random_seed=0)
+    >>> text = str(h)
+    >>> print(text[text.index("Module  "):])
+    Module  Class   Calls  Output shape  Params  Saved
+    0       Linear      1  (2, 4)            16   32 B
+    1       ReLU        1  (2, 4)             0   32 B
+    <BLANKLINE>
+    4 layers: history.print_layers() lists every one; history.summary(depth=1) shows the top-level modules only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..records.format import human_bytes
+
+MAX_ROWS = 250  # modules shown by the default print; deeper levels are left out beyond it
+
+
+class SummaryText(str):
+    """Text that shows as itself in a notebook or the REPL (``history.summary()``), not as a
+    quoted string with ``\\n`` in it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _tree(history: Any) -> List[Tuple[str, int]]:
+    """(address, depth) of every module, parents before children, depth 1 for top level."""
+    children = history.modules.children
+    out: List[Tuple[str, int]] = []
+    stack = [(a, 1) for a in reversed(children.get("", []))]
+    while stack:
+        address, depth = stack.pop()
+        out.append((address, depth))
+        stack.extend((c, depth + 1) for c in reversed(children.get(address, [])))
+    listed = {a for a, _ in out}
+    out.extend((a, a.count(".") + 1) for a in history.modules.addresses if a not in listed)
+    return out
+
+
+def _module_facts(history: Any) -> Tuple[Dict[str, List[Any]], Dict[str, int], Dict[str, int]]:
+    """Output shapes of each module's first call, its parameter count, its saved bytes."""
+    outputs: Dict[str, List[Tuple[int, int, Any]]] = {}
+    saved: Dict[str, int] = {}
+    for i, e in enumerate(history.layer_list):
+        for address, pass_num in e.output_of_modules or ():
+            if int(pass_num) == 1:
+                position = (e.module_output_positions or {}).get((address, pass_num), ())
+                depth = len(position) if isinstance(position, tuple) else 1
+                outputs.setdefault(address, []).append((depth, i, e.shape))
+        nbytes = e.saved_nbytes
+        if nbytes:
+            for address in {a for a, _ in e.module_stack or ()}:
+                saved[address] = saved.get(address, 0) + nbytes
+    params: Dict[str, int] = {}
+    for name, (_, numel, _) in history.param_info.items():
+        address = name.rpartition(".")[0]
+        while address:  # a parameter counts for its module and every module around it
+            params[address] = params.get(address, 0) + numel
+            address = address.rpartition(".")[0]
+    # the main output first: the least nested one (a model's hidden state, not its cache)
+    shapes = {a: [shape for _, _, shape in sorted(found, key=lambda t: t[:2])] for a, found in outputs.items()}
+    return shapes, params, saved
+
+
+def _shape_text(shapes: Optional[List[Any]]) -> str:
+    if not shapes:
+        return "-"
+    first = shapes[0]
+    text = str(tuple(first)) if first is not None else "?"
+    return text + (f" +{len(shapes) - 1} more" if len(shapes) > 1 else "")
+
+
+def _header(history: Any) -> List[str]:
+    structure = f"recurrent (at most {history.max_passes} loops)" if history.is_recurrent else "purely feedforward"
+    structure += ", with branching" if history.is_branching else ", without branching"
+    if history.has_conditional_branching:
+        structure += ", with conditional branching"
+    lines = [
+        f"Log of {history.model_name} forward pass:",
+        f"\tModel structure: {structure}; {len(history.modules.addresses)} total modules.",
+        f"\t{history.num_tensors} tensors ({human_bytes(history.tensor_bytes)}) computed in forward pass; "
+        f"{history.num_tensors_saved} tensors ({human_bytes(history.saved_tensor_bytes)}) saved.",
+        f"\t{history.num_param_tensors} parameter tensors, used by {history.num_param_operations} operations "
+        f"({history.num_params} params total; {human_bytes(history.param_bytes)}).",
+    ]
+    untraced = history.untraced_layers
+    if untraced:
+        count = "1 tensor comes" if len(untraced) == 1 else f"{len(untraced)} tensors come"
+        lines.append(
+            f"\tWARNING: {count} from untraced producers (calls torchlens does not trace; "
+            f"what they were computed from is unknown): {', '.join(untraced)}"
+        )
+    lines.extend(f"\tNote: {note}" for note in history.notes)
+    lines.append(f"\tRandom seed: {history.random_seed}")
+    lines.append(
+        f"\tTime elapsed: {history.elapsed_time:.3f}s (forward pass {history.pass_time:.3f}s, "
+        f"postprocessing {history.postprocess_time:.3f}s)"
+    )
+    return lines
+
+
+def _auto_depth(tree: List[Tuple[str, int]]) -> Optional[int]:
+    """The deepest level whose modules fit in ``MAX_ROWS`` rows (None: all of them fit)."""
+    if len(tree) <= MAX_ROWS:
+        return None
+    per_depth: Dict[int, int] = {}
+    for _, d in tree:
+        per_depth[d] = per_depth.get(d, 0) + 1
+    total, chosen = 0, 1
+    for d in sorted(per_depth):
+        total += per_depth[d]
+        if total > MAX_ROWS:
+            break
+        chosen = d
+    return chosen
+
+
+def _table(rows: List[List[str]]) -> List[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {2, 4, 5}  # numbers line up on the right
+    return [
+        "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    ]
+
+
+def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) -> SummaryText:
+    """The header and the module table of ``history``, modules at most ``depth`` levels deep
+    (``None``: all; ``auto``: the deepest levels that fit in ``MAX_ROWS`` rows)."""
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        raise ValueError(f"depth must be None or an int >= 0 (0: no module rows), not {depth!r}")
+    tree = _tree(history)
+    if auto and depth is None:
+        depth = _auto_depth(tree)
+    shown = [(a, d) for a, d in tree if depth is None or d <= depth]
+    shapes, params, saved = _module_facts(history)
+    lines = _header(history)
+    if shown:
+        rows = [["Module", "Class", "Calls", "Output shape", "Params", "Saved"]]
+        for address, d in shown[:MAX_ROWS] if auto else shown:
+            rows.append(
+                [
+                    "  " * (d - 1) + address,
+                    history.modules.types.get(address, "?"),
+                    str(history.modules.passes.get(address, 0)),
+                    _shape_text(shapes.get(address)),
+                    f"{params.get(address, 0):,}",
+                    human_bytes(saved.get(address, 0)),
+                ]
+            )
+        lines.append("")
+        lines.extend(_table(rows))
+    lines.append("")
+    lines.append(_footer(history, len(tree) - min(len(shown), MAX_ROWS if auto else len(shown)), depth))
+    return SummaryText("\n".join(lines))
+
+
+def _footer(history: Any, hidden: int, depth: Optional[int]) -> str:
+    kept = (
+        f"{len(history)} layers"
+        if len(history) == history.num_tensors
+        else f"{len(history)} of {history.num_tensors} layers kept (the saved ones; keep_unsaved_layers=True keeps all)"
+    )
+    text = f"{kept}: history.print_layers() lists every one"
+    if hidden:
+        text += f"; {hidden} deeper module{'s' if hidden > 1 else ''} not shown: history.summary() shows all"
+    else:
+        text += "; history.summary(depth=1) shows the top-level modules only"
+    return text + "."
+
+
+def layers_text(history: Any) -> str:
+    """The header, the module hierarchy and one line per layer (``history.print_layers()``)."""
+    lines = _header(history)
+    lines.append("\tModule Hierarchy:")
+    lines.extend(_hierarchy_lines(history, "", 2))
+    lines.append(
+        "\tLayers:"
+        if len(history) == history.num_tensors
+        else f"\tLayers ({len(history)} of {history.num_tensors} kept: the saved ones; keep_unsaved_layers=True keeps all):"
+    )
+    lines.extend(f"\t\t{i}: {e.label}{e.call_note()}" for i, e in enumerate(history.layer_list))
+    return "\n".join(lines)
+
+
+def _hierarchy_lines(history: Any, address: str, depth: int) -> List[str]:
+    children = history.modules.children
+    lines = []
+    for child in children.get(address, []):
+        grandchildren = children.get(child, [])
+        if not grandchildren:
+            lines.append("\t" * depth + child)
+            continue
+        lines.append("\t" * depth + child + ":")
+        if all(not children.get(g) for g in grandchildren):
+            lines.extend(_wrap(grandchildren, "\t" * depth + "    "))
+        else:
+            lines.extend(_hierarchy_lines(history, child, depth + 1))
+    return lines
+
+
+def _wrap(items: List[str], indent: str, width: int = 100) -> List[str]:
+    lines, current = [], ""
+    for item in items:
+        piece = item if not current else ", " + item
+        if current and len(indent) + len(current) + len(piece) > width:
+            lines.append(indent + current + ",")
+            current = item
+        else:
+            current += piece
+    if current:
+        lines.append(indent + current)
+    return lines
