@@ -318,3 +318,23 @@ def test_a_module_class_instead_of_an_instance_says_to_pass_an_instance():
         with pytest.raises(TypeError, match=r"the class Linear.*an instance.*Linear\(\.\.\.\)") as info:
             call(nn.Linear, torch.ones(1, 2))
         assert "plain function" not in str(info.value)
+
+
+@pytest.mark.parametrize("not_a_model", [5, "resnet18", lambda x: x * 2])
+def test_every_entry_point_refuses_what_is_not_a_model_by_name(not_a_model, tmp_path):
+    """validate_model_activations(5, x) raised AttributeError from inside; each public entry point
+    now says which argument is wrong, what it got and what to pass."""
+    calls = {
+        "log_forward_pass": lambda: tl.log_forward_pass(not_a_model, torch.ones(1, 2)),
+        "get_model_metadata": lambda: tl.get_model_metadata(not_a_model, torch.ones(1, 2)),
+        "validate_model_activations": lambda: tl.validate_model_activations(not_a_model, torch.ones(1, 2)),
+        "show_model_graph": lambda: tl.show_model_graph(
+            not_a_model, torch.ones(1, 2), vis_outpath=str(tmp_path / "g"), vis_save_only=True
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"{name} expects a torch.nn.Module"), message
+        assert type(not_a_model).__name__ in message and "forward" in message

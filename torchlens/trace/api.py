@@ -18,7 +18,7 @@ from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
 from .capture.unwrap import eager_only, traceable_model
 from .history.model_history import ModelHistory
-from .input_copy import as_args, as_kwargs, copy_inputs, refuse_module_class
+from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
@@ -89,12 +89,7 @@ def log_forward_pass(
         >>> history['relu_1_2'].activation.shape
         torch.Size([2, 3])
     """
-    refuse_module_class(model, "log_forward_pass")
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"log_forward_pass expects a torch.nn.Module, got {type(model).__name__}. "
-            "Wrap a plain function in an nn.Module whose forward calls it."
-        )
+    require_model(model, "log_forward_pass")
     model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
     if vis_mode not in ("none", None, "unrolled", "rolled"):
         raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
@@ -228,6 +223,7 @@ def get_model_metadata(
         >>> h['linear_1_1'].activation is None, h['linear_1_1'].shape
         (True, torch.Size([2, 3]))
     """
+    require_model(model, "get_model_metadata")
     return log_forward_pass(model, input_args, input_kwargs, layers_to_save=None, random_seed=random_seed)
 
 
@@ -251,7 +247,7 @@ def validate_model_activations(
         >>> tl.validate_model_activations(model, torch.rand(2, 4), random_seed=0)
         True
     """
-    refuse_module_class(model, "validate_model_activations")
+    require_model(model, "validate_model_activations")
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     rng = RngState()

@@ -56,6 +56,25 @@ def refuse_module_class(model: Any, caller: str) -> None:
         )
 
 
+def require_model(model: Any, caller: str) -> None:
+    """Refuse what is not a model (a number, a string, a function) before anything touches it.
+
+    Example:
+        >>> require_model(5, "validate_model_activations")
+        Traceback (most recent call last):
+        ...
+        TypeError: validate_model_activations expects a torch.nn.Module as its model, got int (5). Pass ...
+    """
+    refuse_module_class(model, caller)
+    if isinstance(model, nn.Module):
+        return
+    raise TypeError(
+        f"{caller} expects a torch.nn.Module as its model, got {type(model).__name__} ({model!r:.60}). Pass the "
+        "model object itself, e.g. nn.Linear(4, 3); to trace a plain function, wrap it in an nn.Module whose "
+        "forward calls it."
+    )
+
+
 def copy_inputs(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any], Optional[str]]:
     """A deep copy of ``(args, kwargs)`` for an extra run, and a note when one was not possible.
 
@@ -85,4 +104,4 @@ def copy_inputs(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[
         return replace_tensors(args, torch.clone), replace_tensors(dict(kwargs), torch.clone), note
 
 
-__all__ = ["as_args", "copy_inputs"]
+__all__ = ["as_args", "copy_inputs", "require_model"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from .api import get_model_metadata
+from .api import get_model_metadata, require_model
 from .render.graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
 
 
@@ -44,6 +44,7 @@ def show_model_graph(
         >>> os.path.exists(out + ".svg")
         True
     """
+    require_model(model, "show_model_graph")
     old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
     names = resolve_names(
         "show_model_graph",
