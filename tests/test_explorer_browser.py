@@ -583,3 +583,26 @@ def test_big_graph_and_long_strip(new_page, tmp_path, threads):
     assert set(drawn) == {"params/weight", "params/bias"}
     for key, (columns, heat) in drawn.items():
         assert columns == stored and heat > 50, key
+
+
+def test_exported_folder_of_runs_has_a_working_run_picker(new_page, tmp_path, threads):
+    folder = tmp_path / "runs"
+    first = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    with tl.watch(first, run_dir=str(folder / "a"), backend=None, verbose=False):
+        _train_small(first, 2)
+    second = TinyMLP()
+    with tl.watch(second, run_dir=str(folder / "b"), backend=None, verbose=False):
+        _train_small(second, 3)
+    page_file = export_html(str(folder), str(tmp_path / "all.html"))
+    p = new_page()
+    p.page.goto("file://" + os.path.abspath(page_file))
+    picker = p.page.wait_for_selector('[data-role="run-picker"]', state="visible")
+    assert picker.eval_on_selector_all("option", "os => os.map(o => o.value)") == ["a", "b"]
+    p.page.wait_for_selector('[data-node="hidden:1"]')  # the newest run first, as served
+    assert "3 logged steps" in p.page.inner_text('[data-role="status"]')
+    p.page.select_option('[data-role="run-picker"]', "a")
+    p.page.wait_for_selector('[data-node="0:1"]')
+    assert "Sequential" in p.page.inner_text('[data-role="status"]')
+    panel = pin(p.page, "0:1")
+    assert all(columns == 2 and heat > 20 for columns, heat in strips(p.page, panel).values())
+    assert p.problems() == []

@@ -236,33 +236,102 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXPLORE_EPILOG = """\
+examples:
+  torchlens explore torchlens_runs/                    serve every run of the folder (a run picker)
+  torchlens explore RUN_DIR --export run.html          one self-contained file: opens offline
+  torchlens explore torchlens_runs/ --export all.html  every run of the folder in one file
+  torchlens explore torchlens_runs/ --export one.html --run NAME
+                                                       only the run NAME (its folder, relative
+                                                       to the served one, or its last part)
+"""
+
+
+def _pick_run(root: str, name: str) -> str:
+    """The run id (a folder relative to ``root``) that ``name`` means: an id, or the last part of
+    exactly one id."""
+    from .train.serve.data import Catalog
+
+    catalog = Catalog(root)
+    ids = catalog.run_ids()
+    catalog.close()
+    wanted = name.strip("/")
+    if wanted in ids:
+        return wanted
+    matches = [i for i in ids if os.path.basename(i) == wanted]
+    if len(matches) == 1:
+        return matches[0]
+    raise CliError(
+        f"no run {name!r} under {root}"
+        + (f" (it names several: {', '.join(matches)})" if matches else "")
+        + (f"; the runs there: {', '.join(ids)}" if ids else "; there is no torchlens run there")
+    )
+
+
 def explore_main(argv: Sequence[str]) -> int:
-    """``torchlens explore RUN_DIR [--port N] [--host H] [--export FILE]``."""
+    """``torchlens explore RUN_DIR [--port N] [--host H] [--export FILE [--run NAME]]``."""
     from .train.reader import RunError
     from .train.serve import PortInUseError, explore, export_html
+    from .train.serve.data import NotFound
 
     parser = argparse.ArgumentParser(
         prog="torchlens explore",
-        description="Serve the explorer page of a run written by tl.watch, or of a folder of runs.",
+        description="Serve the explorer page of a run written by tl.watch, or of a folder of runs; "
+        "or write it to one self-contained HTML file (--export).",
+        epilog=EXPLORE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", help="a run folder (w.run_dir) or a folder holding runs")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--export", metavar="FILE", help="write one self-contained HTML file instead of serving")
+    parser.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080; 0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write one self-contained HTML file instead of serving; for a folder of runs the file "
+        "holds every run (with the run picker), or only --run NAME",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="NAME",
+        help="with --export: only this run of the folder (its folder relative to RUN_DIR, or its last part)",
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.run_dir):
         print(f"torchlens: error: no such folder: {args.run_dir}", file=sys.stderr)
         return 2
     try:
+        if args.run and not args.export:
+            raise CliError("--run NAME goes with --export; the served page has a run picker")
         if args.export:
-            export_html(args.run_dir, args.export)
-            print(f"torchlens: wrote {args.export}")
+            run_id = _pick_run(args.run_dir, args.run) if args.run else None
+            export_html(args.run_dir, args.export, run_id=run_id)
+            _print_exported(args.export, args.run_dir, run_id)
         else:
             explore(args.run_dir, port=args.port, host=args.host)
         return 0
-    except (PortInUseError, RunError, FileNotFoundError) as error:
+    except PortInUseError:  # its message is for Python callers (port=); here it is --port
+        print(
+            f"torchlens: error: port {args.port} on {args.host} is in use (or not allowed): pass another "
+            f"one, e.g. --port {args.port + 1} (or --port 0 for any free port)",
+            file=sys.stderr,
+        )
+        return 2
+    except (CliError, NotFound, RunError, FileNotFoundError) as error:
         print(f"torchlens: error: {error}", file=sys.stderr)
         return 2
+
+
+def _print_exported(path: str, root: str, run_id: Optional[str]) -> None:
+    from .train.serve.data import Catalog
+
+    if run_id is None:
+        catalog = Catalog(root)
+        ids = catalog.run_ids()
+        catalog.close()
+        if len(ids) > 1:
+            print(f"torchlens: wrote {path} ({len(ids)} runs: {', '.join(ids)}; --run NAME for one)")
+            return
+    print(f"torchlens: wrote {path}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -38,8 +38,16 @@
   }
 
   function exportedAnswer(route, params) {
-    const data = EXPORTED;
-    if (route === "runs") return { runs: [{ id: ".", name: data.summary.model, model: data.summary.model }] };
+    // one run: {summary, layouts, call_series}; a folder of runs: {runs, run_data: {id: one run}}
+    if (route === "runs") {
+      if (EXPORTED.runs) return { runs: EXPORTED.runs };
+      return { runs: [{ id: ".", name: EXPORTED.summary.model, model: EXPORTED.summary.model }] };
+    }
+    const data = EXPORTED.runs ? EXPORTED.run_data[state.runId] : EXPORTED;
+    if (!data) {
+      const entry = EXPORTED.runs.find((r) => r.id === state.runId);
+      throw new Error(entry && entry.error ? entry.error : `no run ${state.runId} in this file`);
+    }
     if (route === "run") return data.summary;
     if (route === "poll") return { steps: [], stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length };
     if (route === "layout") {
