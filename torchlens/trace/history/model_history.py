@@ -11,6 +11,7 @@ import torch
 
 from ..records.tensor_log import TensorLogEntry
 from .extensions import extension
+from .pickling import dumps_history, loads_history
 from .rolled import RolledLayer, roll
 from .summary import layers_text, summary_text
 
@@ -108,6 +109,18 @@ class ModelHistory:
     def attach_store(self, store: Any) -> None:
         """The open tensor files a loaded history reads its tensors from (kept alive with it)."""
         self._store = store
+
+    # ----- pickling and copying (see pickling.py) -------------------------------------------
+    def __reduce_ex__(self, protocol: Any) -> Tuple[Any, Tuple[bytes]]:
+        """Pickle (and ``copy.deepcopy``) through ``pickling.dumps_history``: the call frames' code
+        objects become picklable stand-ins that keep their source text."""
+        return loads_history, (dumps_history(self),)
+
+    def __copy__(self) -> "ModelHistory":
+        """A shallow copy: a new history object sharing the entries."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
     # ----- container protocol ---------------------------------------------------------------
     def __len__(self) -> int:

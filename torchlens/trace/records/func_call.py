@@ -40,8 +40,9 @@ class FuncCallLocation:
         return self._line(self.line_number).strip()
 
     def _line(self, number: int) -> str:
-        """Source line ``number`` of the file (a loaded history reads the text it stored)."""
-        return linecache.getline(self.file, number)
+        """Source line ``number`` of the file (a loaded or unpickled history reads the text it stored)."""
+        stored = getattr(self.code, "source", None)  # a stand-in for a code object keeps its source text
+        return stored.get(number, "") if stored is not None else linecache.getline(self.file, number)
 
     def source_lines(self, context: Optional[int] = None) -> List[str]:
         """Source lines around the call, the call marked with ``--->``."""

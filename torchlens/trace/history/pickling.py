@@ -1,0 +1,104 @@
+"""Pickling and deep-copying a ``ModelHistory``.
+
+A history holds what plain pickle refuses: Python code objects (every entry's ``call_frames``,
+kept as they are during the pass because reading source there would slow it), activations with
+an autograd graph (``copy.deepcopy`` refuses non-leaf tensors), and, for a loaded history, open
+tensor files. ``ModelHistory.__reduce_ex__`` therefore pickles its state with ``HistoryPickler``,
+into bytes, at pickling time only:
+
+- a code object becomes a ``PortableCode``: file, function, first line and the source text of
+  the function (``func_call_stack`` reads it, so source stays readable where the file is not);
+- an entry of a loaded history becomes a plain ``TensorLogEntry`` with every field read now;
+- tensors are pickled by torch (their values; an autograd graph is not kept).
+
+``copy.deepcopy`` goes through the same path, so a deep copy is a pickled-and-unpickled history.
+
+Example:
+    >>> import pickle, torch, torchlens as tl
+    >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2))
+    >>> again = pickle.loads(pickle.dumps(h))
+    >>> again.layer_labels == h.layer_labels, again['linear_1_1'].func_call_stack[-1].function
+    (True, 'forward')
+"""
+
+from __future__ import annotations
+
+import dis
+import io
+import linecache
+import pickle
+import types
+from typing import Any, Dict, Tuple
+
+from ..records.tensor_log import TensorLogEntry
+
+SOURCE_CONTEXT = 10  # lines kept on each side of a function's own lines
+_DROPPED = ("_rolled", "_store")  # derived again on use / open files of a loaded history
+_ENTRY_FIELDS = tuple(name for name in TensorLogEntry.__slots__ if name != "__weakref__")
+
+
+class PortableCode:
+    """What an unpickled history knows of a code object: file, function, first line and the
+    source lines around the function, as they were when it was pickled."""
+
+    __slots__ = ("co_filename", "co_name", "co_qualname", "co_firstlineno", "source")
+
+    def __init__(self, filename: str, name: str, qualname: str, firstlineno: int, source: Dict[int, str]) -> None:
+        self.co_filename = filename
+        self.co_name = name
+        self.co_qualname = qualname
+        self.co_firstlineno = firstlineno
+        self.source = source
+
+    @classmethod
+    def reduce(cls, code: types.CodeType) -> Tuple[Any, tuple]:
+        """The pickle reduction of ``code`` to a ``PortableCode`` (its source read now)."""
+        numbers = [line for _, line in dis.findlinestarts(code) if line is not None] or [code.co_firstlineno]
+        first = max(1, min(numbers + [code.co_firstlineno]) - SOURCE_CONTEXT)
+        source = {}
+        for n in range(first, max(numbers) + SOURCE_CONTEXT + 1):
+            text = linecache.getline(code.co_filename, n)
+            if text:
+                source[n] = text
+        qualname = getattr(code, "co_qualname", code.co_name)  # Python >= 3.11
+        return cls, (code.co_filename, code.co_name, qualname, code.co_firstlineno, source)
+
+    def __repr__(self) -> str:
+        return f"<pickled code {self.co_qualname} at {self.co_filename}:{self.co_firstlineno}>"
+
+
+class HistoryPickler(pickle.Pickler):
+    """A pickler for a history's state: code objects and lazily loaded entries get stand-ins."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return PortableCode.reduce(obj)
+        if isinstance(obj, TensorLogEntry) and type(obj) is not TensorLogEntry:
+            # a loaded entry reads its tensors from open files: pickle its values as a plain entry
+            fields = {name: getattr(obj, name) for name in _ENTRY_FIELDS}
+            return _blank_entry, (), (None, fields)
+        return NotImplemented
+
+
+def _blank_entry() -> TensorLogEntry:
+    return TensorLogEntry.__new__(TensorLogEntry)  # its fields are set from the pickled state
+
+
+def dumps_history(history: Any) -> bytes:
+    """The state of ``history`` as bytes that ``loads_history`` turns back into a history."""
+    state = {k: v for k, v in history.__dict__.items() if k not in _DROPPED}
+    buffer = io.BytesIO()
+    HistoryPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((type(history), state))
+    return buffer.getvalue()
+
+
+def loads_history(data: bytes) -> Any:
+    """The history ``dumps_history`` wrote (the function pickle calls when unpickling one)."""
+    cls, state = pickle.loads(data)  # noqa: S301 - the bytes of a history being unpickled anyway
+    history = cls.__new__(cls)
+    history.__dict__.update(state)
+    history._rolled = None
+    return history
+
+
+__all__ = ["PortableCode", "HistoryPickler", "dumps_history", "loads_history"]
