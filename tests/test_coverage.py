@@ -450,3 +450,72 @@ def test_ground_truth_looks_inside_objects():
     for _ in range(10):
         deep = SimpleNamespace(child=deep)
     assert tensors_in_arguments(deep) == []  # past the depth limit
+
+
+# ----- tensors made by calling a tensor class ----------------------------------------------------
+class LegacyConstructors(nn.Module):
+    """Every way a forward can build a tensor from data: the classes (legacy constructors), the
+    factory functions and the ``new_tensor`` method."""
+
+    def forward(self, x):
+        assert isinstance(x, torch.FloatTensor) and not isinstance(x, torch.LongTensor)  # still classes
+        a = torch.Tensor([[1.0, 2.0, 3.0]])
+        b = torch.FloatTensor([[1, 2, 3]])
+        c = torch.LongTensor([[1, 2, 3]]).float()
+        d = x.new_tensor([[1.0, 2.0, 3.0]])
+        e = torch.as_tensor([[1.0, 2.0, 3.0]])
+        f = torch.asarray([[1.0, 2.0, 3.0]])
+        g = torch.Tensor(2, 3).fill_(0.5)  # sizes: uninitialised memory, then filled
+        return x + a + b + c + d + e + f + g
+
+
+def test_tensor_classes_called_in_forward_are_logged_creations():
+    x = torch.randn(2, 3)
+    h = log_checked(LegacyConstructors(), x)
+    assert h.untraced_layers == []
+    by_function = {}
+    for e in h:
+        by_function.setdefault(e.func_name, []).append(e)
+    for name in ("Tensor", "FloatTensor", "LongTensor", "as_tensor", "asarray"):
+        for e in by_function[name]:
+            assert e.kind == "op" and e.parent_layers == [], (name, e.parent_layers)  # a creation, like torch.zeros
+    data, sizes = by_function["Tensor"]
+    torch.testing.assert_close(data.activation, torch.tensor([[1.0, 2.0, 3.0]]))
+    assert sizes.func_args == (2, 3) and sizes.child_layers == [by_function["fill_"][0].label]
+    assert by_function["LongTensor"][0].activation.dtype == torch.int64
+    assert tl.validate_model_activations(LegacyConstructors(), x, random_seed=0, verbose=True)
+
+
+def test_calling_tensor_classes_during_a_pass_changes_nothing_else():
+    """Other classes of the same metaclasses (nn.Parameter, tensor subclasses) are built as usual
+    and not logged; a constructor's own error reaches the model; afterwards the metaclasses are
+    exactly as before."""
+    from torchlens.trace.capture.constructors import METACLASSES, call_slot
+
+    before = [(dict(vars(meta)), call_slot(meta)) for meta in METACLASSES]
+
+    class Subclass(torch.Tensor):
+        pass
+
+    class Builds(nn.Module):
+        def forward(self, x):
+            p = nn.Parameter(torch.ones(3))
+            s = torch.ones(3).as_subclass(Subclass)
+            with pytest.raises(TypeError, match="new"):
+                torch.FloatTensor("not data")
+            return x * p + s.sum()
+
+    h = tl.log_forward_pass(Builds(), torch.ones(3), random_seed=0)
+    assert not any(e.func_name in ("Parameter", "Subclass", "FloatTensor") for e in h)
+    assert [(dict(vars(meta)), call_slot(meta)) for meta in METACLASSES] == before
+    assert isinstance(torch.FloatTensor([1.0]), torch.FloatTensor)
+
+
+def test_tensor_class_creations_replay_after_saving_and_loading(tmp_path):
+    from torchlens.trace.validate import validate_history
+
+    h = tl.log_forward_pass(LegacyConstructors(), torch.randn(2, 3), random_seed=0, save_function_args=True)
+    loaded = tl.load(h.save(tmp_path / "h"))
+    made = [e for e in loaded if e.func_name in ("Tensor", "FloatTensor", "LongTensor")]
+    assert len(made) == 4 and all(callable(e.func) and e.func.__name__.startswith("torch_") for e in made)
+    assert validate_history(loaded, verbose=True)

@@ -29,12 +29,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from .capture.constructors import allocates_uninitialised
 from .capture.run import RngState
 from .history.model_history import ModelHistory
 from .records.tensor_log import ParentRef, TensorLogEntry
 from .replay import replay_entry
 
-# Functions whose output has no meaningful value to compare (uninitialised memory).
+# Functions whose output has no meaningful value to compare (uninitialised memory; so has a
+# tensor class called with sizes only, torch.Tensor(2, 3): allocates_uninitialised).
 UNCOMPARABLE = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 # Layers that pass a tensor on unchanged. Their saved call is identity(what they passed on);
 # histories saved before pass-throughs recorded it have none, and are still accepted.
@@ -208,7 +210,7 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
         refs = _parent_refs(entry) if entry.func_args is not None else None
         if refs is not None:
             ok = _check_arguments(entry, refs, report) and ok
-        if entry.func_name in UNCOMPARABLE:
+        if entry.func_name in UNCOMPARABLE or allocates_uninitialised(entry.func_name, entry.func_args):
             continue
         with torch.no_grad():
             result = replay_entry(entry, by_label, {})

@@ -80,6 +80,77 @@ def _type_modified_function() -> Optional[Callable[[type], None]]:
 TYPE_MODIFIED = _type_modified_function()
 
 
+# ----- a metaclass's call slot ----------------------------------------------------------------
+# ``Cls(...)`` runs the C function in the ``tp_call`` slot of ``type(Cls)``. Words of
+# ``PyTypeObject`` (CPython's C layout, unchanged from 3.8 on): tp_basicsize, tp_call, tp_flags,
+# tp_base. The three Python also shows are compared first, so an unknown layout is never written.
+_WORD = ctypes.sizeof(ctypes.c_void_p)
+_BASICSIZE, _TP_CALL, _FLAGS, _BASE = 4, 16, 21, 32
+
+
+def _word(cls: type, index: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p.from_address(id(cls) + index * _WORD)
+
+
+def _layout_known() -> bool:
+    if TYPE_MODIFIED is None:
+        return False
+    for cls in (type, int, ClassDict):
+        flags = ctypes.c_ulong.from_address(id(cls) + _FLAGS * _WORD).value
+        if _word(cls, _BASICSIZE).value != cls.__basicsize__ or flags != cls.__flags__:
+            return False
+        if _word(cls, _BASE).value != id(cls.__base__):
+            return False
+    return True
+
+
+class _CallsPython:
+    def __call__(self) -> None:  # pragma: no cover - never called: its class's slot is what we need
+        pass
+
+
+_SLOT_CALL = _word(_CallsPython, _TP_CALL).value if _layout_known() else None  # looks up __call__
+
+
+def call_slot(meta: type) -> Optional[int]:
+    """The address in ``meta``'s call slot (None where the layout is unknown)."""
+    return _word(meta, _TP_CALL).value if _SLOT_CALL is not None else None
+
+
+class CallSlot:
+    """While installed, ``Cls(*args, **kwargs)`` for every class ``Cls`` of metaclass ``meta``
+    runs ``function(Cls, *args, **kwargs)``; ``uninstall`` puts back the exact C function.
+
+    ``meta.__call__ = function`` is refused for a metaclass written in C, and setting a slot
+    through a class's dict cannot be undone exactly by Python (CPython keeps the slower generic
+    slot afterwards). So ``function`` is put in ``meta``'s dict and the slot is pointed at
+    CPython's generic one, which looks ``__call__`` up there; both are put back afterwards.
+    ``usable`` is False on an interpreter whose type layout is not the one checked above.
+    """
+
+    def __init__(self, meta: type, function: Callable) -> None:
+        self.meta = meta
+        self.function = function
+        self.namespace = ClassDict.of(meta)
+        self.usable = _SLOT_CALL is not None and self.namespace is not None and "__call__" not in vars(meta)
+        self.slot = _word(meta, _TP_CALL) if self.usable else None  # made once: a few us each
+        self.saved: Optional[int] = None
+
+    def install(self) -> None:
+        if not self.usable or self.saved is not None:
+            return
+        self.saved = self.slot.value
+        self.namespace.update({"__call__": self.function})
+        self.slot.value = _SLOT_CALL
+
+    def uninstall(self) -> None:
+        if self.saved is None:
+            return
+        self.slot.value = self.saved
+        self.saved = None
+        self.namespace.restore({}, ["__call__"], {"__call__": self.function})
+
+
 def namespace_of(owner: Any) -> dict:
     """The dict that holds ``owner``'s attributes (a class's real dict, not its proxy)."""
     if isinstance(owner, type):
@@ -88,4 +159,4 @@ def namespace_of(owner: Any) -> dict:
     return vars(owner)
 
 
-__all__ = ["ClassDict", "TYPE_MODIFIED", "has_own_slot", "namespace_of"]
+__all__ = ["ClassDict", "CallSlot", "TYPE_MODIFIED", "call_slot", "has_own_slot", "namespace_of"]

@@ -24,6 +24,7 @@ import torch
 import torch.overrides
 
 from .class_dict import ClassDict, has_own_slot, namespace_of
+from .constructors import CONSTRUCTORS, call_slots
 from .opaque import opaque_patches
 from .ops import ACTIVE, OpInfo, Patch
 from .ops import is_inplace_name as _is_inplace_name
@@ -167,6 +168,10 @@ class WrapperTable:
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
         self._build()
+        # calls of torch.Tensor, torch.FloatTensor...: their metaclasses' call slots; the
+        # functions recorded for them count as wrapped originals (a loaded history may call them)
+        self.call_slots = call_slots()
+        self.originals.update((id(f), f) for f in CONSTRUCTORS.values())
         # Patches are written one namespace at a time, in C: a module's dict, or a class's real
         # dict (capture/class_dict.py; a Python loop of 1,900 writes cost more than a small
         # model's forward). Only methods a C slot calls directly need setattr (type_patches).

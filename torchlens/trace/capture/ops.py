@@ -88,11 +88,15 @@ def install(table: "Any") -> None:
         class_dict.update(replacements)
     for p in table.type_patches:
         setattr(p.owner, p.name, p.replacement)
+    for slot in table.call_slots:  # calls of tensor classes (capture/constructors.py)
+        slot.install()
 
 
 def uninstall(table: "Any") -> None:
     """Restore every patched attribute to the exact original object (never raises half-way)."""
     ACTIVE.installed = None
+    for slot in table.call_slots:
+        slot.uninstall()
     for owner_dict, _, originals, shadowed in table.namespace_groups:
         owner_dict.update(originals)
         for name in shadowed:

@@ -8,7 +8,8 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
 
 - *One wrapper code object.* Every wrapper made by ``decorate._make_wrapper`` shares one
   ``__code__`` (closures differ, code does not), so a call stack skips wrapper frames with one
-  set lookup by id (``skip_code_ids``: that code, ``on_call``'s, and the opaque wrappers' codes). A wrapper
+  set lookup by id (``skip_code_ids``: that code, ``on_call``'s, the opaque wrappers' codes and
+  the tensor classes' call hook, capture/constructors.py). A wrapper
   written another way would show up as a frame of the model's source.
 - *Frame depths.* ``on_call`` is entered from the wrapper, which is entered from the model's
   code: ``sys._getframe(2)`` in ``on_call`` is the caller's frame, and ``sys._getframe(1)`` in
@@ -50,6 +51,7 @@ from torch import nn
 
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from .args import replace_tensors, tensors_in, tensors_in_call
+from .constructors import CODES as CONSTRUCTOR_CODES
 from .copy_on_write import SharedActivations
 from .decorate import _make_wrapper, writes_in_place
 from .gradients import record_gradient
@@ -92,7 +94,7 @@ def _skip_code_ids() -> frozenset:
     """Ids of the code of torchlens's own frames between the model and the tracer: every
     wrapper shares one code object, plus ``on_call`` and the opaque wrappers."""
     wrapper_code = _make_wrapper(identity, OpInfo("x", "x", False)).__code__
-    return frozenset(map(id, (wrapper_code, Tracer.on_call.__code__, *WRAPPER_CODES)))
+    return frozenset(map(id, (wrapper_code, Tracer.on_call.__code__, *WRAPPER_CODES, *CONSTRUCTOR_CODES)))
 
 
 class Tracer:
