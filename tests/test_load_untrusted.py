@@ -199,3 +199,168 @@ def test_saved_functions_are_checked_when_loading(saved, monkeypatch):
     monkeypatch.setattr(allowlist, "_check", lambda name: checked.append(name) or real(name))
     tl.load(saved)
     assert "torch.relu" in checked and "torch.sigmoid" in checked
+
+
+# ----- files outside the folder --------------------------------------------------------------
+def _other_history(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A second saved history (its shard stands for any file the attacker would like read)."""
+    h = tl.log_forward_pass(nn.Sequential(nn.Linear(3, 3)), torch.full((2, 3), 7.0))
+    return pathlib.Path(h.save(tmp_path / "other"))
+
+
+def _point_activation_at(folder: pathlib.Path, file: str, size: int) -> None:
+    """Make the input layer's activation (tensor #0, 't0') a tensor of file ``file``."""
+    document = _index(folder)
+    document["files"][file] = size
+    document["tensors"][0]["file"] = file
+    _write(folder, document)
+
+
+def _read_everything(folder: pathlib.Path) -> None:
+    loaded = tl.load(folder)
+    for entry in loaded:
+        entry.activation, entry.func_args, entry.func_kwargs
+
+
+def test_a_tensor_file_outside_the_folder_is_not_read(saved, tmp_path):
+    other = _other_history(tmp_path) / "tensors-00000.safetensors"
+    _point_activation_at(saved, "../other/tensors-00000.safetensors", other.stat().st_size)
+    with pytest.raises(tl.HistoryFileError, match=r"'\.\./other/tensors-00000\.safetensors' leads outside the saved"):
+        _read_everything(saved)
+
+
+def test_an_absolute_tensor_file_is_not_read(saved, tmp_path):
+    other = _other_history(tmp_path) / "tensors-00000.safetensors"
+    _point_activation_at(saved, str(other), other.stat().st_size)
+    with pytest.raises(tl.HistoryFileError, match="leads outside the saved folder"):
+        _read_everything(saved)
+
+
+def test_a_symlink_inside_the_folder_pointing_out_is_not_followed(saved, tmp_path):
+    other = _other_history(tmp_path) / "tensors-00000.safetensors"
+    (saved / "tensors-00001.safetensors").symlink_to(other)
+    _point_activation_at(saved, "tensors-00001.safetensors", other.stat().st_size)
+    with pytest.raises(
+        tl.HistoryFileError, match="tensors-00001.safetensors: a link to a file outside the saved folder"
+    ):
+        _read_everything(saved)
+
+
+def test_an_index_linked_from_elsewhere_is_not_read(saved, tmp_path):
+    other = _other_history(tmp_path)
+    (saved / "torchlens.json").unlink()
+    (saved / "torchlens.json").symlink_to(other / "torchlens.json")
+    with pytest.raises(tl.HistoryFileError, match="torchlens.json: a link to a file outside the saved folder"):
+        tl.load(saved)
+
+
+def test_a_symlink_that_stays_inside_the_folder_is_fine(saved):
+    (saved / "tensors-00000.safetensors").rename(saved / "data.safetensors")
+    (saved / "tensors-00000.safetensors").symlink_to("data.safetensors")
+    loaded = tl.load(saved)
+    assert loaded["linear_1_1"].activation.shape == (2, 3)
+
+
+# ----- malformed tensor metadata -------------------------------------------------------------
+def _record_of(document: dict, label: str, field: str = "activation") -> dict:
+    fields = document["entry_fields"]
+    row = next(r for r in document["entries"] if r[fields.index("label")] == label)
+    return document["tensors"][row[fields.index(field)]["k"]]
+
+
+@pytest.mark.parametrize("shape", [[3, 3], [1], [2, 3, 1, 0, 5]])
+def test_a_shape_that_does_not_fit_the_stored_bytes_names_the_layer(saved, shape):
+    document = _index(saved)
+    _record_of(document, "relu_1_2")["shape"] = shape
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match=r"relu_1_2.*holds 24 bytes but the index describes"):
+        tl.load(saved)["relu_1_2"].activation
+
+
+def test_a_shape_larger_than_the_file_is_refused_before_anything_is_allocated(saved):
+    import tracemalloc
+
+    document = _index(saved)
+    _record_of(document, "relu_1_2")["shape"] = [1 << 20, 1 << 20]
+    _write(saved, document)
+    size = sum(p.stat().st_size for p in saved.iterdir())
+    tracemalloc.start()
+    try:
+        with pytest.raises(tl.HistoryFileError, match=r"layer relu_1_2: the activation: .*more than its file"):
+            tl.load(saved)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * size
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("dtype", "evil"),
+        ("dtype", "Tensor"),
+        ("crc", "x"),
+        ("shape", [-1, 6]),
+        ("shape", "6"),
+        ("name", 5),
+        ("kind", "x"),
+    ],
+)
+def test_malformed_tensor_records_name_the_layer(saved, key, value):
+    document = _index(saved)
+    _record_of(document, "relu_1_2")[key] = value
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match=r"layer relu_1_2: the activation"):
+        tl.load(saved)["relu_1_2"].activation
+
+
+def test_a_parameter_flag_on_an_integer_tensor_is_a_file_error(saved):
+    document = _index(saved)
+    next(r for r in document["tensors"] if r.get("parameter"))["dtype"] = "int32"  # same bytes, cannot require grad
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="cannot be a parameter"):
+        _read_everything(saved)
+
+
+# ----- malformed fields ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field,value,problem",
+    [
+        ("pass_num", "x", "malformed 'pass_num'"),
+        ("kind", "evil", "malformed 'kind'"),
+        ("parent_layers", ["nowhere_9_9"], "refers to nowhere_9_9, which is not a layer"),
+        ("module_stack", {"t": "tuple", "v": [{"t": "tuple", "v": ["ghost", 1]}]}, "refers to module 'ghost'"),
+        ("shape", {"t": "device", "v": "not a device"}, "malformed 'device' value"),
+        ("call_frames", [[99, 1, 1]], "malformed 'call_frames'"),
+        ("activation", {"t": "tensor", "k": 10**6}, "refers to tensor #1000000"),
+    ],
+)
+def test_malformed_fields_name_the_layer(saved, field, value, problem):
+    document = _index(saved)
+    _set_field(document, "relu_1_2", field, value)
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match=rf"layer relu_1_2: .*{problem}"):
+        tl.load(saved)
+
+
+def test_an_unknown_field_name_is_a_file_error(saved):
+    document = _index(saved)
+    document["entry_fields"][document["entry_fields"].index("intervened")] = "__weakref__"
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="fields this torchlens does not know"):
+        tl.load(saved)
+
+
+def test_deeply_nested_json_is_a_file_error(saved):
+    text = (saved / "torchlens.json").read_text()
+    (saved / "torchlens.json").write_text(text.replace('"notes":[]', '"notes":' + "[" * 100000 + "]" * 100000))
+    with pytest.raises(tl.HistoryFileError, match="torchlens.json"):
+        tl.load(saved)
+
+
+def test_history_attributes_cannot_replace_methods(saved):
+    document = _index(saved)
+    document["history"]["rerun"] = 1
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="history: unexpected attribute 'rerun'"):
+        tl.load(saved)

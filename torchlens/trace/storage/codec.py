@@ -24,6 +24,7 @@ from .shards import ShardWriter, TensorStore, decode_tensor, dtype_name, dtype_o
 
 _TORCH_ENUMS = (torch.layout, torch.memory_format, torch.qscheme)
 _REPR_CHARS = 200
+_MAX_DEPTH = 64  # deepest value a loaded file may hold
 
 
 class Unsaved:
@@ -276,15 +277,21 @@ class Decoder:
             record = self.tensors[number]
             found = decode_tensor(record, self.store, number, self.where)
             if record.get("parameter"):
-                found = torch.nn.Parameter(found, requires_grad=record.get("requires_grad", True))
+                try:
+                    found = torch.nn.Parameter(found, requires_grad=record.get("requires_grad", True))
+                except RuntimeError as error:  # an integer tensor cannot require gradients
+                    raise HistoryFileError(self.where, f"tensor #{number} cannot be a parameter ({error})") from None
             self._decoded[number] = found
         return found
 
-    def value(self, data: Any) -> Any:
+    def value(self, data: Any, depth: int = 0) -> Any:
+        """The value ``data`` (JSON) stands for; anything malformed is a ``HistoryFileError``."""
+        if depth > _MAX_DEPTH:  # the encoder stops at 40 levels; deeper means a damaged file
+            raise HistoryFileError(self.where, f"a value nested more than {_MAX_DEPTH} levels deep")
         if data is None or isinstance(data, (bool, int, float, str)):
             return data
         if isinstance(data, list):
-            return [self.value(v) for v in data]
+            return [self.value(v, depth + 1) for v in data]
         if not isinstance(data, dict) or "t" not in data:
             raise HistoryFileError(self.where, f"malformed value {str(data)[:80]!r}")
         tag, v = data["t"], data.get("v")
@@ -292,15 +299,15 @@ class Decoder:
             if tag == "tensor":
                 return self.tensor(data["k"])
             if tag == "tuple":
-                return tuple(self.value(x) for x in v)
+                return tuple(self.value(x, depth + 1) for x in v)
             if tag == "size":
                 return torch.Size(v)
             if tag == "namedtuple":  # a plain namedtuple of the same name and fields (no code from the file)
                 import collections
 
-                return collections.namedtuple(data["name"], data["fields"])(*(self.value(x) for x in v))
+                return collections.namedtuple(data["name"], data["fields"])(*(self.value(x, depth + 1) for x in v))
             if tag == "dict":
-                return {_hashable(self.value(k)): self.value(x) for k, x in v}
+                return {_hashable(self.value(k, depth + 1)): self.value(x, depth + 1) for k, x in v}
             if tag == "float":
                 return float(v)
             if tag == "dtype":
@@ -317,20 +324,20 @@ class Decoder:
             if tag == "entry":
                 return v  # references between entries are kept as labels
             if tag == "slice":
-                return slice(*(self.value(x) for x in v))
+                return slice(*(self.value(x, depth + 1) for x in v))
             if tag == "ellipsis":
                 return Ellipsis
             if tag == "complex":
-                return complex(self.value(v[0]), self.value(v[1]))
+                return complex(self.value(v[0], depth + 1), self.value(v[1], depth + 1))
             if tag == "bytes":
                 return bytes.fromhex(v)
             if tag == "dataclass":
-                return self._dataclass(data["cls"], v)
+                return self._dataclass(data["cls"], v, depth)
             if tag == "unsaved":
-                return Unsaved(data.get("type", "?"), data.get("repr", ""))
+                return Unsaved(str(data.get("type", "?"))[:_REPR_CHARS], str(data.get("repr", ""))[:_REPR_CHARS])
             if tag == "func":
                 return self.function(data)
-        except (KeyError, TypeError, ValueError, IndexError) as error:
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OverflowError) as error:
             if isinstance(error, HistoryFileError):
                 raise
             raise HistoryFileError(self.where, f"malformed {tag!r} value ({type(error).__name__}: {error})") from None
@@ -345,7 +352,7 @@ class Decoder:
         except Refused as refused:
             return UnavailableFunction(str(name)[:_REPR_CHARS], str(name)[:_REPR_CHARS], reason=refused.reason)
 
-    def _dataclass(self, name: str, fields: Dict[str, Any]) -> Any:
+    def _dataclass(self, name: str, fields: Dict[str, Any], depth: int) -> Any:
         try:
             cls = resolve_name(name) if isinstance(name, str) and name.startswith("torchlens.") else None
         except LookupError:
@@ -361,7 +368,7 @@ class Decoder:
         known = {f.name for f in dataclasses.fields(cls)}
         if not set(fields) <= known:
             raise HistoryFileError(self.where, f"record type {name} has no fields {sorted(set(fields) - known)[:3]}")
-        return cls(**{k: self.value(x) for k, x in fields.items()})
+        return cls(**{k: self.value(x, depth + 1) for k, x in fields.items()})
 
 
 def _hashable(key: Any) -> Any:

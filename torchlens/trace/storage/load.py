@@ -8,13 +8,14 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..history.model_history import ModelHistory
+from ..history.model_history import ModelHistory, ModuleInfo, PassStats
 from ..records.func_call import FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
 from .codec import Decoder, SavedCode, decode_code_table
 from .errors import HistoryFileError
-from .save import FORMAT, FORMAT_VERSION, INDEX_FILE
-from .shards import TensorStore, dtype_of
+from .fields import ENTRY_CHECKS, HISTORY_CHECKS, call_frames_ok, modules_ok, pass_stats_ok
+from .save import DERIVED_HISTORY, FORMAT, FORMAT_VERSION, INDEX_FILE
+from .shards import TensorStore, check_record, dtype_of, inside_folder
 
 _LAZY_FIELDS = ("activation", "gradient", "func_args", "func_kwargs", "rng_state")
 
@@ -151,16 +152,19 @@ def read_index(folder: str) -> Dict[str, Any]:
             )
         raise FileNotFoundError(f"{folder}: no such folder (a saved torchlens history is a folder)")
     path = os.path.join(folder, INDEX_FILE)
+    if not os.path.lexists(path):
+        raise HistoryFileError(
+            path, "missing: this folder is not a saved torchlens history, or its save did not finish"
+        )
+    inside_folder(folder, INDEX_FILE)  # not a link to a file elsewhere
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except FileNotFoundError:
-        raise HistoryFileError(
-            path, "missing: this folder is not a saved torchlens history, or its save did not finish"
-        ) from None
+    except OSError as error:
+        raise HistoryFileError(path, f"cannot be read ({error.strerror or error})") from None
     try:
         document = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise HistoryFileError(path, f"truncated or corrupted: not valid JSON ({error})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise HistoryFileError(path, "not a torchlens history index (no 'format': 'torchlens.trace.history')")
@@ -188,7 +192,12 @@ def read_index(folder: str) -> Dict[str, Any]:
 
 
 def load_history(folder: str) -> ModelHistory:
-    """Open a history saved by ``ModelHistory.save`` (see ``torchlens.load``)."""
+    """Open a history saved by ``ModelHistory.save`` (see ``torchlens.load``).
+
+    The folder is untrusted input: every file read is inside it, every field is checked
+    (``fields.py``, ``shards.check_record``) and every function name is checked against what
+    the tracer records (``allowlist.py``); anything else is a ``HistoryFileError`` naming the
+    layer, never another exception or a call."""
     from ..history.index import build_lookup
 
     folder = os.fspath(folder)
@@ -197,25 +206,78 @@ def load_history(folder: str) -> ModelHistory:
     store = TensorStore(folder, document["files"])
     store.check_files()
     decoder = Decoder(store, document["tensors"], where)
-    codes = decode_code_table(document["codes"], document["sources"])
-    fields = document["entry_fields"]
+    codes = _code_table(document, where)
+    fields = _entry_fields(document["entry_fields"], where)
     entries: List[TensorLogEntry] = []
-    try:
-        for row in document["entries"]:
-            entries.append(_entry(dict(zip(fields, row)), decoder, codes))
-        history = ModelHistory.__new__(ModelHistory)
-        for name, data in document["history"].items():
-            setattr(history, name, decoder.value(data))
-    except (KeyError, TypeError, IndexError, ValueError) as error:
-        if isinstance(error, HistoryFileError):
+    for number, row in enumerate(document["entries"]):
+        if type(row) is not list or len(row) != len(fields):
+            raise HistoryFileError(where, f"entry #{number} is truncated or corrupted (not one value per field)")
+        values = dict(zip(fields, row))
+        label = values.get("label")
+        layer = f"layer {label}" if type(label) is str else f"entry #{number}"
+        try:
+            entries.append(_entry(values, decoder, codes, layer))
+        except HistoryFileError as error:
+            if error.path == where and not error.problem.startswith(layer):
+                raise HistoryFileError(where, f"{layer}: {error.problem}") from None
             raise
+        except (KeyError, TypeError, IndexError, ValueError, RuntimeError) as error:
+            raise HistoryFileError(
+                where, f"{layer}: truncated or corrupted ({type(error).__name__}: {error})"
+            ) from None
+    history = _history(document["history"], decoder, where)
+    _check_references(entries, history, where)
+    try:
+        lookup = build_lookup(entries, history.modules.passes)
+    except Exception as error:  # noqa: BLE001 - the checks above should leave nothing to fail here
         raise HistoryFileError(where, f"truncated or corrupted: {type(error).__name__}: {error}") from None
-    history.replace_entries(entries, build_lookup(entries, history.modules.passes))
+    history.replace_entries(entries, lookup)
     history.attach_store(store)
     return history
 
 
-def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode]) -> TensorLogEntry:
+_REQUIRED_FIELDS = ("raw_index", "func_name", "layer_type", "kind", "label", "layer_label", "short_label")
+
+
+def _entry_fields(fields: List[Any], where: str) -> List[str]:
+    known = set(TensorLogEntry.__slots__) - {"__weakref__"}
+    if not all(type(f) is str for f in fields) or len(set(fields)) != len(fields):
+        raise HistoryFileError(where, "truncated or corrupted: 'entry_fields' is not a list of distinct names")
+    unknown = [f for f in fields if f not in known]
+    missing = [f for f in _REQUIRED_FIELDS if f not in fields]
+    if missing:
+        raise HistoryFileError(where, f"truncated or corrupted: 'entry_fields' lacks {', '.join(missing)}")
+    if unknown:
+        raise HistoryFileError(
+            where, f"the layers have fields this torchlens does not know ({', '.join(unknown[:3])}): upgrade torchlens"
+        )
+    return fields
+
+
+def _code_table(document: Dict[str, Any], where: str) -> List[SavedCode]:
+    table, sources = document["codes"], document["sources"]
+    ok = all(
+        type(c) is dict
+        and type(c.get("file")) is str
+        and type(c.get("name")) is str
+        and type(c.get("qualname", "")) is str
+        and type(c.get("firstlineno", 0)) is int
+        for c in table
+    ) and all(
+        type(lines) is dict and all(type(n) is str and n.isdigit() and type(t) is str for n, t in lines.items())
+        for lines in sources.values()
+    )
+    if not ok:
+        raise HistoryFileError(
+            where, "truncated or corrupted: the call-stack tables ('codes', 'sources') are malformed"
+        )
+    return decode_code_table(table, sources)
+
+
+def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode], layer: str) -> TensorLogEntry:
+    for name in ("raw_index", "kind", "layer_type", "func_name"):
+        if not ENTRY_CHECKS[name](values[name]):
+            raise HistoryFileError(decoder.where, f"{layer}: malformed '{name}' {str(values[name])[:60]!r}")
     e = StoredTensorLogEntry(
         values["raw_index"], values["kind"], values["layer_type"], None, func_name=values["func_name"]
     )
@@ -223,13 +285,82 @@ def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode]) -> 
     pending = {}
     for name, data in values.items():
         if name in _LAZY_FIELDS:
+            _check_tensor_reference(data, decoder, f"{layer}: the {name}")
             pending[name] = data
         elif name == "call_frames":
+            if not call_frames_ok(data, len(codes)):
+                raise HistoryFileError(decoder.where, f"{layer}: malformed 'call_frames'")
             e.call_frames = tuple((codes[c], line, lasti) for c, line, lasti in data)
-        elif name in TensorLogEntry.__slots__:
-            object.__setattr__(e, name, decoder.value(data))
+        else:
+            value = decoder.value(data)
+            check = ENTRY_CHECKS.get(name)
+            if check is not None and not check(value):
+                raise HistoryFileError(decoder.where, f"{layer}: malformed '{name}' {str(value)[:60]!r}")
+            object.__setattr__(e, name, value)
     e._pending = pending
     return e
+
+
+def _check_tensor_reference(data: Any, decoder: Decoder, what: str) -> None:
+    """A field that is one tensor is checked now (its shape and size are read without the data)."""
+    if isinstance(data, dict) and data.get("t") == "tensor":
+        number = data.get("k")
+        if type(number) is not int or not 0 <= number < len(decoder.tensors):
+            raise HistoryFileError(decoder.where, f"{what} refers to tensor #{number}, which the index does not list")
+        try:
+            check_record(decoder.tensors[number], decoder.store.files, decoder.where)
+        except HistoryFileError as error:
+            raise HistoryFileError(error.path, f"{what}: {error.problem}") from None
+
+
+def _history(attributes: Dict[str, Any], decoder: Decoder, where: str) -> ModelHistory:
+    history = ModelHistory.__new__(ModelHistory)
+    for name, data in attributes.items():
+        # only plain attributes: never one of the class's methods or the entries rebuilt below
+        if type(name) is not str or not name.isidentifier() or name.startswith("__") or hasattr(ModelHistory, name):
+            raise HistoryFileError(where, f"history: unexpected attribute {str(name)[:60]!r}")
+        if name in DERIVED_HISTORY:
+            continue
+        value = decoder.value(data)
+        check = HISTORY_CHECKS.get(name)
+        if check is not None and not check(value):
+            raise HistoryFileError(where, f"history: malformed '{name}' {str(value)[:60]!r}")
+        setattr(history, name, value)
+    missing = [n for n in ("model_name", "modules", "pass_stats", "notes") if n not in vars(history)]
+    if missing:
+        raise HistoryFileError(where, f"history: truncated or corrupted: {', '.join(missing)} missing")
+    if not isinstance(history.modules, ModuleInfo) or not modules_ok(history.modules):
+        raise HistoryFileError(where, "history: malformed 'modules'")
+    if not isinstance(history.pass_stats, PassStats) or not pass_stats_ok(history.pass_stats):
+        raise HistoryFileError(where, "history: malformed 'pass_stats'")
+    return history
+
+
+def _check_references(entries: List[TensorLogEntry], history: ModelHistory, where: str) -> None:
+    """Labels are distinct, every layer named by another is one of the pass, every module named
+    is a module of the model."""
+    labels = set()
+    for e in entries:
+        if e.label in labels:
+            raise HistoryFileError(where, f"layer {e.label}: two layers carry this label")
+        labels.add(e.label)
+    modules = set(history.modules.types) | {""}
+    known = labels | set(getattr(history, "_all_labels", ()))  # a layers_to_save subset names dropped layers
+    for e in entries:
+        named = list(e.parent_layers or ()) + list(e.child_layers or ()) + list(e.call_outputs or ())
+        named += list(e.parent_arg_positions or ()) + ([e.branch_condition] if e.branch_condition else [])
+        unknown = [n for n in named if n not in known]
+        if unknown:
+            raise HistoryFileError(
+                where, f"layer {e.label}: refers to {unknown[0]}, which is not a layer of this history"
+            )
+        addresses = [a for a, _ in e.module_stack or ()] + [a for a, _ in e.output_of_modules or ()]
+        addresses += [a for a, _ in (e.module_output_positions or {})]
+        stray = [a for a in addresses if a not in modules]
+        if stray:
+            raise HistoryFileError(
+                where, f"layer {e.label}: refers to module {stray[0]!r}, which the history does not list"
+            )
 
 
 __all__ = ["load_history", "read_index", "StoredTensorLogEntry", "SavedCallLocation"]

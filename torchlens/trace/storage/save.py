@@ -21,7 +21,7 @@ FORMAT = "torchlens.trace.history"
 FORMAT_VERSION = 1
 INDEX_FILE = "torchlens.json"
 # history attributes rebuilt on load rather than stored
-_DERIVED_HISTORY = ("layer_list", "_lookup", "_rolled", "_store")
+DERIVED_HISTORY = ("layer_list", "_lookup", "_rolled", "_store")
 ENTRY_FIELDS = tuple(f for f in _CAPTURE_FIELDS + _DERIVED_FIELDS if f != "branch_condition_record")
 
 
@@ -89,7 +89,7 @@ def encode_history(history: Any, encoder: Encoder, activations: Optional[Dict[in
         rows.append(row)
     attributes = {}
     for name, value in vars(history).items():
-        if name not in _DERIVED_HISTORY:
+        if name not in DERIVED_HISTORY:
             encoder.where = f"history.{name}"
             attributes[name] = encoder.value(value)
     if encoder.unsaved:

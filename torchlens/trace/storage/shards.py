@@ -150,9 +150,119 @@ class ShardWriter:
             self._file = None
 
 
+def inside_folder(folder: str, name: Any) -> str:
+    """The path of file ``name`` of a saved folder, refused (``HistoryFileError``) unless it is a
+    plain file name that stays in ``folder``: no ``..``, no separators or absolute paths, no
+    symlink leading out. A folder from someone else must not make torchlens read other files.
+
+    Example:
+        >>> import tempfile
+        >>> inside_folder(tempfile.mkdtemp(), "../secret.safetensors")
+        Traceback (most recent call last):
+        ...
+        torchlens.trace.storage.errors.HistoryFileError: ...: the file name '../secret.safetensors' leads outside the saved folder ...
+    """
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "\x00" in name
+        or "/" in name
+        or "\\" in name
+        or os.sep in name
+        or (os.altsep is not None and os.altsep in name)
+        or os.path.isabs(name)
+    ):
+        raise HistoryFileError(
+            os.path.join(folder, INDEX_NAME),
+            f"the file name {str(name)[:120]!r} leads outside the saved folder (a saved history names only files "
+            "inside its own folder); the folder was changed after it was saved",
+        )
+    path = os.path.join(folder, name)
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(folder):
+        raise HistoryFileError(
+            path,
+            "a link to a file outside the saved folder (a saved history reads only files inside its own folder); "
+            "copy the file into the folder instead of linking it",
+        )
+    return path
+
+
+INDEX_NAME = "torchlens.json"
+_KINDS = ("dense", "nested", "sparse_coo", "sparse_csr", "sparse_csc")
+_PARTS = {"sparse_coo": ("indices", "values"), "sparse_csr": ("compressed", "plain", "values")}
+_PARTS["sparse_csc"] = _PARTS["sparse_csr"]
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_shape(value: Any) -> bool:
+    return type(value) is list and all(_is_count(n) for n in value)
+
+
+def dense_nbytes(record: Dict[str, Any], where: str) -> int:
+    """Bytes of a checked dense record's data (its shape times its dtype's size)."""
+    numel = 1
+    for n in record["shape"]:
+        numel *= n
+    return numel * dtype_of(record["dtype"], where).itemsize
+
+
+def check_record(record: Any, files: Dict[str, int], where: str) -> None:
+    """A tensor index record is well formed, names a listed shard, and declares no more bytes
+    than that shard holds: checked before any tensor is made, so a damaged index cannot make
+    the loader allocate beyond the files' size (``HistoryFileError`` naming ``where``)."""
+    if not isinstance(record, dict) or record.get("kind") not in _KINDS:
+        kind = record.get("kind") if isinstance(record, dict) else record
+        raise HistoryFileError(where, f"unknown tensor kind {str(kind)[:40]!r} (written by a newer torchlens?)")
+    kind = record["kind"]
+    if kind == "dense":
+        _check_dense(record, files, where)
+    elif kind == "nested":
+        parts = record.get("parts")
+        if type(parts) is not list or not parts:
+            raise HistoryFileError(where, "a nested tensor record without parts")
+        for part in parts:
+            _check_dense(part, files, where)
+    else:
+        if not _is_shape(record.get("size")):
+            raise HistoryFileError(
+                where, f"a {kind} tensor record with a malformed size {str(record.get('size'))[:40]}"
+            )
+        for part in _PARTS[kind]:
+            _check_dense(record.get(part), files, where)
+    for flag in ("requires_grad", "parameter"):
+        if flag in record and type(record[flag]) is not bool:
+            raise HistoryFileError(where, f"a tensor record whose {flag!r} is not true or false")
+
+
+def _check_dense(record: Any, files: Dict[str, int], where: str) -> None:
+    if not isinstance(record, dict):
+        raise HistoryFileError(where, "a malformed tensor record")
+    for key, ok in (
+        ("file", lambda v: isinstance(v, str) and v in files),
+        ("name", lambda v: isinstance(v, str)),
+        ("dtype", lambda v: isinstance(v, str)),
+        ("shape", _is_shape),
+        ("crc", lambda v: _is_count(v) and v < 1 << 32),
+    ):
+        if not ok(record.get(key)):
+            raise HistoryFileError(where, f"tensor {str(record.get('name'))[:40]!r}: malformed {key!r} in the index")
+    nbytes = dense_nbytes(record, where)
+    if nbytes > files[record["file"]]:
+        raise HistoryFileError(
+            where,
+            f"tensor {record['name']!r} is said to hold {nbytes} bytes, more than its file "
+            f"{record['file']} ({files[record['file']]} bytes): the index is corrupted",
+        )
+
+
 class TensorStore:
     """Reads tensors of a saved history lazily: each shard is opened (memory-mapped by
-    safetensors) on first use, each tensor read and checked when first asked for."""
+    safetensors) on first use, each tensor read and checked when first asked for. Only files
+    inside ``folder`` are read (``inside_folder``)."""
 
     def __init__(self, folder: str, files: Dict[str, int]) -> None:
         self.folder = folder
@@ -161,9 +271,12 @@ class TensorStore:
         self._cache: Dict[int, torch.Tensor] = {}
 
     def check_files(self) -> None:
-        """Every shard exists and has the size recorded at save time (cheap: one stat each)."""
+        """Every shard exists inside the folder and has the size recorded at save time (cheap:
+        one stat each)."""
         for name, size in self.files.items():
-            path = os.path.join(self.folder, name)
+            path = inside_folder(self.folder, name)
+            if not _is_count(size):
+                raise HistoryFileError(path, f"the index records a malformed size {str(size)[:40]!r} for this file")
             try:
                 found = os.path.getsize(path)
             except OSError:
@@ -177,7 +290,7 @@ class TensorStore:
         if handle is None:
             from safetensors import safe_open
 
-            path = os.path.join(self.folder, name)
+            path = inside_folder(self.folder, name)
             if name not in self.files:
                 raise HistoryFileError(path, "a tensor refers to a file the index does not list")
             try:
@@ -189,16 +302,31 @@ class TensorStore:
         return handle
 
     def dense(self, key: int, record: Dict[str, Any]) -> torch.Tensor:
-        """The dense tensor of index record ``record`` (cached: one object per tensor)."""
+        """The dense tensor of index record ``record`` (cached: one object per tensor); its
+        declared shape and dtype are checked against the shard's own before it is read."""
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         path = os.path.join(self.folder, str(record.get("file")))
+        _check_dense(record, self.files, path)
+        handle = self._shard(record["file"])
         try:
-            raw = self._shard(record["file"]).get_tensor(record["name"])
-        except HistoryFileError:
-            raise
-        except Exception as error:
+            piece = handle.get_slice(record["name"])
+            stored = _ST_BYTES[piece.get_dtype()]
+            for n in piece.get_shape():
+                stored *= n
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+            raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
+        expected = dense_nbytes(record, path)
+        if stored != expected:
+            raise HistoryFileError(
+                path,
+                f"tensor {record['name']!r} holds {stored} bytes but the index describes {expected} "
+                f"({record['dtype']} of shape {record['shape']}): the folder is corrupted",
+            )
+        try:
+            raw = handle.get_tensor(record["name"])
+        except Exception as error:  # noqa: BLE001
             raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
         flat = raw.reshape(-1)
         data = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
@@ -209,6 +337,10 @@ class TensorStore:
         tensor = tensor.reshape(record["shape"])
         self._cache[key] = tensor
         return tensor
+
+
+# bytes per element of each safetensors dtype a shard may hold
+_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def encode_tensor(tensor: torch.Tensor, writer: ShardWriter) -> Optional[Dict[str, Any]]:
@@ -250,22 +382,27 @@ def encode_tensor(tensor: torch.Tensor, writer: ShardWriter) -> Optional[Dict[st
 
 
 def decode_tensor(record: Dict[str, Any], store: TensorStore, key: int, where: str) -> torch.Tensor:
-    """The tensor an index record describes (the inverse of ``encode_tensor``)."""
-    kind = record.get("kind")
+    """The tensor an index record describes (the inverse of ``encode_tensor``); a record that
+    does not make a valid tensor is a ``HistoryFileError``."""
+    check_record(record, store.files, where)
+    kind = record["kind"]
     if kind == "dense":
         return store.dense(key, record)
-    if kind == "nested":
-        return torch.nested.nested_tensor([store.dense(_sub(key, i), p) for i, p in enumerate(record["parts"])])
-    if kind == "sparse_coo":
-        indices = store.dense(_sub(key, 0), record["indices"])
-        values = store.dense(_sub(key, 1), record["values"])
-        # invariants checked: the indices come from a file and must not crash torch if damaged
-        return torch.sparse_coo_tensor(indices, values, record["size"], check_invariants=True).coalesce()
-    if kind in ("sparse_csr", "sparse_csc"):
-        parts = [store.dense(_sub(key, i), record[n]) for i, n in enumerate(("compressed", "plain", "values"))]
+    try:
+        if kind == "nested":
+            return torch.nested.nested_tensor([store.dense(_sub(key, i), p) for i, p in enumerate(record["parts"])])
+        if kind == "sparse_coo":
+            indices = store.dense(_sub(key, 0), record["indices"])
+            values = store.dense(_sub(key, 1), record["values"])
+            # invariants checked: the indices come from a file and must not crash torch if damaged
+            return torch.sparse_coo_tensor(indices, values, record["size"], check_invariants=True).coalesce()
+        parts = [store.dense(_sub(key, i), record[n]) for i, n in enumerate(_PARTS[kind])]
         make = torch.sparse_csr_tensor if kind == "sparse_csr" else torch.sparse_csc_tensor
         return make(*parts, size=record["size"], check_invariants=True)
-    raise HistoryFileError(where, f"unknown tensor kind {kind!r} (written by a newer torchlens?)")
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        if isinstance(error, HistoryFileError):
+            raise
+        raise HistoryFileError(where, f"a {kind} tensor whose parts do not fit together ({error})") from None
 
 
 def _sub(key: int, i: int) -> int:
