@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 
 import pytest
 import torch
@@ -265,3 +271,83 @@ def test_another_address_needs_the_printed_token(run_dir):
         assert request(fixed.port, "/api/runs?token=chosen", host="127.0.0.2")[0].status == 200
     finally:
         fixed.close()
+
+
+# ----- tl.watch serves from a process of its own ------------------------------------------------------
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for a reaper that is not ours counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_watch_serves_from_its_own_process_until_closed(tmp_path):
+    def serving_threads():
+        return sum(t.name == "torchlens-explorer" for t in threading.enumerate())
+
+    before = serving_threads()
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), port=0, verbose=False)
+    try:
+        started = time.monotonic()
+        runs = json.load(urllib.request.urlopen(w.url + "/api/runs", timeout=10))
+        assert runs["runs"][0]["status"] == "running" and time.monotonic() - started < 2  # live at once
+        assert w._server.wait_ready(timeout=60), "the serving process did not start"
+        pid = w._server.process.pid
+        assert pid != os.getpid() and serving_threads() == before  # the training process serves nothing
+        for _ in range(3):
+            model(torch.randn(2, 3)).sum().backward()
+        w.flush()
+        poll = json.load(urllib.request.urlopen(w.url + "/api/poll?since=0", timeout=10))
+        assert poll["steps"] == [1, 2] and poll["status"] == "running"  # read from the database
+    finally:
+        w.close()
+    assert _gone(pid) and _refused(int(w.url.rsplit(":", 1)[1]))
+
+
+TRAINING_SCRIPT = """
+import os, sys, time, torch, torchlens as tl
+model = torch.nn.Linear(2, 2)
+w = tl.watch(model, run_dir=sys.argv[1], port=0, verbose=False)
+model(torch.ones(1, 2)).sum().backward()
+w.flush()
+assert w._server.wait_ready(timeout=120)
+print(w._server.process.pid, w._server.port, flush=True)
+if sys.argv[2] == "hang":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("end", ["exit", "killed"])
+def test_the_serving_process_ends_with_the_training_process(tmp_path, end):
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING_SCRIPT)
+    mode = "exit" if end == "exit" else "hang"  # exit: no w.close(), atexit stops it
+    training = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "run"), mode], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid, port = map(int, training.stdout.readline().split())
+        if end == "killed":
+            assert json.load(urllib.request.urlopen(f"http://localhost:{port}/api/poll", timeout=10))["steps"] == [0]
+            training.kill()
+        training.wait(timeout=120)
+        deadline = time.monotonic() + 10
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid) and _refused(port)
+    finally:
+        training.kill()
+        training.wait()

@@ -98,9 +98,9 @@ class Watch:
         }
         try:
             if "standalone" in backends:
-                from .serve.server import RunServer
+                from .serve.process import ServingProcess
 
-                self._server = RunServer("", host=host, port=port)  # bind first: a busy port fails early
+                self._server = ServingProcess(host=host, port=port)  # bind first: a busy port fails early
             if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
                 from .backends import WandbBackend
 
@@ -112,8 +112,7 @@ class Watch:
 
                 self.backends.append(TensorboardBackend(self.run_dir, tensorboard_writer))
             if self._server is not None:
-                self._server.root = self.run_dir
-                self._server.start()
+                self._server.start(self.run_dir)  # a process of its own: page loads cost training nothing
                 self.url = self._server.url
         except BaseException:
             self._release()
