@@ -233,7 +233,7 @@ def test_sigkill_of_the_writer_leaves_a_readable_run(tmp_path, printed):
         raw.close()
 
     with tl.open_run(run_dir) as run:
-        assert run.status == "running"  # never closed
+        assert run.status == "stopped"  # never closed, and its process is gone
         steps = run.steps.tolist()
         # step i is written when step i + 1 starts: after 'step k' was printed, step k - 1 is in
         # the database; only the step in flight may be lost
@@ -250,6 +250,79 @@ def test_sigkill_of_the_writer_leaves_a_readable_run(tmp_path, printed):
             assert s.last_steps[-1] == last
             assert s.counts.shape == (len(steps), run.bins)
             assert np.isfinite(s.counts).all() and (s.counts.sum(axis=1) > 0).all(), key
+
+
+_IDLE_CHILD = """
+    import torchlens as tl
+    import torchlens.train.store as store
+    store.HEARTBEAT_S = 0.2  # the timer's period (10 s by default), short for the test
+    run_dir = sys.argv[1]
+    model = torch.nn.Linear(4, 2)
+    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False)
+    for step in range(2):
+        model(torch.randn(3, 4)).sum().backward()
+    w.flush()
+    print("idle", flush=True)
+    time.sleep(600)  # a watch left open while nothing trains (a long evaluation, a debugger)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_an_idle_watch_is_running_until_its_process_is_killed(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _start(_script(tmp_path, "idle.py", _IDLE_CHILD), run_dir)
+    try:
+        line = proc.stdout.readline()
+        if line.strip() != "idle":
+            out, err = _stop(proc)
+            pytest.fail(f"the child ended (rc {proc.returncode}):\n{line}{out}\n{err}")
+        with tl.open_run(run_dir) as run:
+            first = run.heartbeat
+            time.sleep(1.0)
+            assert run.heartbeat > first  # the timer beats while no step is logged
+            assert run.status == "running"
+            os.kill(proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10  # not reaped yet: a zombie is not a live writer either
+            while run.status != "stopped" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert run.status == "stopped"  # the same open reader sees it
+            proc.wait(timeout=30)
+            assert run.status == "stopped"
+    finally:
+        _stop(proc)
+    with tl.open_run(run_dir) as run:
+        assert run.status == "stopped" and run.steps.tolist() == [0, 1]
+
+
+def _edit_meta(run_dir, **values):
+    db = sqlite3.connect(os.path.join(run_dir, "run.db"))
+    with db:
+        for key, value in values.items():
+            if value is None:
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+            else:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+    db.close()
+
+
+def test_a_run_of_another_host_is_stopped_when_its_heartbeat_is_old(tmp_path):
+    from torchlens.train.reader import STALE_AFTER_S
+
+    run_dir = str(tmp_path / "run")
+    model = torch.nn.Linear(4, 2)
+    with tl.watch(model, backend=None, run_dir=run_dir, verbose=False):
+        model(torch.randn(3, 4)).sum().backward()
+    # as if a process on another machine were still writing it (a shared file system)
+    _edit_meta(run_dir, status="running", host="some-other-machine", pid=1, heartbeat=time.time())
+    with tl.open_run(run_dir) as run:
+        assert run.status == "running"
+    _edit_meta(run_dir, heartbeat=time.time() - STALE_AFTER_S - 5)
+    with tl.open_run(run_dir) as run:
+        assert run.status == "stopped"
+    # a run written before heartbeats were recorded: readable, and nothing says it stopped
+    _edit_meta(run_dir, host=None, pid=None, heartbeat=None)
+    with tl.open_run(run_dir) as run:
+        assert run.status == "running" and run.heartbeat is None and run.steps.tolist() == [0]
 
 
 # --------------------------------------------------------------------------------------------

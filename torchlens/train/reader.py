@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -18,6 +19,8 @@ from ..errors import TorchlensError
 from ..web.stats import bin_edges
 from .calls import Call
 from .store import DB_NAME, FORMAT, KINDS, connect
+
+STALE_AFTER_S = 60.0  # a 'running' run whose heartbeat is older is 'stopped' (the timer beats every 10 s)
 
 
 class RunError(TorchlensError):
@@ -118,8 +121,22 @@ class Run:
     # ----- what is in it ------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """``'running'``, ``'finished'``, or ``'running'`` forever when the writer was killed."""
-        return self._query("SELECT value FROM meta WHERE key = 'status'")[0][0]
+        """``'running'``, ``'finished'``, or ``'stopped'``: the run was never closed and its
+        writer is gone (its process has ended, on this machine, or its heartbeat is older than
+        ``STALE_AFTER_S``). A run written by a torchlens without heartbeats stays ``'running'``."""
+        meta = dict(self._query("SELECT key, value FROM meta WHERE key IN ('status', 'pid', 'host', 'heartbeat')"))
+        status = meta.get("status", "running")
+        if status == "running" and _writer_gone(meta):
+            return "stopped"
+        return status
+
+    @property
+    def heartbeat(self) -> Optional[float]:
+        """When the writer last showed it was alive (``time.time()``; None for runs written before
+        heartbeats were recorded). Renewed at each logged step and every few seconds while the
+        watch is open."""
+        rows = self._query("SELECT value FROM meta WHERE key = 'heartbeat'")
+        return float(rows[0][0]) if rows else None
 
     @property
     def stride(self) -> int:
@@ -199,6 +216,27 @@ class Run:
             return f"no call {call_id!r} has series in this run.{hint} Calls are listed in run.calls."
         here = [f"{k}/{n}" for c, k, n in names if c == call_id]
         return f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}."
+
+
+def _writer_gone(meta: dict) -> bool:
+    """Whether the process that writes a 'running' run has certainly stopped."""
+    heartbeat = meta.get("heartbeat")
+    if heartbeat is not None and time.time() - float(heartbeat) > STALE_AFTER_S:
+        return True  # a live writer renews it every few seconds (a stopped or reused pid does not)
+    pid, host = meta.get("pid"), meta.get("host")
+    if pid is None or host != socket.gethostname() or os.name != "posix":
+        return False  # another machine's process (or no signal 0 to ask with): only the heartbeat tells
+    try:
+        os.kill(int(pid), 0)  # signal 0: is there such a process?
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError, ValueError):  # it exists (another user's), or cannot tell
+        return False
+    try:  # Linux: a killed process its parent has not reaped yet is a zombie
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[:1] == ["Z"]
+    except OSError:
+        return False
 
 
 def open_run(run_dir: str) -> Run:

@@ -1,9 +1,14 @@
 """The run database: one SQLite file (``run.db``) in the run folder, written by training and
 read by the page and ``tl.open_run`` at the same time (WAL mode).
 
-Tables: ``meta`` (format, model, options), ``calls`` (the module-call graph, one JSON row per
+Tables: ``meta`` (format, model, options, status, and the writer's ``pid``, ``host`` and
+``heartbeat``, the time of its last sign of life), ``calls`` (the module-call graph, one JSON row per
 call), ``series`` (one row per (call, kind, name)), ``columns`` (one histogram per series and
 column) and ``steps`` (the logged training steps).
+
+The writer's heartbeat is renewed with every logged step and by a timer every ``HEARTBEAT_S``
+seconds while the watch is open, so a reader can tell a run whose process was killed (its pid
+gone, or its heartbeat old) from one that is only between steps.
 
 Long runs stay bounded: a column covers ``stride`` logged steps, and when a run would pass
 ``max_columns`` columns the stride doubles and neighbouring columns are merged.
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
+import threading
 import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -25,6 +32,7 @@ from .calls import Call
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad")
+HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -71,12 +79,35 @@ class RunWriter:
             "max_columns": str(max_columns),
             "created": str(time.time()),
             "status": "running",
+            "pid": str(os.getpid()),
+            "host": socket.gethostname(),
+            "heartbeat": str(time.time()),
         }
         with self.db:  # tables and meta in one transaction: a reader never sees half a run
             self.db.execute("BEGIN IMMEDIATE")
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 self.db.execute(statement)
             self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+        self._stop_beating = threading.Event()
+        self._beater = threading.Thread(target=self._beat, name="torchlens-heartbeat", daemon=True)
+        self._beater.start()
+
+    def _beat(self) -> None:
+        """Renew the heartbeat every HEARTBEAT_S seconds until close(), on a connection of its own
+        (the training thread's transactions stay its own). A missed beat is harmless."""
+        db = None
+        try:
+            db = connect(self.path, timeout=1.0)
+            while not self._stop_beating.wait(HEARTBEAT_S):
+                try:
+                    db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(time.time()),))
+                except sqlite3.Error:  # busy or briefly locked: the next beat, or the next step, renews it
+                    pass
+        except sqlite3.Error:
+            pass
+        finally:
+            if db is not None:
+                db.close()
 
     def set_status(self, status: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('status', ?)", (status,))
@@ -116,7 +147,9 @@ class RunWriter:
         slot = ordinal // self.stride
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, ordinal, time.time()))
+            now = time.time()
+            self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, ordinal, now))
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(now),))
             fresh, merged = [], []
             for i, key in enumerate(keys):
                 sid = self._series_id(key)
@@ -213,6 +246,8 @@ class RunWriter:
     def close(self, status: str = "finished") -> None:
         if self.db is None:
             return
+        self._stop_beating.set()
+        self._beater.join(timeout=5)
         self.set_status(status)
         try:
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -231,4 +266,4 @@ def _nan(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
 
 
-__all__ = ["RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS"]
+__all__ = ["RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "HEARTBEAT_S"]
