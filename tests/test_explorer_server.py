@@ -351,3 +351,22 @@ def test_the_serving_process_ends_with_the_training_process(tmp_path, end):
     finally:
         training.kill()
         training.wait()
+
+
+def test_command_line_off_loopback_prints_the_url_with_its_token(run_dir):
+    command = "import sys; from torchlens.cli import main; sys.exit(main(sys.argv[1:]))"
+    serving = subprocess.Popen(
+        [sys.executable, "-c", command, "explore", run_dir, "--host", "127.0.0.2", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = serving.stdout.readline()
+        url = line.split(" at ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.2:") and "/?token=" in url, line
+        port, token = int(url.split(":")[2].split("/")[0]), url.split("?token=", 1)[1]
+        assert request(port, "/api/runs", host="127.0.0.2")[0].status == 403
+        assert request(port, f"/api/runs?token={token}", host="127.0.0.2")[0].status == 200
+    finally:
+        serving.terminate()
+        serving.wait(timeout=30)

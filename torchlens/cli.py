@@ -269,7 +269,7 @@ def _pick_run(root: str, name: str) -> str:
 
 
 def explore_main(argv: Sequence[str]) -> int:
-    """``torchlens explore RUN_DIR [--port N] [--host H] [--export FILE [--run NAME]]``."""
+    """``torchlens explore RUN_DIR [--port N] [--host H] [--token T] [--export FILE [--run NAME]]``."""
     from .train.reader import RunError
     from .train.serve import PortInUseError, explore, export_html
     from .train.serve.data import NotFound
@@ -283,7 +283,12 @@ def explore_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("run_dir", help="a run folder (w.run_dir) or a folder holding runs")
     parser.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080; 0: any free port)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; any other wants a token)"
+    )
+    parser.add_argument(
+        "--token", help="the token the URL carries when not on loopback (default: a random one, printed)"
+    )
     parser.add_argument(
         "--export",
         metavar="FILE",
@@ -307,7 +312,7 @@ def explore_main(argv: Sequence[str]) -> int:
             export_html(args.run_dir, args.export, run_id=run_id)
             _print_exported(args.export, args.run_dir, run_id)
         else:
-            explore(args.run_dir, port=args.port, host=args.host)
+            explore(args.run_dir, port=args.port, host=args.host, token=args.token)
         return 0
     except PortInUseError:  # its message is for Python callers (port=); here it is --port
         print(
