@@ -1,5 +1,7 @@
 """Options of log_forward_pass and the ModelHistory views users rely on."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -338,3 +340,50 @@ def test_every_entry_point_refuses_what_is_not_a_model_by_name(not_a_model, tmp_
         message = str(info.value)
         assert message.startswith(f"{name} expects a torch.nn.Module"), message
         assert type(not_a_model).__name__ in message and "forward" in message
+
+
+# ----- a warning before saved activations outgrow free memory (capture/memory.py) ------------------
+@pytest.fixture
+def little_memory(monkeypatch):
+    """Pretend the machine has 100 bytes free on every device."""
+    monkeypatch.setattr(tl.trace.capture.memory, "free_memory", lambda device: 100)
+
+
+def test_a_single_pass_warns_when_saved_activations_pass_free_memory(net, little_memory):
+    with pytest.warns(tl.ActivationMemoryWarning) as caught:
+        h = tl.log_forward_pass(net, X)
+    assert len(caught) == 1  # once per pass, not once per activation
+    message = str(caught[0].message)
+    assert "100 B that was free" in message and "save_to=" in message and "layers_to_save" in message
+    assert h.layer_labels[-1] == "output_1_6"  # a warning: the pass goes on
+
+
+def test_a_two_pass_call_warns_before_the_saving_pass(net, little_memory):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tl.ActivationMemoryWarning)
+        with pytest.raises(tl.ActivationMemoryWarning, match=r"will save about .* first, metadata-only pass") as info:
+            tl.log_forward_pass(net, X, layers_to_save=["conv2d_1_1", "linear_1_5"])
+    assert net.calls == 1  # raised before the second pass ran
+    saved = sum(tl.get_model_metadata(net, X)[k].nbytes for k in ("conv2d_1_1", "linear_1_5"))
+    assert f"{saved} B" in str(info.value)
+
+
+def test_a_memory_warning_made_an_error_is_not_blamed_on_the_model(net, little_memory):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tl.ActivationMemoryWarning)
+        with pytest.raises(tl.ActivationMemoryWarning) as info:
+            tl.log_forward_pass(net, X)
+    assert not any("model's own error" in note for note in getattr(info.value, "__notes__", []))
+    assert torch.relu is torch._C._VariableFunctions.relu  # torch restored
+
+
+def test_no_memory_warning_when_activations_go_to_disk_or_nothing_is_saved(net, little_memory, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tl.ActivationMemoryWarning)
+        tl.log_forward_pass(net, X, save_to=tmp_path / "run")
+        tl.get_model_metadata(net, X)
+
+
+def test_free_memory_is_read():
+    free = tl.trace.capture.memory.free_memory(torch.device("cpu"))
+    assert free is None or free > 0

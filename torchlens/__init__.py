@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, List
 
 from .errors import TorchlensError
 from .trace.api import get_model_metadata, log_forward_pass, validate_model_activations
+from .trace.capture.memory import ActivationMemoryWarning
 from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
 from .trace.records.tensor_log import TensorLogEntry
@@ -84,6 +85,7 @@ __all__ = [
     "load",
     "HistoryFileError",
     "UnsavedValuesWarning",
+    "ActivationMemoryWarning",
     "get_model_metadata",
     "validate_model_activations",
     "validate_history",

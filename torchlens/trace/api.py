@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .capture.args import tensors_in
+from .capture.memory import MemoryCheck
 from .capture.modules import BufferSnapshot
 from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
@@ -119,11 +120,16 @@ def log_forward_pass(
         StreamedSave(save_to, save_gradients) if save_to is not None else None
     )  # before the pass: bad paths fail now
 
+    # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
+    memory = MemoryCheck.for_pass(model, args, kwargs, output_device) if stream is None else None
+
     def plan(**which) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        return make(
+        made = make(
             output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
         )
+        made.memory = None if made.saves_nothing else memory
+        return made
 
     with (
         eager_only(),
@@ -152,6 +158,8 @@ def log_forward_pass(
             )
             if interventions:  # resolved on the first pass, like layers_to_save keys
                 second.intervention = plan_interventions(interventions, first)
+            if second.memory is not None:  # the bytes the second pass saves are known now
+                second.memory.check_plan(first.layer_list, second)
             result = run_pass(
                 model,
                 args,

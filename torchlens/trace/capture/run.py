@@ -18,6 +18,7 @@ from ..records.tensor_log import ParentRef, TensorLogEntry
 from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
+from .memory import ActivationMemoryWarning
 from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
 from .observer import PassObserver, PassRecords
 from .preexisting import PassStart
@@ -224,6 +225,8 @@ def _rerun_copying(
             "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made."
         )
     plan.copy_at_once = True
+    if plan.memory is not None:
+        plan.memory.saved.clear()  # the new run's activations are counted again
     result = run_pass(
         model,
         args,
@@ -246,6 +249,8 @@ def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
         return  # not the model's error: activation_postfunc's, which has its own note
     if tracer.intervention is not None and error is tracer.intervention.error:
         return  # an intervene function's, which has its own note
+    if isinstance(error, ActivationMemoryWarning):
+        return  # torchlens's own warning, made an error by a warnings filter
     where = tracer.error_context or (
         f"after operation #{len(tracer.entries)}"
         + (f" inside module '{tracer.module_stack[-1][0]}'" if tracer.module_stack else "")

@@ -38,6 +38,7 @@ class SavePlan:
         self.detach = detach
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
         self.intervention = None  # torchlens.trace.intervene.Interventions of this pass, if any
+        self.memory = None  # capture.memory.MemoryCheck: adds up the saved bytes, if set
         self.copy_at_once = False  # True: never keep an activation uncopied (see capture/shared.py)
 
     # subclasses that write activations elsewhere (save_to) say False

@@ -111,6 +111,7 @@ class Tracer:
         self.save_function_args = save_function_args
         self.save_gradients = save_gradients
         self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
+        self.memory = plan.memory  # adds up saved bytes, to warn before they outgrow free memory
         # saved activations not copied until written (capture/shared.py); None: copy at once
         self.shared = SharedActivations(inventory.parameters + inventory.buffers) if plan.can_share else None
         self.entries: List[TensorLogEntry] = []
@@ -293,11 +294,14 @@ class Tracer:
 
     def _save(self, tensor: torch.Tensor, e: TensorLogEntry) -> Any:
         """The saved activation: the tensor itself while nothing writes into it, else a copy."""
+        saved = None
         if self.shared is not None:
-            kept = self.shared.keep(tensor, e, self.plan.detach)
-            if kept is not None:
-                return kept
-        return self.plan.copy(tensor, e)
+            saved = self.shared.keep(tensor, e, self.plan.detach)
+        if saved is None:
+            saved = self.plan.copy(tensor, e)
+        if self.memory is not None:
+            self.memory.add(saved)
+        return saved
 
     def _before_write(self, args: tuple, kwargs: dict, inplace: bool) -> None:
         """An in-place or ``out=`` call is about to run: saved activations in its target's
