@@ -69,6 +69,17 @@ def gpt2_page(tmp_path_factory, threads):
 
 
 @pytest.fixture(scope="module")
+def gpt2_cache_page(tmp_path_factory, threads):
+    """GPT-2 returning its cache (``use_cache=True``): 2 layers, a key and a value each."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    history = tl.log_forward_pass(model, torch.randint(0, 100, (1, 8)), input_kwargs={"use_cache": True}, random_seed=0)
+    return history, _write(history, tmp_path_factory, "gpt2_cache")
+
+
+@pytest.fixture(scope="module")
 def recurrent_page(tmp_path_factory, threads):
     history = tl.log_forward_pass(SimpleRecurrent(), torch.rand(6, 5), random_seed=0)
     return _write(history, tmp_path_factory, "recurrent")
@@ -498,4 +509,90 @@ def test_keyboard_slash_and_escape(open_page, alexnet):
     page.keyboard.press("Escape")  # closes "classifier" again
     page.wait_for_selector('[data-module="classifier"]')
     assert "linear_2_20" not in labels(page)
+    assert p.problems() == []
+
+
+def test_a_cache_is_one_node_that_opens(open_page, gpt2_cache_page):
+    history, path = gpt2_cache_page
+    cache = [e for e in history if e.is_output and e.address != "output.logits"]
+    container = cache[0].address.rsplit(".", 3)[0]  # 'output.cache' (the name depends on transformers)
+    p = open_page(path)
+    page = p.page
+    node = page.wait_for_selector(f'[data-module="{container}"][data-group="4"]')
+    assert f"{container} (4 tensors)" in node.text_content()
+    assert not {e.label for e in cache} & set(labels(page))
+    assert "output_1_104" in labels(page)  # the logits stay a node
+    assert inside_graph(page, f'[data-module="{container}"]')
+    click_module(page, container)
+    page.wait_for_selector(f'[data-box="{container}"]')
+    assert {e.label for e in cache} <= set(labels(page))
+    assert inside_graph(page, f'[data-box="{container}"]')
+    assert overlaps(page) == []
+    page.keyboard.press("Escape")  # back: closed again
+    page.wait_for_selector(f'[data-module="{container}"][data-group="4"]')
+    # search finds a tensor inside and opens the group
+    box = page.locator('[data-role="search"]')
+    box.fill(cache[2].label)
+    box.press("Enter")
+    page.wait_for_selector(f'[data-label="{cache[2].label}"].selected')
+    assert p.problems() == []
+
+
+def test_opening_a_big_module_shows_it_whole(open_page, alexnet):
+    p = open_page(alexnet[1])
+    page = p.page
+    page.click('[data-role="fit"]')
+    page.click('[data-module="features"]')
+    page.wait_for_selector('[data-box="features"]')
+    assert inside_graph(page, '[data-box="features"]')  # was anchored at the clicked node, mostly off screen
+    assert inside_graph(page, '[data-label="conv2d_1_1"]') and inside_graph(page, '[data-label="maxpool2d_3_13"]')
+    assert p.problems() == []
+
+
+MARKERS_JS = """() => [...document.querySelectorAll('path.edge')].map(e => {
+    const id = e.getAttribute('marker-end').match(/#([^)]+)/)[1];
+    const m = document.getElementById(id);
+    const units = m.getAttribute('markerUnits') || 'strokeWidth';
+    const scale = units === 'strokeWidth' ? parseFloat(getComputedStyle(e).strokeWidth) : 1;
+    return {hot: e.classList.contains('hot'), size: parseFloat(m.getAttribute('markerWidth')) * scale,
+            refX: m.getAttribute('refX'), refY: m.getAttribute('refY'),
+            head: getComputedStyle(m.querySelector('path')).fill, stroke: getComputedStyle(e).stroke};
+})"""
+
+
+def test_highlighted_edges_have_heads_like_the_others(open_page, alexnet):
+    p = open_page(alexnet[1])
+    page = p.page
+    click_module(page, "features")
+    page.click('[data-role="fit"]')
+    page.click('[data-label="conv2d_2_4"]')
+    page.wait_for_selector("path.edge.hot", state="attached")
+    heads = page.evaluate(MARKERS_JS)
+    hot, normal = [h for h in heads if h["hot"]], [h for h in heads if not h["hot"]]
+    assert len(hot) == 2 and normal
+    for h in hot + normal:
+        assert (h["size"], h["refX"], h["refY"]) == (normal[0]["size"], normal[0]["refX"], normal[0]["refY"])
+        assert h["head"] == h["stroke"]  # the head has its edge's colour
+    assert hot[0]["stroke"] != normal[0]["stroke"]
+    assert p.problems() == []
+
+
+def test_escape_and_search_hide_the_hover_card(open_page, alexnet):
+    p = open_page(alexnet[1])
+    page = p.page
+    page.hover('[data-module="classifier"]')
+    page.wait_for_selector('[data-role="tooltip"]', state="visible")
+    page.keyboard.press("Escape")
+    page.wait_for_selector('[data-role="tooltip"]', state="hidden")
+    page.mouse.move(2, VIEWPORT["height"] - 2)
+    page.hover('[data-module="classifier"]')
+    page.wait_for_selector('[data-role="tooltip"]', state="visible")
+    page.fill('[data-role="search"]', "relu")  # typing: the card goes with the first results
+    wait_for_text(page, '[data-role="matches"]', "7 matches")
+    assert page.is_hidden('[data-role="tooltip"]')
+    page.mouse.move(2, VIEWPORT["height"] - 2)
+    page.hover('[data-module="classifier"]')
+    page.wait_for_selector('[data-role="tooltip"]', state="visible")
+    page.press('[data-role="search"]', "Enter")
+    page.wait_for_selector('[data-role="tooltip"]', state="hidden")
     assert p.problems() == []

@@ -31,6 +31,7 @@ from ..history.rolled import RolledLayer
 from ..records.format import human_bytes
 from . import style as st
 from .fans import Junction
+from .groups import TensorGroup
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
 
 AttrValue = Union[str, int, float, Callable[..., Any]]
@@ -134,6 +135,20 @@ def _module_node_look(module: CollapsedModule, rolled: bool) -> Dict[str, str]:
     }
 
 
+def _group_node_look(group: TensorGroup) -> Dict[str, str]:
+    """One node for the many tensors of one input/output container (a cache), with their count."""
+    texts = list(dict.fromkeys(st.shape_text(shape) for shape in group.shapes if shape is not None))
+    lines = [" / ".join(texts[:2]) + (" / ..." if len(texts) > 2 else ""), human_bytes(group.nbytes)]
+    fill, border = st.COLORS[group.kind]
+    return {
+        "label": st.html_label(group.title, [line for line in lines if line]),
+        "shape": "folder",
+        "style": "filled",
+        "fillcolor": fill,
+        "color": border,
+    }
+
+
 def _cluster_label(cluster: Cluster, rolled: bool) -> str:
     name = cluster.address
     if not rolled and cluster.num_passes > 1:
@@ -167,7 +182,7 @@ def _param_numels(node: Node) -> Iterable:
     item = node.item
     if isinstance(item, CollapsedModule):
         return item.param_numels.items()
-    if isinstance(item, Junction):
+    if isinstance(item, (Junction, TensorGroup)):
         return ()
     out = []
     for address, shape in zip(item.param_addresses or (), item.param_shapes or ()):
@@ -188,6 +203,8 @@ def _emit(structure: GraphStructure, cluster: Cluster, graph: graphviz.Digraph, 
             continue
         if isinstance(item, CollapsedModule):
             attrs = _module_node_look(item, rolled)
+        elif isinstance(item, TensorGroup):
+            attrs = _group_node_look(item)
         else:
             attrs = _entry_look(item, rolled, node.inline_modules)
         attrs.update(_overrides(opts["node_attrs"], item))
@@ -285,7 +302,7 @@ def build_dot(
             name ``direction=`` is accepted too (not both).
         graph_attrs, node_attrs, edge_attrs, module_attrs: graphviz attributes that override the
             defaults. Values are strings or callables: ``node_attrs`` callables receive the
-            node's ``TensorLogEntry`` / ``RolledLayer`` / ``CollapsedModule``; ``edge_attrs``
+            node's ``TensorLogEntry`` / ``RolledLayer`` / ``CollapsedModule`` / ``TensorGroup``; ``edge_attrs``
             callables receive ``(parent, child)`` (the same kinds); ``module_attrs`` callables
             receive the module address; ``graph_attrs`` callables receive the history. A
             callable returning None keeps the default.

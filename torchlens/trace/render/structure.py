@@ -2,7 +2,7 @@
 
 ``build_structure`` reads a ``ModelHistory`` only (entries, rolled layers, module info) and
 returns a ``GraphStructure``: one ``Node`` per entry (unrolled) or per layer (rolled), or per
-collapsed module; the ``Edge``s between them (data edges, ``'if'`` edges from a branch's
+collapsed module, or per ``TensorGroup`` (the many inputs/outputs of one container, groups.py); the ``Edge``s between them (data edges, ``'if'`` edges from a branch's
 condition to its first operation, and any extra edges a caller adds, e.g. backward edges); and
 the tree of module ``Cluster``s, each holding its nodes and the edges whose ends both lie in it.
 
@@ -32,6 +32,7 @@ import torch
 from ..history.rolled import RolledLayer
 from ..records.tensor_log import TensorLogEntry
 from .fans import Junction, group_wide_fans
+from .groups import TensorGroup, tensor_groups
 from .style import COMMUTATIVE_TYPES, passes_text, positions_text
 
 ClusterKey = Tuple[Tuple[str, Optional[int]], ...]  # ((address, pass or None), ...) outermost first
@@ -66,7 +67,7 @@ class CollapsedModule:
         return sum(self.param_numels.values())
 
 
-Item = Union[TensorLogEntry, RolledLayer, CollapsedModule, Junction]
+Item = Union[TensorLogEntry, RolledLayer, CollapsedModule, TensorGroup, Junction]
 
 
 @dataclass
@@ -168,6 +169,8 @@ class _Builder:
         self.collapsed: Dict[ClusterKey, Node] = {}
         self.edges: Dict[Tuple[str, str, str], Edge] = {}
         self.cluster_ids: Set[str] = set()
+        self.groups = tensor_groups(history.layer_list)  # many inputs/outputs of one container: one node
+        self.group_nodes: Dict[str, Node] = {}
 
     # ----- nodes and clusters -------------------------------------------------------------------
     def module_passes(self, address: str) -> int:
@@ -204,6 +207,14 @@ class _Builder:
 
     def add_item(self, item: Union[TensorLogEntry, RolledLayer]) -> None:
         self.items[item.label] = item
+        group = self.groups.get(item.label)
+        if group is not None:
+            node = self.group_nodes.get(group.address)
+            if node is None:
+                node = self.group_nodes[group.address] = Node(_node_id(f"group.{group.address}"), group, ())
+                self.place(node)
+            self.visible[item.label] = node
+            return
         chain = _chain(item, self.rolled)
         if item.kind == "untraced" and self.depth is not None:
             chain = chain[: self.depth]  # a gap in the trace stays visible, never folded into a box
@@ -329,13 +340,15 @@ class _Builder:
         head = self.visible.get(self.key_of(child_label))
         if tail is None or head is None:
             return  # an end that is not in this history (e.g. dropped unsaved layers)
-        if tail is head and isinstance(head.item, CollapsedModule):
-            return  # an edge inside a collapsed module
+        if tail is head and isinstance(head.item, (CollapsedModule, TensorGroup)):
+            return  # an edge inside a collapsed module or group
         edge = self.edges.get((tail.id, head.id, kind))
         if edge is None:
             edge = Edge(tail, head, kind, attrs=dict(attrs or {}))
             self.edges[(tail.id, head.id, kind)] = edge
-        edge.show_positions = (edge.show_positions or show_positions) and not isinstance(head.item, CollapsedModule)
+        edge.show_positions = (edge.show_positions or show_positions) and not isinstance(
+            head.item, (CollapsedModule, TensorGroup)
+        )
         edge.positions.extend(p for p in positions if p not in edge.positions)
         parent, child = self.entries.get(parent_label), self.entries.get(child_label)
         if parent is not None and child is not None:

@@ -27,10 +27,16 @@
     return d;
   }
 
-  /** An arrow-head marker with id `id` in the svg's <defs>. */
-  function arrowMarker(svg, id, color) {
+  /** An arrow-head marker with id `id` in the svg's <defs>. By default it is sized in units of
+   *  the edge's stroke width (a thicker edge gets a bigger head); `fixed: true` makes it `size`
+   *  drawing units (default 7) whatever the stroke, so a highlighted (thicker) edge keeps the
+   *  same head as the others. */
+  function arrowMarker(svg, id, color, opts) {
+    const o = Object.assign({ fixed: false, size: 7 }, opts || {});
     const defs = svgEl("defs", {}, svg);
-    const marker = svgEl("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
+    const attrs = { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: o.size, markerHeight: o.size, orient: "auto-start-reverse" };
+    if (o.fixed) attrs.markerUnits = "userSpaceOnUse";
+    const marker = svgEl("marker", attrs, defs);
     svgEl("path", { d: "M0,0 L10,5 L0,10 z", fill: color }, marker);
     return defs;
   }

@@ -56,7 +56,9 @@
 
   function draw(tree) {
     svg.textContent = "";
-    UI.arrowMarker(svg, "tl-arrow", "#6f747b");
+    // heads of a fixed size: a highlighted edge is thicker, its head is not (and is its colour)
+    UI.arrowMarker(svg, "tl-arrow", "#6f747b", { fixed: true });
+    UI.arrowMarker(svg, "tl-arrow-hot", "#1f5fa8", { fixed: true });
     const root = UI.svgEl("g", { "data-role": "graph-root" }, svg);
     const boxes = UI.svgEl("g", {}, root), edges = UI.svgEl("g", {}, root), nodes = UI.svgEl("g", {}, root);
     const drawBox = (box) => {
@@ -106,8 +108,9 @@
       return g;
     }
     const m = model.view.modules[it.cid];
-    const attrs = { class: `item ${it.kind}`, "data-module": m.address, "data-id": it.id, "data-cid": it.cid };
+    const attrs = { class: `item ${it.kind}${m.group ? ` group k-${m.group}` : ""}`, "data-module": m.address, "data-id": it.id, "data-cid": it.cid };
     if (m.passes > 1 && m.pass) attrs["data-pass"] = m.pass;
+    if (m.group) attrs["data-group"] = m.ops;
     if (it.kind === "fold") {
       attrs["data-repeat"] = it.count;
       attrs["data-members"] = it.members.map((c) => model.view.modules[c].address).join(" ");
@@ -122,13 +125,24 @@
     } else {
       UI.svgEl("rect", { x: it.x, y: it.y, width: it.w, height: it.h, rx: 6 }, g);
       UI.svgEl("text", { class: "l1", x: cx, y: it.y + 13 }, g).textContent = it.title;
-      UI.svgEl("text", { class: "l2", x: cx, y: it.y + 28 }, g).textContent = `${it.type} · ${m.ops} ops  ▸`;
+      UI.svgEl("text", { class: "l2", x: cx, y: it.y + 28 }, g).textContent = it.line2;
     }
     return g;
   }
 
   function fit() {
     if (state.size) view2d.fit(state.size.width, state.size.height, { minK: 0.15, maxK: 1.3 });
+  }
+
+  /** Show the drawn items `its` (what was just opened) whole, centred: zoomed out as far as
+   *  they need, and in no further than the scale the page starts at. */
+  function fitItems(its) {
+    if (!its.length) return;
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const it of its) { x0 = Math.min(x0, it.x); y0 = Math.min(y0, it.y); x1 = Math.max(x1, it.x + it.w); y1 = Math.max(y1, it.y + it.h); }
+    const box = svg.getBoundingClientRect(), pad = 40;
+    const fitK = Math.min((box.width - pad) / Math.max(x1 - x0, 1), (box.height - pad) / Math.max(y1 - y0, 1));
+    view2d.centerOn((x0 + x1) / 2, (y0 + y1) / 2, Math.min(1.3, Math.max(0.15, fitK)));
   }
 
   /** Keep the item that was clicked where it was on screen after a re-layout. */
@@ -146,18 +160,24 @@
   }
 
   // ----- opening and closing --------------------------------------------------------------
+  // opening a module (or a folded run) fits what it opened in view: anchoring the clicked
+  // item instead left most of a big module off screen
   function expand(cid) {
-    anchored(`m:${cid}`, { what: `expand ${cid}`, ids: [`b:${cid}`] }, () => {
-      model.expanded[model.mode].add(cid);
-      state.undo.push([["expand", cid]]);
-    });
+    model.expanded[model.mode].add(cid);
+    state.undo.push([["expand", cid]]);
+    render(`expand ${cid}`);
+    fitItems([state.tree.items.get(`b:${cid}`)].filter(Boolean));
   }
 
   function unfold(key, firstCid) {
-    anchored(`f:${key}`, { what: `unfold ${key}`, ids: [`m:${firstCid}`, `b:${firstCid}`, `n:${model.view.modules[firstCid].single}`] }, () => {
-      model.unfolded[model.mode].add(key);
-      state.undo.push([["unfold", key]]);
-    });
+    model.unfolded[model.mode].add(key);
+    state.undo.push([["unfold", key]]);
+    render(`unfold ${key}`);
+    const m = model.view.modules[model.view.modules[firstCid].parent];
+    const start = Number(key.slice(key.lastIndexOf("#") + 1));
+    const fold = m.folds.find(([s0]) => s0 === start);
+    const shown = (c) => state.tree.items.get(`m:${c}`) || state.tree.items.get(`b:${c}`) || state.tree.items.get(`n:${model.view.modules[c].single}`);
+    fitItems(m.items.slice(start, start + (fold ? fold[1] : 1)).map(([, c]) => shown(c)).filter(Boolean));
   }
 
   function collapse(cid) {
@@ -221,12 +241,14 @@
 
   function markSelected() {
     svg.querySelectorAll(".selected").forEach((el) => el.classList.remove("selected"));
-    svg.querySelectorAll(".edge.hot").forEach((el) => el.classList.remove("hot"));
+    svg.querySelectorAll(".edge.hot").forEach((el) => { el.classList.remove("hot"); el.setAttribute("marker-end", "url(#tl-arrow)"); });
     const it = state.selected === null ? null : state.tree.rep[state.selected];
     if (!it) return;
     const el = svg.querySelector(`[data-id="${CSS.escape(it.id)}"]`);
     if (el) el.classList.add("selected");
-    for (const e of state.tree.edges) if (e.a === it || e.b === it) e.el.classList.add("hot");
+    for (const e of state.tree.edges) {
+      if (e.a === it || e.b === it) { e.el.classList.add("hot"); e.el.setAttribute("marker-end", "url(#tl-arrow-hot)"); }
+    }
   }
 
   function closeDetails() {
@@ -365,6 +387,7 @@
     const members = it.kind === "fold" ? it.members : [it.cid];
     let ops = 0;
     for (const c of members) ops += model.view.modules[c].ops;
+    if (m.group) return [it.title, [["tensors", String(m.ops)], ["§", "click to open"]]];
     const rows = [["type", m.type], ["operations", String(ops)]];
     if (it.kind === "fold") rows.push(["repeated", `${it.count} calls with the same inside`]);
     if (m.passes > 1) rows.push(["calls", `${m.passes} in this pass`]);
@@ -409,6 +432,7 @@
    *  module of that address (when no operation has that very label) and then the operations,
    *  a new query starting again from its first. */
   function runSearch(query, jump) {
+    $("tooltip").hidden = true;  // the card of what the mouse was over no longer fits what is shown
     if (!jump || query !== state.query) state.matchAt = -1;
     state.query = query;
     const found = findMatches(query);
@@ -479,6 +503,7 @@
       const typing = event.target instanceof HTMLInputElement && event.target.type !== "radio";
       if (event.key === "/" && !typing) { event.preventDefault(); box.focus(); box.select(); return; }
       if (event.key !== "Escape") return;
+      $("tooltip").hidden = true;
       if (typing) { box.value = ""; runSearch("", false); box.blur(); return; }
       if (!$("details").hidden) { closeDetails(); return; }
       undo();

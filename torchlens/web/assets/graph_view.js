@@ -101,11 +101,12 @@
       return null;
     }
 
-    /** Open all containers up to `depth` (0: only the model's own level), folds kept. */
+    /** Open all modules up to `depth` (0: only the model's own level), folds kept; groups
+     *  of inputs/outputs (a cache) stay closed until clicked. */
     expandToDepth(depth) {
       const set = this.expanded[this.mode];
       set.clear();
-      for (const cid of Object.keys(this.view.modules)) if (cid && this.depthOf(cid) < depth) set.add(cid);
+      for (const [cid, m] of Object.entries(this.view.modules)) if (cid && !m.group && this.depthOf(cid) < depth) set.add(cid);
     }
 
     expandAll() {
@@ -153,8 +154,14 @@
           else if (this.expanded[mode].has(ref)) it = box(ref, b);
           else {
             const sub = view.modules[ref];
-            const name = sub.address + (sub.passes > 1 && sub.pass ? `:${sub.pass}` : "");
-            it = { kind: "module", id: `m:${ref}`, cid: ref, parent: b, title: name, type: sub.type, w: textWidth(name, `${sub.type} · ${sub.ops} ops`), h: MODULE_H };
+            let name = sub.address + (sub.passes > 1 && sub.pass ? `:${sub.pass}` : "");
+            let line2 = `${sub.type} · ${sub.ops} ops  ▸`;
+            if (sub.group) {  // the many tensors of one input/output container (a cache): one node
+              const first = data.ops[view.nodes[this.nodesIn[mode][ref][0]].op];
+              name = `${sub.address} (${sub.ops} tensors)`;
+              line2 = `${shapeText(first.shape)} …  ▸`;
+            }
+            it = { kind: "module", id: `m:${ref}`, cid: ref, parent: b, title: name, type: sub.type, line2, group: !!sub.group, w: textWidth(name, line2), h: MODULE_H };
             for (const n of this.nodesIn[mode][ref]) rep[n] = it;
           }
           b.children.push(it); items.set(it.id, it);

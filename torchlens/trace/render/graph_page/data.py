@@ -14,7 +14,10 @@ view the passes an edge exists in when not all), and ``modules``: one container 
 call (unrolled, ids like ``'layer1:1'``) or per module (rolled, ids are addresses), each with
 its ordered ``items`` (``['n', node]`` or ``['m', module id]``), the ``folds`` among its child
 modules (``[first index in items, count]``: a run of calls of one class with the same inside),
-and ``single`` when it holds exactly one operation (drawn as that operation, not a box).
+and ``single`` when it holds exactly one operation (drawn as that operation, not a box). The
+many inputs/outputs of one container (a HuggingFace cache, ../groups.py) are a container too,
+with ``group`` (``'input'`` or ``'output'``) and an id in brackets (``'[output.past_key_values]'``): the page shows it
+closed, as one node "output.past_key_values (24 tensors)" that opens on click.
 
 Example:
     >>> import torch, torchlens as tl
@@ -35,6 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ....web.stats import tensor_stats
 from ...records.tensor_log import TensorLogEntry
+from ..groups import TensorGroup, tensor_groups
 from ..style import COMMUTATIVE_TYPES, passes_text, positions_text
 
 SOURCE_CONTEXT = 2
@@ -156,6 +160,18 @@ class _ViewBuilder:
             parent = cid
         self.modules[parent]["items"].append(["n", node])
 
+    def place_in_group(self, node: int, group: TensorGroup) -> None:
+        """Put node ``node`` into the container of its input/output group."""
+        cid = f"[{group.address}]"
+        if cid not in self.modules:
+            made = self._container(cid, None, "", None)
+            made.update(address=group.address, type=f"{len(group.labels)} tensors", group=group.kind)
+            self.modules[cid] = made
+            self.modules[""]["items"].append(["m", cid])
+        self.modules[""]["ops"] += 1
+        self.modules[cid]["ops"] += 1
+        self.modules[cid]["items"].append(["n", node])
+
     def finish(self, signature_of_node: Sequence[Any], node_parents: Sequence[Sequence[int]]) -> None:
         for cid, m in self.modules.items():
             if cid and m["ops"] == 1 and len(m["items"]) == 1 and m["items"][0][0] == "n":
@@ -183,7 +199,8 @@ class _ViewBuilder:
             items, i = m["items"], 0
             while i < len(items):
                 j = i
-                if items[i][0] == "m" and self.modules[items[i][1]]["single"] is None:
+                sub = self.modules[items[i][1]] if items[i][0] == "m" else None
+                if sub is not None and sub["single"] is None and not sub.get("group"):
                     sig = signatures[items[i][1]]
                     while j + 1 < len(items) and items[j + 1][0] == "m" and signatures[items[j + 1][1]] == sig:
                         j += 1
@@ -204,8 +221,12 @@ class _ViewBuilder:
 def _unrolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
     index = {e.label: i for i, e in enumerate(entries)}
     builder = _ViewBuilder(history)
+    groups = tensor_groups(entries)
     for i, e in enumerate(entries):
-        builder.place(i, [(a, int(p)) for a, p in (e.module_stack or ())])
+        if e.label in groups:
+            builder.place_in_group(i, groups[e.label])
+        else:
+            builder.place(i, [(a, int(p)) for a, p in (e.module_stack or ())])
     edges, parents = [], []
     for i, e in enumerate(entries):
         mine = []
@@ -227,9 +248,13 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
     layer_index = {label: i for i, label in enumerate(layers)}
     layer_of = {e.label: e.layer_label for e in entries}
     builder = _ViewBuilder(history)
+    groups = tensor_groups(entries)
     nodes = []
     for i, (label, passes) in enumerate(layers.items()):
-        builder.place(i, [(a, None) for a, _ in (passes[0].module_stack or ())])
+        if passes[0].label in groups:
+            builder.place_in_group(i, groups[passes[0].label])
+        else:
+            builder.place(i, [(a, None) for a, _ in (passes[0].module_stack or ())])
         nodes.append(
             {
                 "op": op_index[passes[0].label],
