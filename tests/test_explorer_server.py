@@ -370,3 +370,41 @@ def test_command_line_off_loopback_prints_the_url_with_its_token(run_dir):
     finally:
         serving.terminate()
         serving.wait(timeout=30)
+
+
+def test_the_page_works_with_its_token_and_not_without(browser, run_dir):
+    s = explore(run_dir, host="127.0.0.2", port=0, block=False)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(s.url + "#view=2:1")
+        page.wait_for_selector('[data-node="2.0:1"]', timeout=20_000)  # the page and its JSON routes answered
+        assert "token" not in page.url and page.url.startswith(f"http://127.0.0.2:{s.port}/")
+        page.reload()  # the cookie carries the token from now on; the view survives the redirect
+        page.wait_for_selector('[data-node="2.1:1"]', timeout=20_000)
+        other = browser.new_context().new_page()  # no cookie, no token
+        try:
+            response = other.goto(f"http://127.0.0.2:{s.port}/")
+            assert response.status == 403 and "token" in other.content()
+        finally:
+            other.context.close()
+    finally:
+        context.close()
+        s.close()
+
+
+def test_watch_off_loopback_prints_a_token_its_process_wants(tmp_path, capsys):
+    model = nn.Linear(2, 2)
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), port=0, host="127.0.0.2")
+    try:
+        assert "?token=" in w.url and w.url in capsys.readouterr().out
+        port, token = int(w.url.split(":")[2].split("/")[0]), w.url.split("?token=", 1)[1]
+        assert w._server.wait_ready(timeout=60)
+        assert request(port, "/api/runs", host="127.0.0.2")[0].status == 403
+        assert request(port, f"/api/runs?token={token}", host="127.0.0.2")[0].status == 200
+        assert (
+            request(port, f"/api/runs?token={token}", host="127.0.0.2", headers={"Host": "evil.example.com"})[0].status
+            == 403
+        )
+    finally:
+        w.close()
