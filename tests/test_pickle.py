@@ -8,6 +8,7 @@ import importlib.util
 import linecache
 import multiprocessing
 import pickle
+import warnings
 
 import torch
 from torch import nn
@@ -94,3 +95,12 @@ def test_a_loaded_history_pickles_with_its_values(tmp_path):
     loaded = tl.load(h.save(tmp_path / "run"))
     again = pickle.loads(pickle.dumps(loaded))
     _same(describe(h), describe(again))
+
+
+def test_a_history_with_gradients_pickles_without_warnings():
+    h = tl.log_forward_pass(Loop(), torch.rand(2, 3), save_gradients=True)
+    h[h.output_layers[0]].activation.sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about hooks it cannot pickle
+        again = pickle.loads(pickle.dumps(h))
+    assert torch.equal(again["linear_1_1:1"].gradient, h["linear_1_1:1"].gradient)

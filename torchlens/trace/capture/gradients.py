@@ -34,7 +34,8 @@ def record_gradient(tensor: torch.Tensor, e: TensorLogEntry) -> None:
         grad = grad.detach()
         entry.gradient = grad.clone() if entry.gradient is None else entry.gradient + grad
 
-    handle = tensor.register_hook(record)
+    # pickling the tensor (a pickled history) leaves this hook behind, as it should: no warning
+    handle = tensor.register_hook(torch.utils.hooks.unserializable_hook(record))
 
 
 __all__ = ["record_gradient"]
