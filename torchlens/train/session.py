@@ -431,12 +431,16 @@ def watch(
             backward pass through its forward: ``params_grad`` is ``.grad`` after the last one.
         log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
         backend: one name or several: ``'standalone'`` serves the explorer page at
-            ``http://localhost:port``; ``'wandb'`` logs into the active wandb run (histograms
-            under ``torchlens/<call id>/<kind>/<name>`` and the page as ``torchlens/explorer``);
-            ``'tensorboard'`` writes the same histograms as TensorBoard events. The run database
-            is always written; ``None`` or ``()`` writes only it.
+            ``http://localhost:port`` from a process of its own (page loads cost training
+            nothing; it ends with the watch or the training process); ``'wandb'`` logs into
+            the active wandb run (histograms under ``torchlens/<call id>/<kind>/<name>`` and
+            the page as ``torchlens/explorer``); ``'tensorboard'`` writes the same histograms
+            as TensorBoard events. The run database is always written; ``None`` or ``()``
+            writes only it.
         run_dir: the run folder (default: a new folder under ``./torchlens_runs/``).
-        port, host: where the standalone server listens (``port=0``: any free port).
+        port, host: where the standalone server listens (``port=0``: any free port). It
+            answers only requests to that address; off loopback they need the token that
+            ``w.url`` (printed) carries.
         sample_n: values sampled per tensor (``None``: all).
         reject_outlier_proportion: fraction of values farthest from the median dropped.
         disable_inplace: turn off ``inplace`` flags of modules while watched.
