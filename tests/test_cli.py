@@ -3,10 +3,11 @@
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from torchlens.cli import main
+from torchlens.cli import load_model, main, parse_config
 
 MODEL_FILE = textwrap.dedent("""
     import torch
@@ -74,7 +75,11 @@ def test_python_dash_m(model_file):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "linear_2_3" in done.stdout
+    assert "Log of TwoLayer forward pass:" in done.stdout
+    assert [line.split()[:2] for line in done.stdout.splitlines() if line.startswith("fc")] == [
+        ["fc1", "Linear"],
+        ["fc2", "Linear"],
+    ]  # one row per module (print(history))
 
 
 MORE_MODELS = textwrap.dedent("""
@@ -118,9 +123,7 @@ def test_module_instances_and_functions_returning_modules(more_models, capsys):
     assert "Log of Sequential forward pass:" in capsys.readouterr().out
     assert main([f"{more_models}:build", "--input", "2,5", "--dtype", "long", "--validate"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "Log of Tokens forward pass:" in out and "\nemb " in out and "validate_model_activations: passed" in out
-    )
+    assert "Log of Tokens forward pass:" in out and "\nemb " in out and "validate_model_activations: passed" in out
     assert main([f"{more_models}:not_a_model"]) == 2
     assert "is a int, not a torch.nn.Module" in capsys.readouterr().err
     assert main([f"{more_models}:broken"]) == 1
@@ -162,3 +165,98 @@ def test_html_output_writes_the_interactive_page(model_file, tmp_path, capsys):
     assert f"Interactive graph written to {out}" in capsys.readouterr().out
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "relu_1_2" in page and 'src="/assets' not in page
+
+
+# ----- hf: and timm: sizes and --config -------------------------------------------------------
+def test_hf_families_build_a_small_config_by_default(monkeypatch):
+    """hf:llama's default config is 6.7 B parameters: the command line builds a small one."""
+    transformers = pytest.importorskip("transformers")
+    built = []
+
+    def record(config, **kwargs):
+        built.append(config)
+        raise RuntimeError("recorded, not built")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", record)
+    monkeypatch.setattr(transformers.AutoModel, "from_config", record)
+    with pytest.raises(RuntimeError, match="recorded"):
+        load_model("hf:llama")
+    config = built[-1]
+    assert config.num_hidden_layers <= 4 and 64 <= config.hidden_size <= 256
+    assert config.intermediate_size <= 1024 and config.hidden_size % config.num_attention_heads == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "t5"])
+def test_hf_small_defaults_trace_in_seconds(family, capsys):
+    pytest.importorskip("transformers")
+    started = time.monotonic()
+    assert main([f"hf:{family}", "--input", "1,8"]) == 0
+    out = capsys.readouterr().out
+    assert "forward pass" in out and "a small config" in out and "--config" in out
+    assert time.monotonic() - started < 60
+
+
+def test_config_values_reach_the_hf_model():
+    pytest.importorskip("transformers")
+    model, kind = load_model(
+        "hf:llama", config=parse_config("num_hidden_layers=1,hidden_size=32,tie_word_embeddings=true")
+    )
+    assert kind == "language" and len(model.model.layers) == 1 and model.config.hidden_size == 32
+    assert model.config.tie_word_embeddings is True
+    assert model.config.num_attention_heads == 4  # the small default, kept where not overridden
+
+
+def test_config_values_reach_the_timm_model():
+    pytest.importorskip("timm")
+    model, _ = load_model("timm:resnet18", config={"num_classes": 3})
+    assert model.fc.out_features == 3
+
+
+def test_config_text_is_parsed_to_python_values():
+    assert parse_config("a=1,b=0.5,c=true,d=False,e=gelu_new,f=-2,g=1e-5") == {
+        "a": 1,
+        "b": 0.5,
+        "c": True,
+        "d": False,
+        "e": "gelu_new",
+        "f": -2,
+        "g": 1e-5,
+    }
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["hf:llama", "--config", "num_hidden_layers"], "--config takes KEY=VALUE pairs"),
+        (["hf:llama", "--config", "num_hiden_layers=2"], "Did you mean: num_hidden_layers"),
+        (["torchvision:resnet18", "--config", "a=1"], "--config is for hf: and timm: models"),
+        (["timm:resnet18", "--config", "no_such_option=1"], "no_such_option"),
+    ],
+)
+def test_bad_config_is_a_usage_error(argv, message, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("timm")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_model_too_big_for_memory_is_refused_before_it_is_built(monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers")
+    import torchlens.cli as cli
+
+    monkeypatch.setattr(cli, "available_memory", lambda: 2 * 1024**3)  # 2 GiB free
+    real = transformers.AutoModelForCausalLM.from_config
+
+    def only_on_meta(config, **kwargs):
+        import torch
+
+        assert torch.empty(0).device.type == "meta", "built for real before the size check"
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", only_on_meta)
+    big = "num_hidden_layers=32,hidden_size=4096,intermediate_size=11008,num_attention_heads=32,num_key_value_heads=32"
+    assert main(["hf:llama", "--config", big]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "6.7 billion parameters" in err and "27.0 GB" in err and "2.1 GB" in err
+    assert "--config num_hidden_layers=2" in err

@@ -3,6 +3,7 @@
 Examples:
     torchlens torchvision:resnet18 --input 1,3,224,224 -o resnet.svg --depth 2
     torchlens hf:gpt2 --input 1,16 --validate
+    torchlens hf:llama --config num_hidden_layers=4,hidden_size=128   # hf: configs are small by default
     torchlens timm:convmixer_768_32 --input 1,3,64,64
     torchlens path/to/model.py:MyNet --input 2,10 --rolled -o net.pdf
     torchlens path/to/lm.py:build_model --input 1,12 --dtype long   # a function returning a module
@@ -59,26 +60,159 @@ def _torchvision_model(name: str) -> nn.Module:
     return torchvision.models.get_model(name, weights=None)
 
 
-def _timm_model(name: str) -> nn.Module:
+def _timm_model(name: str, config: Dict[str, Any]) -> nn.Module:
     timm = _require("timm", "timm:")
-    try:
-        return timm.create_model(name, pretrained=False)
-    except RuntimeError as error:
-        raise CliError(f"unknown timm model '{name}': {error}") from error
+
+    def build() -> nn.Module:
+        try:
+            return timm.create_model(name, pretrained=False, **config)
+        except TypeError as error:  # an option the model's constructor does not take
+            raise CliError(f"timm:{name} does not take --config {', '.join(config)}: {error}") from error
+        except RuntimeError as error:
+            if "nknown model" not in str(error):
+                raise
+            raise CliError(f"unknown timm model '{name}': {error}") from error
+
+    _check_size(f"timm:{name}", build, config)
+    return build()
 
 
-def _hf_model(name: str) -> nn.Module:
+# Small sizes for hf: models: each key is set where the family's config has it (its default
+# is often billions of parameters). Width 64 with 4 heads of 16; two layers (of each stack).
+HF_SMALL = {
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "hidden_size": 64,
+    "n_embd": 64,
+    "d_model": 64,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "d_kv": 16,
+    "intermediate_size": 128,
+    "n_inner": 128,
+    "d_ff": 128,
+    "ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+SHRINK_HINT = "--config num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128"
+
+
+def _hf_model(name: str, config: Dict[str, Any]) -> nn.Module:
     transformers = _require("transformers", "hf:")
     try:
-        config = transformers.AutoConfig.for_model(name)
+        default = transformers.AutoConfig.for_model(name).to_dict()
     except (ValueError, KeyError) as error:
         raise CliError(f"unknown HuggingFace model type '{name}' (use a model type such as gpt2, bert, t5)") from error
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+    unknown = [key for key in config if key not in default]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(default), n=3)
+        raise CliError(
+            f"hf:{name}'s config has no '{unknown[0]}'."
+            + (f" Did you mean: {', '.join(close)}?" if close else f" Its keys: {', '.join(sorted(default))}")
+        )
+    small = {k: v for k, v in HF_SMALL.items() if k in default and k not in config}
+    if "head_dim" in small:  # heads of the width each (or of the width given)
+        width = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if k in config), None)
+        heads = next((config[k] for k in ("num_attention_heads", "n_head", "num_heads") if k in config), 4)
+        small["head_dim"] = (width or HF_SMALL["hidden_size"]) // heads
+    chosen = {**small, **config}
+    built_config = transformers.AutoConfig.for_model(name, **chosen)
+    if small:
+        print(
+            f"torchlens: hf:{name} with a small config ({', '.join(f'{k}={v}' for k, v in small.items())}); "
+            "--config KEY=VALUE,... to change it"
+        )
+
+    def build() -> nn.Module:
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                return auto.from_config(built_config)
+            except ValueError:
+                continue
+        raise CliError(f"no HuggingFace model class builds a '{name}' config")  # pragma: no cover
+
+    _check_size(f"hf:{name}", build, chosen)
+    return build()
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory free for a new model (``MemAvailable`` of /proc/meminfo, else psutil's),
+    or None where that cannot be told."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def _check_size(what: str, build: Any, config: Dict[str, Any]) -> None:
+    """Build the model on the meta device (no memory), and refuse before building it for real
+    when its parameters would not fit in the memory that is free (with room for the pass)."""
+    free = available_memory()
+    if free is None:
+        return
+    try:
+        with torch.device("meta"):
+            model = build()
+    except CliError:
+        raise
+    except Exception:  # a model that cannot be built on meta: it is built for real, unchecked
+        return
+    num = sum(p.numel() for p in model.parameters())
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    if need > 0.75 * free:  # the random init and the traced pass need room too
+        hint = SHRINK_HINT if what.startswith("hf:") else "--config with smaller sizes (e.g. depth=2)"
+        raise CliError(
+            f"{what}{' with this config' if config else ''} has about {num / 1e9:.1f} billion parameters "
+            f"({need / 1e9:.1f} GB), and {free / 1e9:.1f} GB of memory is free: it would not fit. "
+            f"Shrink it, e.g. {hint}"
+        )
+
+
+def parse_config(text: str) -> Dict[str, Any]:
+    """``KEY=VALUE,...`` as a dict; each value becomes an int, a float, a bool or stays a string.
+
+    Example:
+        >>> parse_config("num_hidden_layers=2,hidden_act=gelu,dropout=0.1,use_cache=false")
+        {'num_hidden_layers': 2, 'hidden_act': 'gelu', 'dropout': 0.1, 'use_cache': False}
+    """
+    out: Dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--config takes KEY=VALUE pairs separated by commas, not '{part}'")
+        out[key.strip()] = _config_value(value.strip())
+    return out
+
+
+def _config_value(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
         try:
-            return auto.from_config(config)
+            return kind(text)
         except ValueError:
-            continue
-    raise CliError(f"no HuggingFace model class builds a '{name}' config")  # pragma: no cover
+            pass
+    return text
 
 
 def _file_model(spec: str) -> nn.Module:
@@ -120,17 +254,27 @@ def _file_model(spec: str) -> nn.Module:
     return model
 
 
-def load_model(spec: str) -> Tuple[nn.Module, str]:
-    """A model and its kind ('vision', 'language', 'file') from ``source:name``."""
+def load_model(spec: str, config: Optional[Dict[str, Any]] = None) -> Tuple[nn.Module, str]:
+    """A model and its kind ('vision', 'language', 'file') from ``source:name``; ``config``
+    sets options of hf: configs (whose sizes are small by default) and timm: models.
+
+    Example:
+        >>> model, kind = load_model("torchvision:squeezenet1_1")
+        >>> type(model).__name__, kind
+        ('SqueezeNet', 'vision')
+    """
     source, sep, name = spec.partition(":")
     if not sep or not name:
         raise CliError(f"model '{spec}' must look like torchvision:NAME, timm:NAME, hf:TYPE or FILE.py:CLASS")
+    config = dict(config or {})
+    if config and source not in ("hf", "timm"):
+        raise CliError("--config is for hf: and timm: models (a file model is built by your code)")
     if source == "torchvision":
         return _torchvision_model(name), "vision"
     if source == "timm":
-        return _timm_model(name), "vision"
+        return _timm_model(name, config), "vision"
     if source == "hf":
-        return _hf_model(name), "language"
+        return _hf_model(name, config), "language"
     if spec.rpartition(":")[0].endswith(".py"):
         return _file_model(spec), "file"
     raise CliError(f"unknown model source '{source}': use torchvision:, timm:, hf: or a .py file")
@@ -232,6 +376,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--validate", action="store_true", help="check the saved activations by replaying them")
     parser.add_argument("--seed", type=int, default=0, help="random seed for inputs and the pass (default 0)")
     parser.add_argument("--layer", action="append", default=[], help="also print this layer (repeatable)")
+    parser.add_argument(
+        "--config",
+        metavar="KEY=VALUE,...",
+        default=None,
+        help="options of hf: configs (small by default: 2 layers, width 64; e.g. "
+        "num_hidden_layers=4,hidden_size=128) and timm: models (e.g. num_classes=10); values are "
+        "read as int, float, true/false or text. A model too big for the free memory is refused "
+        "before it is built",
+    )
     parser.add_argument("--traceback", action="store_true", help="on an error of the model, print the full traceback")
     return parser
 
@@ -349,7 +502,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         fileformat = _output_format(args.output)  # before the trace, which may take long
         torch.manual_seed(args.seed)
-        model, kind = load_model(args.model)
+        model, kind = load_model(args.model, config=parse_config(args.config) if args.config else None)
         model.eval()
         if args.dtype and kind != "file":
             raise CliError(
