@@ -408,3 +408,8 @@ def test_watch_off_loopback_prints_a_token_its_process_wants(tmp_path, capsys):
         )
     finally:
         w.close()
+
+
+def test_a_token_that_cannot_travel_in_a_url_is_refused(run_dir):
+    with pytest.raises(ValueError, match="letters, digits"):
+        explore(run_dir, host="127.0.0.2", port=0, block=False, token="a b;c")

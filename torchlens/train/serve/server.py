@@ -30,6 +30,7 @@ import json
 import os
 import secrets
 import socket
+import string
 import threading
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +49,7 @@ _TYPES = {
     ".txt": "text/plain; charset=utf-8",
 }
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # served without a token
+_TOKEN_CHARS = string.ascii_letters + string.digits + "._~-"
 _ANY_ADDRESS = ("", "0.0.0.0", "::")  # every interface: any Host may be right, the token guards
 
 
@@ -306,6 +308,8 @@ class RunServer:
     ) -> None:
         self.root = root
         self.token = default_token(host) if token is None else token
+        if self.token.strip(_TOKEN_CHARS):  # it goes into a URL and a cookie as it is
+            raise ValueError(f"torchlens: a token holds only letters, digits and '._~-', not {token!r}.")
         sock = bind(host, port) if sock is None else sock
         self.handler = type(
             "Handler",
