@@ -56,3 +56,36 @@ def test_compiled_and_scripted_submodules():
     mixed = nn.Sequential(torch.jit.script(nn.Linear(3, 3)), nn.ReLU())
     h = tl.log_forward_pass(mixed, X)
     assert len(h.notes) == 1 and "TorchScript submodules (0)" in h.notes[0]
+
+
+class _WithScripted(nn.Module):
+    """A TorchScript submodule holding buffers that a training-mode forward updates."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.pre = nn.Linear(3, 3)
+        self.sub = torch.jit.script(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+
+    def forward(self, x):
+        return self.sub(self.pre(x)) * 2
+
+
+@no_jit_deprecation
+def test_a_scripted_submodule_is_one_untraced_node_fed_by_its_input():
+    h = tl.log_forward_pass(_WithScripted(), X, random_seed=0)
+    assert [e.layer_type for e in h] == ["input", "linear", "untraced", "mul", "output"]  # no identity after it
+    gap = h[h.untraced_layers[0]]
+    assert gap.parent_layers == ["linear_1_1"]  # what the submodule was given
+    assert gap.containing_module == "sub" and h["sub"] is gap
+    assert h["mul_1_3"].parent_layers == [gap.label]
+
+
+@no_jit_deprecation
+def test_validating_a_model_with_a_scripted_submodule_names_the_gap_and_restores_its_buffers(capsys):
+    model = _WithScripted().train()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    assert tl.validate_model_activations(model, X, random_seed=0, verbose=True) is False
+    assert "untraced producer inside module 'sub'" in capsys.readouterr().out
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)  # running statistics too

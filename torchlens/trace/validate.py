@@ -140,9 +140,14 @@ def _check_untraced(history: ModelHistory, report: _Report) -> bool:
             continue
         where = f" inside module '{entry.containing_module}'" if entry.containing_module else ""
         used_by = ", ".join(entry.child_layers) or "no logged layer"
+        unknown = (
+            f"how it was computed from {', '.join(entry.parent_layers)} is unknown"
+            if entry.parent_layers  # a TorchScript submodule's output: its inputs are known
+            else "what it was computed from is unknown"
+        )
         ok = report.fail(
             f"{entry.label}: untraced producer{where}, used by {used_by}: {entry.untraced_reason}, so "
-            "what it was computed from is unknown. Call that computation through a torch function "
+            f"{unknown}. Call that computation through a torch function "
             "or a torch.library custom operator (both are logged), or report it to torchlens if "
             "it is a torch function."
         )

@@ -182,3 +182,15 @@ def replace_tensors(value: Any, replace, depth: int = 0) -> Any:
     if cls is dict:
         return {k: replace_tensors(v, replace, depth + 1) for k, v in value.items()}
     return value
+
+
+def nested_shape(tensor: torch.Tensor) -> tuple:
+    """The shape of a nested tensor, ``None`` for its ragged dimensions: ``(2, None, 16)``."""
+    shape = []
+    for dim in range(tensor.dim()):
+        try:
+            size = tensor.size(dim)
+        except RuntimeError:  # strided layout: "dimension is irregular and does not have a size"
+            size = None
+        shape.append(size if type(size) is int else None)  # jagged layout: a symbolic size
+    return tuple(shape)

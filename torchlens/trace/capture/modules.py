@@ -256,8 +256,14 @@ class BufferSnapshot:
             handle.remove()
         self.handles = []
         for module, buffers in self.dicts:
-            module._buffers.clear()
-            module._buffers.update(buffers)
+            held = module._buffers
+            if isinstance(held, dict):
+                held.clear()
+                held.update(buffers)
+            else:  # a TorchScript module's view of its buffers: fixed names, set one by one
+                for name, buffer in buffers.items():
+                    if held[name] is not buffer:
+                        held[name] = buffer
         with torch.no_grad():
             for buffer, value in self.values:
                 buffer.copy_(value)

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from ..records.tensor_log import ParentRef, TensorLogEntry
-from .args import replace_tensors, tensors_in, tensors_in_call
+from .args import nested_shape, replace_tensors, tensors_in, tensors_in_call
 from .constructors import CODES as CONSTRUCTOR_CODES
 from .copy_on_write import SharedActivations
 from .decorate import _make_wrapper, writes_in_place
@@ -61,6 +61,7 @@ from .ops import OpInfo
 from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, dotted, head, is_out_position, matching_parents
 from .preexisting import PassStart
 from .save_plan import SavePlan
+from .unwrap import scripted_output
 
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident
@@ -369,21 +370,23 @@ class Tracer:
             # business (a tensor subclass's inner values, a cached helper), not a gap in the model.
         return parents, tuple(params)
 
-    def untraced(self, tensor: torch.Tensor, frames: tuple) -> TensorLogEntry:
+    def untraced(self, tensor: torch.Tensor, frames: tuple, parents: list = (), reason: str = "") -> TensorLogEntry:
         """A tensor without a record reached a logged operation, a module's output or the
         model's output, and it did not exist before the pass: a call torchlens does not wrap
         made it. It becomes an ``untraced`` node, so the gap is visible (and validation fails
-        naming it) instead of its consumer silently losing a parent."""
+        naming it) instead of its consumer silently losing a parent. ``parents``: what it is
+        known to come from (a TorchScript submodule's inputs), with ``reason``."""
         grad_fn = tensor.grad_fn
-        if grad_fn is not None:
+        if not reason and grad_fn is not None:
             reason = f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens did not log"
-        else:
+        elif not reason:
             reason = (
                 "no logged operation made it, and it did not exist before the pass (it is not "
                 "an input, parameter, buffer or constant of the model)"
             )
         e = TensorLogEntry(len(self.entries), "untraced", "untraced", None, func_name="untraced")
         e.untraced_reason = reason
+        e.parent_refs = list(parents)
         e.module_stack = self.module_stack
         e.call_frames = frames
         self._add(e, tensor, track=True)
@@ -529,7 +532,11 @@ class Tracer:
         try:
             for position, tensor in tensors_in(output):
                 e = self.entry_of(tensor)
-                if e is None or e.raw_index < start:
+                if e is None and self._is_untraced(tensor):  # made inside by a call not logged
+                    e = self.untraced(
+                        tensor, self._walk_frames(sys._getframe(1)), *scripted_output(module, args, self.entry_of)
+                    )
+                elif e is None or e.raw_index < start:
                     e = self._pass_through(tensor, e)
                 e.output_of_modules.append((address, n))
                 self.module_outputs.setdefault((address, n), []).append((position, e))
@@ -544,8 +551,6 @@ class Tracer:
     def _pass_through(self, tensor: torch.Tensor, parent: Optional[TensorLogEntry]) -> TensorLogEntry:
         """A module returned a tensor it did not compute (``nn.Identity``): give it its own node."""
         frames = self._walk_frames(sys._getframe(2))
-        if parent is None and self._is_untraced(tensor):
-            parent = self.untraced(tensor, frames)
         e = TensorLogEntry(len(self.entries), "op", "identity", identity, func_name="identity")
         e.parent_refs = [(parent, 0)] if parent is not None else []
         e.module_stack = self.module_stack
@@ -568,18 +573,6 @@ class Tracer:
         else:
             e.func_args = (tensor,)
         e.func_kwargs = {}
-
-
-def nested_shape(tensor: torch.Tensor) -> tuple:
-    """The shape of a nested tensor, ``None`` for its ragged dimensions: ``(2, None, 16)``."""
-    shape = []
-    for dim in range(tensor.dim()):
-        try:
-            size = tensor.size(dim)
-        except RuntimeError:  # strided layout: "dimension is irregular and does not have a size"
-            size = None
-        shape.append(size if type(size) is int else None)  # jagged layout: a symbolic size
-    return tuple(shape)
 
 
 def _rng_state() -> tuple:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from typing import Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import torch
 from torch import nn
 
 from ...errors import TorchlensError
+from .args import tensors_in
 
 
 class TorchScriptModelError(TorchlensError, TypeError):
@@ -75,6 +76,20 @@ def eager_only() -> Iterator[None]:
             return
         with set_stance("force_eager"):
             yield
+
+
+def scripted_output(module: nn.Module, args: Any, entry_of: Callable[[torch.Tensor], Any]) -> Tuple[list, str]:
+    """(parents, reason) for an untraced tensor that ``module`` returned: a TorchScript module's
+    whole forward is out of sight, so its output comes from what it was given (the records of
+    its tensor arguments, at their positions); of any other module nothing is known."""
+    if not isinstance(module, torch.jit.ScriptModule):
+        return [], ""
+    parents = [(e, position) for position, t in tensors_in(args) if (e := entry_of(t)) is not None]
+    reason = (
+        "it is the output of a TorchScript submodule, whose operations run inside the TorchScript "
+        "interpreter where torchlens cannot see them (pass the eager module, not its torch.jit.script)"
+    )
+    return parents, reason
 
 
 def _is_compiled(model: nn.Module) -> bool:
