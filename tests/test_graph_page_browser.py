@@ -527,6 +527,8 @@ def test_a_cache_is_one_node_that_opens(open_page, gpt2_cache_page):
     page.wait_for_selector(f'[data-box="{container}"]')
     assert {e.label for e in cache} <= set(labels(page))
     assert inside_graph(page, f'[data-box="{container}"]')
+    rows = {round(page.locator(f'[data-label="{e.label}"]').bounding_box()["y"]) for e in cache}
+    assert len(rows) == 2  # a grid (2 x 2), not one row as wide as the cache is long
     assert overlaps(page) == []
     page.keyboard.press("Escape")  # back: closed again
     page.wait_for_selector(f'[data-module="{container}"][data-group="4"]')

@@ -205,6 +205,12 @@
         const index = new Map(box.children.map((c, i) => [c, i]));
         box.index = index;
         const edges = (perBox.get(box) || []).map(([a, b]) => [index.get(a), index.get(b)]);
+        if (box.cid && this.view.modules[box.cid].group) {
+          // an open group (a cache) has no edges inside: a grid, not one row 24 tensors wide
+          // (links that place the rows, never drawn)
+          const n = box.children.length, cols = Math.max(2, 2 * Math.round(Math.sqrt(n) / 2));
+          for (let i = 0; i + cols < n; i++) edges.push([i, i + cols]);
+        }
         const ports = portsOf.get(box) || { entries: new Map(), exits: new Map() };
         const entries = portLists(ports.entries, index), exits = portLists(ports.exits, index);
         // the port lists hold child indices only: renamed outside items keep the layout
