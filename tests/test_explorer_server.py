@@ -410,6 +410,8 @@ def test_watch_off_loopback_prints_a_token_its_process_wants(tmp_path, capsys):
         w.close()
 
 
-def test_a_token_that_cannot_travel_in_a_url_is_refused(run_dir):
-    with pytest.raises(ValueError, match="letters, digits"):
+def test_a_token_that_cannot_travel_in_a_url_is_refused(run_dir, capsys):
+    with pytest.raises(ValueError, match="only letters, digits"):
         explore(run_dir, host="127.0.0.2", port=0, block=False, token="a b;c")
+    assert cli_main(["explore", run_dir, "--host", "127.0.0.2", "--port", "0", "--token", "a;b"]) == 2
+    assert "only letters, digits" in capsys.readouterr().err

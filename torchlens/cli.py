@@ -474,7 +474,7 @@ def explore_main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    except (CliError, NotFound, RunError, FileNotFoundError) as error:
+    except (CliError, NotFound, RunError, FileNotFoundError, ValueError) as error:  # ValueError: a bad --token
         print(f"torchlens: error: {error}", file=sys.stderr)
         return 2
 

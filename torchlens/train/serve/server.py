@@ -309,7 +309,7 @@ class RunServer:
         self.root = root
         self.token = default_token(host) if token is None else token
         if self.token.strip(_TOKEN_CHARS):  # it goes into a URL and a cookie as it is
-            raise ValueError(f"torchlens: a token holds only letters, digits and '._~-', not {token!r}.")
+            raise ValueError(f"the token may hold only letters, digits and '._~-', not {token!r}.")
         sock = bind(host, port) if sock is None else sock
         self.handler = type(
             "Handler",
