@@ -56,11 +56,13 @@ _LAZY = {
     "GraphvizNotFoundError": "torchlens.trace.render",
     "show_model_graph": "torchlens.trace.show",
     "RerunError": "torchlens.trace.rerun",
+    **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
 }
 
 if TYPE_CHECKING:
+    from .trace.answers import NonfiniteReport, find_nonfinite
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -93,6 +95,8 @@ __all__ = [
     "render_graph",
     "RerunError",
     "GraphvizNotFoundError",
+    "find_nonfinite",
+    "NonfiniteReport",
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",

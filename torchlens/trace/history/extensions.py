@@ -21,6 +21,7 @@ _PROVIDERS = {
     "show": "torchlens.trace.render",
     "save": "torchlens.trace.storage",
     "rerun": "torchlens.trace.rerun",
+    "first_nonfinite": "torchlens.trace.answers",
 }
 _REGISTERED: Dict[str, Callable[..., Any]] = {}
 

@@ -425,6 +425,23 @@ class ModelHistory:
         """
         return extension("rerun")(self, changes)
 
+    def first_nonfinite(self) -> Any:
+        """Where NaN or Inf first appeared among the saved activations: a ``NonfiniteReport``
+        (see ``torchlens.find_nonfinite``, which needs no saved activations and also checks
+        parameters and backward). Layers whose activation was not saved count as unknown.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> class Log(torch.nn.Module):
+            ...     def forward(self, x):
+            ...         return torch.log(x) * 2
+            >>> h = tl.log_forward_pass(Log(), torch.tensor([-1.0, 1.0]))
+            >>> report = h.first_nonfinite()
+            >>> report.label, report.kind, report.propagated
+            ('log_1_1', 'nan', ['mul_1_2', 'output_1_3'])
+        """
+        return extension("first_nonfinite")(self)
+
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""
         return self._lookup.get(address) if isinstance(self._lookup.get(address), TensorLogEntry) else None

@@ -1,0 +1,134 @@
+"""What ``find_nonfinite`` keeps during its passes: one finiteness flag per tensor instead of a copy.
+
+``FlagPlan`` is a ``SavePlan`` whose "saved activation" of each tensor is a 0-d int8 tensor on the
+tensor's device (0 finite, 1 Inf, 2 NaN: see ``finite_flag``), so a pass keeps a few bytes per operation and the device
+is never synchronised per operation; with ``gradients=True`` each operation's output is hooked so
+the gradient reaching it in backward leaves a flag too (in the order backward reaches them).
+``FocusPlan`` keeps detached copies of a few chosen tensors (and their gradients): the producer's
+neighbourhood, for the report. ``read_flags`` turns many flags into Python bools with one host
+transfer per device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..capture.save_plan import SavePlan
+from ..records.tensor_log import TensorLogEntry
+
+# kinds of records whose tensor is made during the pass (hooks on these vanish with the graph)
+_MADE_IN_PASS = ("op", "untraced")
+
+
+def finite_flag(tensor: Any) -> Optional[torch.Tensor]:
+    """A 0-d int8 tensor on the tensor's device: 0 if every value is finite, 1 if some are
+    +-Inf (no NaN), 2 if some are NaN. None for tensors that cannot hold NaN/Inf (integers,
+    bools) or hold no values (meta, sparse).
+
+    Example:
+        >>> finite_flag(torch.tensor([1.0, float("nan")])), finite_flag(torch.tensor([1, 2]))
+        (tensor(2, dtype=torch.int8), None)
+    """
+    if not isinstance(tensor, torch.Tensor) or not (tensor.is_floating_point() or tensor.is_complex()):
+        return None
+    if tensor.layout != torch.strided or tensor.device.type == "meta":
+        return None
+    with torch.no_grad():
+        t = tensor.detach()
+        return (~torch.isfinite(t)).any().to(torch.int8) + torch.isnan(t).any().to(torch.int8)
+
+
+def read_flags(flags: Sequence[Optional[torch.Tensor]]) -> List[Optional[int]]:
+    """The flags as Python ints (None stays None): one stack and one host transfer per device.
+
+    Example:
+        >>> read_flags([torch.tensor(0), None, torch.tensor(2)])
+        [0, None, 2]
+    """
+    out: List[Optional[int]] = [None] * len(flags)
+    by_device: Dict[torch.device, List[int]] = {}
+    for i, flag in enumerate(flags):
+        if flag is not None:
+            by_device.setdefault(flag.device, []).append(i)
+    for positions in by_device.values():
+        values = torch.stack([flags[i] for i in positions]).tolist()
+        for i, value in zip(positions, values):
+            out[i] = int(value)
+    return out
+
+
+def as_finite(codes: Dict[str, Optional[int]]) -> Dict[str, Optional[bool]]:
+    """Flag codes -> finite (True), not (False), unknown (None)."""
+    return {k: None if c is None else c == 0 for k, c in codes.items()}
+
+
+def as_nan_free(codes: Dict[str, Optional[int]]) -> Dict[str, Optional[bool]]:
+    """Flag codes -> holds no NaN (True), holds NaN (False), unknown (None)."""
+    return {k: None if c is None else c != 2 for k, c in codes.items()}
+
+
+class FlagPlan(SavePlan):
+    """Every tensor of the pass leaves its finiteness flag as its ``activation``; with
+    ``gradients=True`` every operation's output also gets a hook that appends
+    ``(raw_index, flag of its incoming gradient)`` to ``grad_flags`` when backward reaches it."""
+
+    def __init__(self, gradients: bool) -> None:
+        super().__init__(save_all=True)
+        self.copy_at_once = True  # never keep the tensor itself (no sharing, no copy either)
+        self.gradients = gradients
+        self.grad_flags: List[Tuple[int, Optional[torch.Tensor]]] = []
+        self.handles: List[Any] = []
+
+    def copy(self, tensor: torch.Tensor, entry: Optional[TensorLogEntry] = None) -> Any:
+        if self.gradients and entry is not None and entry.kind in _MADE_IN_PASS:
+            _hook(self, tensor, entry.raw_index)
+        return finite_flag(tensor)
+
+    def remove_hooks(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _hook(plan: FlagPlan, tensor: torch.Tensor, raw_index: int) -> None:
+    # only tensors made by the pass (with a grad_fn): a hook on a leaf would outlive the call
+    if not tensor.requires_grad or tensor.grad_fn is None:
+        return
+
+    def record(grad: torch.Tensor) -> None:
+        plan.grad_flags.append((raw_index, finite_flag(grad)))
+
+    plan.handles.append(tensor.register_hook(record))
+
+
+class FocusPlan(SavePlan):
+    """Saves detached copies of the tensors at ``raw_indices`` only, and with ``gradients=True``
+    the gradients that reach them (``grads``: raw_index -> gradient)."""
+
+    def __init__(self, raw_indices: FrozenSet[int], gradients: bool) -> None:
+        super().__init__(raw_indices=raw_indices, detach=True)
+        self.copy_at_once = True
+        self.gradients = gradients
+        self.grads: Dict[int, torch.Tensor] = {}
+        self.handles: List[Any] = []
+
+    def copy(self, tensor: torch.Tensor, entry: Optional[TensorLogEntry] = None) -> Any:
+        if self.gradients and entry is not None and entry.kind in _MADE_IN_PASS:
+            if tensor.requires_grad and tensor.grad_fn is not None:
+                index = entry.raw_index
+
+                def keep(grad: torch.Tensor) -> None:
+                    self.grads[index] = grad.detach().clone()
+
+                self.handles.append(tensor.register_hook(keep))
+        return tensor.detach().clone()
+
+    def remove_hooks(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+__all__ = ["FlagPlan", "FocusPlan", "finite_flag", "read_flags", "as_finite", "as_nan_free"]
