@@ -57,6 +57,10 @@ def _dict(key: Check, value: Check) -> Check:
     return lambda v: type(v) is dict and all(key(k) and value(x) for k, x in v.items())
 
 
+def _size(v: Any) -> bool:
+    return type(v) is torch.Size and all(n >= 0 for n in v)
+
+
 def _any(v: Any) -> bool:
     return True
 
@@ -76,7 +80,7 @@ ENTRY_CHECKS: Dict[str, Check] = {
     "elapsed": _number,
     "is_inplace": _bool,
     "output_index": _optional(_position),
-    "shape": _optional(lambda v: type(v) is torch.Size),
+    "shape": _optional(_size),
     "dtype": _optional(lambda v: isinstance(v, torch.dtype)),
     "nbytes": _optional(_count),
     "grad_fn_name": _optional(_str),
@@ -95,7 +99,7 @@ ENTRY_CHECKS: Dict[str, Check] = {
     "parent_layers": _seq(_str),
     "child_layers": _seq(_str),
     "parent_arg_positions": _dict(_str, _seq(_position)),
-    "param_shapes": _seq(lambda v: type(v) is torch.Size),
+    "param_shapes": _seq(_size),
     "num_params": _count,
     "param_bytes": _count,
     "created_inside_model": _bool,
@@ -113,7 +117,9 @@ ENTRY_CHECKS: Dict[str, Check] = {
 HISTORY_CHECKS: Dict[str, Check] = {
     "model_name": _str,
     "_all_labels": _seq(_str),
-    "param_info": lambda v: type(v) is dict and all(_str(k) for k in v),
+    "param_info": _dict(
+        _str, lambda v: type(v) is tuple and len(v) == 3 and _size(v[0]) and _count(v[1]) and _count(v[2])
+    ),
     "random_seed": _optional(_int),
     "pass_time": _optional(_number),
     "postprocess_time": _optional(_number),

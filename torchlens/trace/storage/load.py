@@ -326,7 +326,7 @@ def _history(attributes: Dict[str, Any], decoder: Decoder, where: str) -> ModelH
         if check is not None and not check(value):
             raise HistoryFileError(where, f"history: malformed '{name}' {str(value)[:60]!r}")
         setattr(history, name, value)
-    missing = [n for n in ("model_name", "modules", "pass_stats", "notes") if n not in vars(history)]
+    missing = [n for n in (*HISTORY_CHECKS, "modules", "pass_stats") if n not in vars(history)]
     if missing:
         raise HistoryFileError(where, f"history: truncated or corrupted: {', '.join(missing)} missing")
     if not isinstance(history.modules, ModuleInfo) or not modules_ok(history.modules):
