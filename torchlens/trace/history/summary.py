@@ -16,7 +16,7 @@ Example:
     0       Linear      1  (2, 4)            16   32 B
     1       ReLU        1  (2, 4)             0   32 B
     <BLANKLINE>
-    4 layers: history.print_layers() lists every one; history.summary(depth=1) shows the top-level modules only.
+    4 layers: history.print_layers() lists every one.
 """
 
 from __future__ import annotations
@@ -164,11 +164,12 @@ def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) 
         lines.append("")
         lines.extend(_table(rows))
     lines.append("")
-    lines.append(_footer(history, len(tree) - min(len(shown), MAX_ROWS if auto else len(shown)), depth))
+    hidden = len(tree) - min(len(shown), MAX_ROWS if auto else len(shown))
+    lines.append(_footer(history, hidden, nested=len(shown) > sum(d == 1 for _, d in shown)))
     return SummaryText("\n".join(lines))
 
 
-def _footer(history: Any, hidden: int, depth: Optional[int]) -> str:
+def _footer(history: Any, hidden: int, nested: bool) -> str:
     kept = (
         f"{len(history)} layers"
         if len(history) == history.num_tensors
@@ -177,7 +178,7 @@ def _footer(history: Any, hidden: int, depth: Optional[int]) -> str:
     text = f"{kept}: history.print_layers() lists every one"
     if hidden:
         text += f"; {hidden} deeper module{'s' if hidden > 1 else ''} not shown: history.summary() shows all"
-    else:
+    elif nested:
         text += "; history.summary(depth=1) shows the top-level modules only"
     return text + "."
 
