@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -415,3 +416,20 @@ def test_a_token_that_cannot_travel_in_a_url_is_refused(run_dir, capsys):
         explore(run_dir, host="127.0.0.2", port=0, block=False, token="a b;c")
     assert cli_main(["explore", run_dir, "--host", "127.0.0.2", "--port", "0", "--token", "a;b"]) == 2
     assert "only letters, digits" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_serving_process_that_dies_is_reaped_at_once(tmp_path):
+    model = nn.Linear(2, 2)
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), port=0, verbose=False)
+    try:
+        assert w._server.wait_ready(timeout=60)
+        pid = w._server.process.pid
+        os.kill(pid, signal.SIGKILL)  # e.g. the OOM killer
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}"), "left a zombie"
+        assert not w._server.ready
+    finally:
+        w.close()

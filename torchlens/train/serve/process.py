@@ -46,6 +46,7 @@ class ServingProcess:
         self._local: Optional[RunServer] = None  # the thread that serves until the process is ready
         self._lock = threading.Lock()
         self._reader: Optional[threading.Thread] = None
+        self._handed_over = threading.Event()
 
     @property
     def url(self) -> str:
@@ -55,7 +56,7 @@ class ServingProcess:
     @property
     def ready(self) -> bool:
         """The serving process answers (the training process serves nothing any more)."""
-        return self.process is not None and self._local is None
+        return self._handed_over.is_set() and self.process is not None and self.process.poll() is None
 
     def start(self, root: str) -> "ServingProcess":
         self._local = RunServer(root, host=self.host, token=self.token, sock=self.sock).start()
@@ -76,53 +77,60 @@ class ServingProcess:
             self.process.stdin.write(json.dumps(config).encode() + b"\n")  # not in argv: others can read that
             self.process.stdin.flush()
         except OSError:  # no process for us: the thread keeps serving
-            self._stop_process()
+            process, self.process = self.process, None
+            if process is not None:
+                process.kill()
+                process.wait()
             return self
-        self._reader = threading.Thread(target=self._await_ready, name="torchlens-explorer-start", daemon=True)
+        self._reader = threading.Thread(
+            target=self._follow_child, args=(self.process,), name="torchlens-explorer-start", daemon=True
+        )
         self._reader.start()
         return self
 
-    def _await_ready(self) -> None:
-        process = self.process
-        if process is not None and process.stdout.readline().strip() == b"ready":
-            with self._lock:
-                local, self._local = self._local, None
-            if local is not None:
-                local.close()  # closes this process's copy of the socket; the serving process has its own
+    def _follow_child(self, process: subprocess.Popen) -> None:
+        """Hand over once the serving process is ready; reap it as soon as it ends, whatever ended it."""
+        try:
+            if process.stdout.readline().strip() == b"ready":
+                with self._lock:
+                    local, self._local = self._local, None
+                if local is not None:
+                    local.close()  # closes this process's copy of the socket; the serving process has its own
+                self._handed_over.set()
+                process.stdout.read()  # it writes nothing more: this returns when it exits
+        except (OSError, ValueError):  # the pipe closed under us: close() is stopping it
+            pass
+        process.wait()
 
     def wait_ready(self, timeout: float = 30.0) -> bool:
         """Wait until the serving process answers; ``False`` if it did not within ``timeout`` s."""
-        if self._reader is not None:
-            self._reader.join(timeout)
+        self._handed_over.wait(timeout if self.process is not None else 0)
         return self.ready
 
     def close(self) -> None:
         """Stop serving: the process (waited for, so no zombie is left) and the thread."""
-        self._stop_process()
+        process, self.process = self.process, None
+        if process is not None:
+            process.terminate()  # it only reads: nothing to finish
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         if self._reader is not None:
             self._reader.join(timeout=5)
             self._reader = None
+        if process is not None:
+            for pipe in (process.stdin, process.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
         with self._lock:
             local, self._local = self._local, None
         if local is not None:
             local.close()
         self.sock.close()
-
-    def _stop_process(self) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()  # it only reads: nothing to finish
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for pipe in (process.stdin, process.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
 
 
 def _follow_parent(server: RunServer, parent: int) -> None:
