@@ -3,6 +3,8 @@ graphviz drawing and one container that opens on the graph page (torchlens/trace
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
@@ -88,3 +90,25 @@ def test_an_lstm_state_pair_is_not_grouped():
     h = tl.log_forward_pass(nn.LSTM(3, 4, batch_first=True), torch.rand(1, 2, 3), random_seed=0)
     assert "tensors)" not in build_dot(h).source
     assert not any(m.get("group") for m in page_data(h)["views"]["unrolled"]["modules"].values())
+
+
+def test_a_cache_passed_in_is_one_input_node():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        out = model(torch.randint(0, 100, (1, 8)), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    h = tl.log_forward_pass(
+        model, torch.randint(0, 100, (1, 1)), input_kwargs={name: cache, "use_cache": True}, random_seed=0
+    )
+    inputs = [e for e in h if e.is_input and e.address.startswith(f"input.{name}.")]
+    assert len(inputs) == 4
+    source = build_dot(h).source
+    assert f"input.{name} (4 tensors)" in source and "\tinput_1_0 [" in source  # the token ids stay a node
+    heads = {line.split(" -> ")[1].split(" [")[0].strip() for line in source.splitlines() if f'"group.input.{name}" ->' in line}
+    assert heads == {c for e in inputs for c in e.child_layers}  # each past key/value feeds its cat
+    groups = [m for m in page_data(h)["views"]["unrolled"]["modules"].values() if m.get("group") == "input"]
+    assert [(g["address"], g["type"]) for g in groups] == [(f"input.{name}", "4 tensors")]
