@@ -335,3 +335,18 @@ def test_to_pandas_roles():
     table = tl.find_nonfinite(Log(), torch.tensor([1.0, -1.0])).to_pandas()
     roles = dict(zip(table.label, table.role))
     assert roles["log_1_2"] == "producer" and roles["mul_1_1"] == "parent" and roles["add_1_3"] == "propagated"
+
+
+class Wide(nn.Module):
+    def forward(self, x, z):
+        big = x.double() * 1e300  # finite in float64, inf if read as float32
+        return big.sum(), torch.view_as_real(z * 2), (x.bfloat16() * 1e38).float()
+
+
+def test_dtypes_are_read_exactly():
+    z = torch.tensor([1 + 1j, 2 - 1j])
+    report = tl.find_nonfinite(Wide(), (torch.ones(2), z), backward=False)
+    assert not report.found, str(report)
+    z_nan = torch.tensor([1 + 1j, complex(float("nan"), 0.0)])
+    report = tl.find_nonfinite(Wide(), (torch.tensor([1.0, 9.0]), z_nan), backward=False)
+    assert (report.phase, report.label, report.kind) == ("input", "input_2_1", "nan")
