@@ -139,7 +139,14 @@ def _table(rows: List[List[str]]) -> List[str]:
 
 def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) -> SummaryText:
     """The header and the module table of ``history``, modules at most ``depth`` levels deep
-    (``None``: all; ``auto``: the deepest levels that fit in ``MAX_ROWS`` rows)."""
+    (``None``: all; ``auto``: the deepest levels that fit in ``MAX_ROWS`` rows).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.log_forward_pass(torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.ones(1, 3))
+        >>> summary_text(h, depth=0).splitlines()[-1]  # no module rows
+        '3 layers: history.print_layers() lists every one; 1 deeper module not shown: history.summary() shows all.'
+    """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise ValueError(f"depth must be None or an int >= 0 (0: no module rows), not {depth!r}")
     tree = _tree(history)
@@ -184,7 +191,14 @@ def _footer(history: Any, hidden: int, nested: bool) -> str:
 
 
 def layers_text(history: Any) -> str:
-    """The header, the module hierarchy and one line per layer (``history.print_layers()``)."""
+    """The header, the module hierarchy and one line per layer (``history.print_layers()``).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> h = tl.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
+        >>> [line.strip() for line in layers_text(h).splitlines()[-3:]]
+        ['0: input_1_0', '1: linear_1_1', '2: output_1_2']
+    """
     lines = _header(history)
     lines.append("\tModule Hierarchy:")
     lines.extend(_hierarchy_lines(history, "", 2))
