@@ -52,7 +52,8 @@ def test_compiled_and_scripted_submodules():
         warnings.simplefilter("always")
         h = tl.log_forward_pass(model, X)
     assert not caught, [str(w.message) for w in caught]
-    assert [e.layer_type for e in h] == ["input", "linear", "relu", "output"] and not h.notes
+    assert [e.layer_type for e in h] == ["input", "linear", "relu", "output"]
+    assert len(h.notes) == 1 and "compiled submodules (0)" in h.notes[0]
     mixed = nn.Sequential(torch.jit.script(nn.Linear(3, 3)), nn.ReLU())
     h = tl.log_forward_pass(mixed, X)
     assert len(h.notes) == 1 and "TorchScript submodules (0)" in h.notes[0]
@@ -89,3 +90,32 @@ def test_validating_a_model_with_a_scripted_submodule_names_the_gap_and_restores
     assert "untraced producer inside module 'sub'" in capsys.readouterr().out
     after = model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)  # running statistics too
+
+
+def test_compiled_submodules_and_functions_are_named_in_notes_and_keep_their_addresses(capsys):
+    def doubled_sine(x):
+        return torch.sin(x) * 2
+
+    class Compiled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.pre = nn.Linear(3, 3)
+            self.sub = torch.compile(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+            self.twice = torch.compile(doubled_sine)
+
+        def forward(self, x):
+            return self.twice(self.sub(self.pre(x)))
+
+    model = Compiled()
+    h = tl.log_forward_pass(model, X, random_seed=0, layers_to_save=["sub.0"])
+    assert h.modules.addresses == ["pre", "sub", "sub.0", "sub.1"]  # no sub._orig_mod level
+    assert h.modules.types["sub"] == "Sequential" and h["sub.0"].layer_type == "linear"
+    assert h["sub.0"].activation is not None  # the address a user writes, as layers_to_save
+    compiled_modules, compiled_functions = (
+        next(n for n in h.notes if what in n) for what in ("compiled submodules", "compiled functions")
+    )
+    assert "(sub)" in compiled_modules and "eagerly" in compiled_modules
+    assert "doubled_sine" in compiled_functions and "eagerly" in compiled_functions
+    assert "torchlens: note: torch.compile: compiled functions (" in capsys.readouterr().err
+    assert tl.validate_model_activations(model, X, random_seed=0)

@@ -14,10 +14,10 @@ from torch.nn.parameter import is_lazy
 
 from .capture.args import tensors_in
 from .capture.memory import MemoryCheck
-from .capture.modules import BufferSnapshot
+from .capture.modules import BufferSnapshot, traced_addresses
 from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
-from .capture.unwrap import eager_only, traceable_model
+from .capture.unwrap import compiled_function_notes, eager_only, traceable_model
 from .history.model_history import ModelHistory
 from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
@@ -109,8 +109,7 @@ def log_forward_pass(
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
     else:  # keys to classify: module and buffer addresses are needed
-        module_addresses = {address for address, _ in model.named_modules()}
-        buffer_addresses = {address for address, _ in model.named_buffers()}
+        module_addresses, buffer_addresses = traced_addresses(model)
         request = parse_request(layers_to_save, module_addresses, buffer_addresses)
     if keep_unsaved_layers is None:
         keep_unsaved_layers = request.save_all or request.saves_nothing
@@ -195,6 +194,7 @@ def log_forward_pass(
             )
             history = build_history(result)
             resolve_request(request, history)  # unknown keys raise, with close matches
+    notes += compiled_function_notes(result.records)  # known once they have run
     for note in notes:
         print(f"torchlens: note: {note}", file=sys.stderr)
     history.notes.extend(notes)
@@ -275,7 +275,8 @@ def validate_model_activations(
         if note is not None and verbose:
             print(f"validate_model_activations: note: {note}")
         seed_everything(seed)
-        expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
+        with eager_only():  # as in the logged pass: compiled parts run their Python code
+            expected = [t.detach().clone() for _, t in tensors_in(model(*plain_args, **plain_kwargs))]
         del plain_args, plain_kwargs
         buffers.restore()
         history = log_forward_pass(

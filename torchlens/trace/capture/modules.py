@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -53,6 +53,8 @@ class ModelInventory:
         stack = [("", model)]
         while stack:  # depth first, children in registration order: named_modules' order
             address, module = stack.pop()
+            if "_orig_mod" in module._modules and is_compiled(module):
+                module = module._modules["_orig_mod"]  # torch.compile(sub): the module it wraps, as sub
             if id(module) in module_addresses:
                 continue
             module_addresses[id(module)] = address
@@ -96,20 +98,52 @@ class ModelInventory:
             tensors_held(module.__dict__, inventory.constants)
         return inventory
 
-    def describe_params(self, model: nn.Module) -> None:
-        """Shapes and sizes of the parameters that exist (a lazy one has no shape yet)."""
-        self.param_info = {
-            address: (p.shape, p.numel(), p.numel() * p.element_size())
-            for address, p in model.named_parameters()
-            if not is_lazy(p)
-        }
-
-    def describe_materialised(self, model: nn.Module) -> None:
+    def describe_materialised(self) -> None:
         """After a pass that created lazy parameters: their shapes, and the modules' new types
         (a ``LazyLinear`` becomes a ``Linear``). The objects, so their ids, are unchanged."""
-        self.describe_params(model)
-        for address, module in model.named_modules():
-            self.module_types[address] = type(module).__name__
+        self.param_info = {
+            address: (p.shape, p.numel(), p.numel() * p.element_size())
+            for p, address in zip(self.parameters, self.param_addresses.values())
+            if not is_lazy(p)
+        }
+        for module in self.modules:
+            self.module_types[self.module_addresses[id(module)]] = type(module).__name__
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """``torch.compile(module)``: an ``OptimizedModule`` holding the original as ``_orig_mod``."""
+    return any(cls.__name__ == "OptimizedModule" for cls in type(module).__mro__)
+
+
+def traced_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module, bool]]:
+    """``(address, module, compiled)`` in ``named_modules`` order, addressed as a pass addresses
+    them (``ModelInventory``): a ``torch.compile``d submodule is the module it wraps, at its own
+    address (``sub.0``, not ``sub._orig_mod.0``), with ``compiled`` True."""
+    seen = set()
+    stack = [("", model)]
+    while stack:
+        address, module = stack.pop()
+        compiled = "_orig_mod" in module._modules and is_compiled(module)
+        if compiled:
+            module = module._modules["_orig_mod"]
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield address, module, compiled
+        prefix = address + "." if address else ""
+        stack.extend(reversed([(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]))
+
+
+def traced_addresses(model: nn.Module) -> Tuple[set, set]:
+    """The model's module addresses and buffer addresses, as a pass addresses them."""
+    modules = list(traced_modules(model))
+    buffers = {
+        f"{address}.{name}" if address else name
+        for address, module, _ in modules
+        for name, buffer in module._buffers.items()
+        if buffer is not None
+    }
+    return {address for address, _, _ in modules}, buffers
 
 
 _Tensor = torch.Tensor

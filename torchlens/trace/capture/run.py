@@ -161,7 +161,7 @@ def run_pass(
             tracer.mark_buffer_writes()
             stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
             if lazy is not None:
-                inventory.describe_materialised(model)
+                inventory.describe_materialised()
         finally:
             if observed:
                 observer.pass_ended()

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import torch
 from torch import nn
 
 from ...errors import TorchlensError
 from .args import tensors_in
+from .modules import is_compiled, traced_modules
 
 
 class TorchScriptModelError(TorchlensError, TypeError):
@@ -42,13 +43,20 @@ def traceable_model(model: nn.Module) -> Tuple[nn.Module, List[str]]:
         )
     notes: List[str] = []
     original = getattr(model, "_orig_mod", None)
-    if _is_compiled(model) and isinstance(original, nn.Module):
+    if is_compiled(model) and isinstance(original, nn.Module):
         notes.append(
             f"torch.compile: traced the original module (model._orig_mod, a {type(original).__name__}); compiled "
             "code is opaque to torchlens, so the eager module ran instead, with the same parameters."
         )
         model = original
-    scripted = _top_scripted(model)
+    modules = list(traced_modules(model))
+    compiled = [address for address, _, is_wrapper in modules if is_wrapper and address]
+    if compiled:
+        notes.append(
+            f"torch.compile: compiled submodules ({', '.join(compiled)}) are traced through the modules they wrap "
+            f"(their _orig_mod, shown at the submodule's own address), which {_HOW_COMPILED_CODE_RAN}."
+        )
+    scripted = _top_scripted(modules)
     if scripted:
         notes.append(
             f"TorchScript submodules ({', '.join(scripted)}) run where torchlens cannot see: their operations are "
@@ -92,13 +100,47 @@ def scripted_output(module: nn.Module, args: Any, entry_of: Callable[[torch.Tens
     return parents, reason
 
 
-def _is_compiled(model: nn.Module) -> bool:
-    return any(cls.__name__ == "OptimizedModule" for cls in type(model).__mro__)
+_HOW_COMPILED_CODE_RAN = (
+    "ran eagerly during the pass (torch.compiler.set_stance('force_eager')): the operations logged are "
+    "those of their Python code; the compiled code did not run"
+    if hasattr(getattr(torch, "compiler", None), "set_stance")
+    else "ran through torch.compile (this torch cannot switch compiled code off): only operations "
+    "Dynamo left to Python are logged"
+)
 
 
-def _top_scripted(model: nn.Module) -> List[str]:
+def compiled_function_notes(entries: List[Any]) -> List[str]:
+    """A note naming the ``torch.compile``d functions (not modules) whose operations the pass
+    logged: found in the entries' call stacks, as the frame called by Dynamo's wrapper."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # nothing can have been compiled
+        return []
+    wrapper_file = eval_frame.__file__
+    found: Dict[str, None] = {}
+    seen = set()
+    for e in entries:
+        frames = e.call_frames
+        if not frames or id(frames) in seen:
+            continue
+        seen.add(id(frames))
+        in_module = False  # a compiled module's wrapper (named by traceable_model), not a function's
+        for (code, _, _), (called, _, _) in zip(frames, frames[1:]):
+            if code.co_filename != wrapper_file:
+                continue
+            if code.co_name == "__call__":  # OptimizedModule.__call__: its compiled forward comes next
+                in_module = True
+            elif called.co_filename != wrapper_file:  # Dynamo's wrapper calling what was compiled
+                if not in_module:
+                    found[getattr(called, "co_qualname", called.co_name)] = None
+                in_module = False
+    if not found:
+        return []
+    return [f"torch.compile: compiled functions ({', '.join(found)}) {_HOW_COMPILED_CODE_RAN}."]
+
+
+def _top_scripted(modules: List[Tuple[str, nn.Module, bool]]) -> List[str]:
     found: List[str] = []
-    for address, module in model.named_modules():
+    for address, module, _ in modules:
         if (
             address
             and isinstance(module, torch.jit.ScriptModule)
