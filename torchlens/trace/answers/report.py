@@ -177,10 +177,9 @@ def _where(report: NonfiniteReport) -> str:
     """``(`y = torch.sqrt(x)`, model.py:12) inside module 'block.1'``."""
     parts = []
     if report.source is not None:
-        parts.append(
-            f"(`{report.source.code_line}`, {os.path.basename(report.source.file)}:{report.source.line_number})"
-        )
-    parts.append(f"inside module '{report.module}'" if report.module else "outside any submodule")
+        code = report.source.code_line.split("  #")[0].strip()  # without a trailing comment
+        parts.append(f"(`{code}`, {os.path.basename(report.source.file)}:{report.source.line_number})")
+    parts.append(f"inside module '{report.module}'" if report.module else "in the model's own forward")
     return " ".join(parts)
 
 
