@@ -24,6 +24,12 @@ from typing import Optional
 from .server import RunServer, bind, default_token, server_url
 
 _PARENT_CHECK_S = 0.5  # how often the serving process looks for its parent
+_NICE = 10
+# lower the priority before importing torch (the slow part of starting), then run __main__.py
+_BOOT = (
+    f"import os\ntry:\n    os.nice({_NICE})\nexcept OSError:\n    pass\n"
+    "import runpy\nrunpy.run_module('torchlens.train.serve', run_name='__main__', alter_sys=True)"
+)
 
 
 class ServingProcess:
@@ -68,7 +74,7 @@ class ServingProcess:
         config = {"root": root, "host": self.host, "token": self.token, "fd": self.sock.fileno(), "parent": os.getpid()}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "torchlens.train.serve"],
+                [sys.executable, "-c", _BOOT, "torchlens.train.serve"],  # the last: a name for ps
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(self.sock.fileno(),),
@@ -149,7 +155,7 @@ def main() -> None:
 
     config = json.loads(sys.stdin.buffer.readline())
     try:
-        os.nice(10)  # training comes first when both want the CPU
+        os.nice(max(0, _NICE - os.nice(0)))  # training comes first when both want the CPU
     except (AttributeError, OSError):
         pass
     sock = socket.socket(fileno=config["fd"])
