@@ -23,7 +23,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests 
 VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 15_000
 
-# drawStrip's margins around the plot area (explorer.js MARGIN), in CSS pixels
+# the margins around a strip's plot area (strips.js MARGIN), in CSS pixels
 PLOT_MARGIN = {"left": 52, "right": 6, "top": 6, "bottom": 16}
 
 # pixels of heat (the blue of the strips, at any opacity) inside the plot area of a strip; the
@@ -204,7 +204,8 @@ def test_drill_down_and_breadcrumbs(new_page, resnet_url):
     assert {"layer1.0:1", "layer1.1:1", "input 0", "output 0"} <= set(node_ids(p.page))
     open_node(p.page, "layer1.0:1", "layer1.0.conv1:1")
     assert {"layer1.0.conv1:1", "layer1.0.bn1:1", "layer1.0.conv2:1", "layer1.0.bn2:1"} <= set(node_ids(p.page))
-    assert crumbs(p.page) == [["", "ResNet"], ["layer1:1", "layer1"], ["layer1.0:1", "0"]]
+    # each crumb is the full address ('layer1.0', not '0', which every block has)
+    assert crumbs(p.page) == [["", "ResNet"], ["layer1:1", "layer1"], ["layer1.0:1", "layer1.0"]]
     # a node without an inside does not open
     p.page.click('[data-node="layer1.0.conv1:1"]')
     p.page.wait_for_timeout(300)
@@ -232,7 +233,9 @@ def test_tooltip_of_a_conv(new_page, resnet_url):
     assert "layer1.0.conv1" in tip.inner_text() and "Conv2d" in tip.inner_text()
     rows = tip.eval_on_selector_all("tr", "trs => trs.map(tr => Array.from(tr.cells, c => c.textContent))")
     pairs = [tuple(r) for r in rows if len(r) == 2]
-    assert pairs.count(("-", "64")) == 2  # in_channels, out_channels
+    # extra_repr's positional parts named by Conv2d's constructor
+    assert ("in_channels", "64") in pairs and ("out_channels", "64") in pairs
+    assert not [key for key, _ in pairs if key == "-"]
     assert ("kernel_size", "(3, 3)") in pairs
     assert ("input 0", "[4, 64, 8, 8]") in pairs
     assert ("output 0", "[4, 64, 8, 8]") in pairs

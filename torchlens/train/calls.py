@@ -34,6 +34,9 @@ class Call:
     extra_repr: str = ""
     params: List[Tuple[str, List[int]]] = field(default_factory=list)
     attached: List[str] = field(default_factory=list)  # names given to tl.attach inside this call
+    # extra_repr's parts as (name, value): positional parts named after the constructor's
+    # parameters ('in_channels'), '-' where it names none; empty in runs written before
+    arguments: List[Tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,6 +47,7 @@ class Call:
         for key in ("inputs", "outputs", "params"):
             d[key] = [(name, list(shape)) for name, shape in d.get(key, [])]
         d["edges"] = [tuple(e) for e in d.get("edges", [])]
+        d["arguments"] = [tuple(a) for a in d.get("arguments", [])]
         return cls(**d)
 
 
@@ -67,17 +71,90 @@ def output_tensors(output: Any) -> List[Tuple[str, torch.Tensor]]:
     return [(f"output {_dotted(p) if p != () else 0}", t) for p, t in tensors_in(output)]
 
 
+def split_top_level(text: str) -> List[str]:
+    """``'3, (1, 1), k=[1, 2]'`` -> ``['3', '(1, 1)', 'k=[1, 2]']``: commas inside brackets or
+    quotes do not split.
+
+    Example:
+        >>> split_top_level("64, kernel_size=(3, 3), name='a,b'")
+        ['64', 'kernel_size=(3, 3)', "name='a,b'"]
+    """
+    parts, depth, quote, current = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    if "".join(current).strip():
+        parts.append("".join(current).strip())
+    return parts
+
+
+def _positional_names(cls: type) -> List[str]:
+    """The names a constructor takes by position, in order (none after ``*args``)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):  # a builtin or otherwise unreadable constructor
+        return []
+    names = []
+    for p in list(signature.parameters.values())[1:]:  # [0] is self
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(p.name)
+    return names
+
+
+def named_arguments(module: nn.Module, extra_repr: str) -> List[Tuple[str, str]]:
+    """``extra_repr``'s parts as ``(name, value)``: ``key=value`` parts by their key, the parts
+    before them by the constructor's parameter at that position (``'-'`` if there is none).
+
+    Example:
+        >>> named_arguments(nn.Conv2d(3, 8, 1), "3, 8, kernel_size=(1, 1)")
+        [('in_channels', '3'), ('out_channels', '8'), ('kernel_size', '(1, 1)')]
+    """
+    names = _positional_names(type(module))
+    out, position = [], 0
+    for part in split_top_level(extra_repr):
+        key, sep, value = part.partition("=")
+        if sep and key.strip().isidentifier():
+            out.append((key.strip(), value.strip()))
+            continue
+        out.append((names[position] if position < len(names) else "-", part))
+        position += 1
+    return out
+
+
 def module_info(module: nn.Module, address: str, n: int, parent: Optional[str]) -> Call:
     try:
         extra = module.extra_repr()
-    except Exception:  # a broken extra_repr must not stop training
-        extra = ""
+        arguments = named_arguments(module, extra)
+    except Exception:  # a broken extra_repr (or signature) must not stop training
+        extra, arguments = "", []
     params = [
         (name, list(p.shape))
         for name, p in module._parameters.items()
         if p is not None and not isinstance(p, nn.parameter.UninitializedParameter)
     ]
-    return Call(call_id(address, n), address, type(module).__name__, parent, extra_repr=extra, params=params)
+    return Call(
+        call_id(address, n),
+        address,
+        type(module).__name__,
+        parent,
+        extra_repr=extra,
+        params=params,
+        arguments=arguments,
+    )
 
 
 class _CallRecorder(PassObserver):

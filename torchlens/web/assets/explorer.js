@@ -167,6 +167,14 @@
     return parts[parts.length - 1] + (sameModule > 1 ? ` (${cid.split(":").pop()})` : "");
   }
 
+  function crumbName(cid) {
+    // the full address: '0' alone says nothing when every block has a '0'
+    const call = callOf(cid);
+    if (!call || cid === "") return displayName(cid);
+    const calls = Object.keys(state.summary.calls).filter((c) => callOf(c).address === call.address).length;
+    return call.address + (calls > 1 ? ` (${cid.split(":").pop()})` : "");
+  }
+
   async function showCall(cid) {
     const started = performance.now();
     state.view = cid;
@@ -194,7 +202,8 @@
       if (i) { const sep = document.createElement("span"); sep.className = "sep"; sep.textContent = "›"; nav.appendChild(sep); }
       const a = document.createElement("a");
       a.dataset.crumb = c;
-      a.textContent = displayName(c);
+      a.textContent = crumbName(c);
+      if (callOf(c)) a.title = callOf(c).class_name;
       if (i === chain.length - 1) a.className = "here";
       a.onclick = () => showCall(c);
       nav.appendChild(a);
@@ -272,7 +281,7 @@
       panels.classList.remove("drop-target");
       if (ghost) {
         ghost.remove();
-        if (overPanels(e)) pin(panelTarget(node));
+        if (overPanels(e)) pin(panelTarget(node), true);
       } else if (node.kind === "call" && node.has_inside) {
         showCall(node.id);
       }
@@ -309,7 +318,8 @@
       title = `${call.address} · ${call.class_name} · call ${node.id.split(":").pop()}`;
       for (const [name, shape] of call.inputs) rows.push([name, `[${shape.join(", ")}]`]);
       for (const [name, shape] of call.outputs) rows.push([name, `[${shape.join(", ")}]`]);
-      const extra = extraReprRows(call.extra_repr);
+      // named by the constructor's signature on the Python side; runs written before: parsed here
+      const extra = call.arguments && call.arguments.length ? call.arguments : extraReprRows(call.extra_repr);
       if (extra.length) rows.push(["§", "module"], ...extra);
       if (call.params && call.params.length) rows.push(["§", "parameters"], ...call.params.map(([n, s]) => [n, `[${s.join(", ")}]`]));
     } else {
@@ -391,7 +401,16 @@
     return list.slice().sort((a, b) => rank(a) - rank(b));
   }
 
-  async function pin(cid) {
+  // a pin made by the user is scrolled to the top of the column: it would else land below the
+  // panels already there, out of sight
+  function reveal(panel) {
+    const column = $("panels");
+    column.scrollTop += panel.getBoundingClientRect().top - column.getBoundingClientRect().top - 8;
+    panel.classList.add("fresh");
+    setTimeout(() => panel.classList.remove("fresh"), 1200);
+  }
+
+  async function pin(cid, byUser) {
     if (state.panels.includes(cid) || !(cid in state.summary.calls)) return;
     state.panels.push(cid);
     saveState();
@@ -420,6 +439,7 @@
       state.series[cid] = {};
       for (const s of answer.series) state.series[cid][seriesKey(s)] = s;
       renderPanel(cid);
+      if (byUser) reveal(panel);
     } catch (error) {
       const p = document.createElement("p");
       p.textContent = `Cannot load histograms: ${error.message}`;
@@ -469,93 +489,9 @@
     }
   }
 
-  const MARGIN = { left: 52, right: 6, top: 6, bottom: 16 };
-
+  const MARGIN = window.TorchlensStrips.MARGIN;
   const format = UI.formatNumber;
-
-  function stripRange(s) {
-    let lo = Infinity, hi = -Infinity;
-    for (let i = 0; i < s.lo.length; i++) {
-      if (s.lo[i] !== null) lo = Math.min(lo, s.lo[i]);
-      if (s.hi[i] !== null) hi = Math.max(hi, s.hi[i]);
-    }
-    if (!isFinite(lo)) return [0, 1];
-    if (hi === lo) { const pad = Math.abs(lo) * 0.1 || 0.5; return [lo - pad, hi + pad]; }
-    return [lo, hi];
-  }
-
-  function drawStrip(canvas, s) {
-    const ratio = window.devicePixelRatio || 1;
-    const cssW = canvas.clientWidth || 400, cssH = canvas.clientHeight || 96;
-    canvas.width = Math.round(cssW * ratio);
-    canvas.height = Math.round(cssH * ratio);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.clearRect(0, 0, cssW, cssH);
-    const plotW = cssW - MARGIN.left - MARGIN.right, plotH = cssH - MARGIN.top - MARGIN.bottom;
-    ctx.fillStyle = "#fff";
-    ctx.fillRect(MARGIN.left, MARGIN.top, plotW, plotH);
-    const n = s.steps.length;
-    const [ymin, ymax] = stripRange(s);
-    const yOf = (v) => MARGIN.top + plotH * (1 - (v - ymin) / (ymax - ymin));
-    const colW = n ? plotW / n : plotW;
-    const [r, g, b] = [31, 95, 168];
-    for (let i = 0; i < n; i++) {
-      const counts = s.counts[i];
-      const lo = s.lo[i], hi = s.hi[i];
-      if (lo === null) continue;
-      let peak = 0;
-      for (const c of counts) peak = Math.max(peak, c);
-      if (!peak) continue;
-      const bins = counts.length;
-      const width = (hi - lo) / bins;
-      const x = MARGIN.left + i * colW;
-      for (let k = 0; k < bins; k++) {
-        const c = counts[k];
-        if (c <= 0) continue;  // white: an empty bin
-        const alpha = 0.12 + 0.88 * Math.sqrt(c / peak);
-        ctx.fillStyle = `rgba(${r},${g},${b},${alpha.toFixed(3)})`;
-        let top, bottom;
-        if (width > 0) { top = yOf(lo + (k + 1) * width); bottom = yOf(lo + k * width); } else { top = yOf(lo) - 1.5; bottom = yOf(lo) + 1.5; }
-        ctx.fillRect(x, top, Math.max(colW, 1), Math.max(bottom - top, 1));
-      }
-      if (s.nonfinite[i] > 0) { ctx.fillStyle = "#d62728"; ctx.fillRect(x, MARGIN.top, Math.max(colW, 1), 3); }
-    }
-    if (ymin < 0 && ymax > 0) {
-      ctx.strokeStyle = "#555";
-      ctx.setLineDash([4, 3]);
-      ctx.beginPath();
-      ctx.moveTo(MARGIN.left, yOf(0) + 0.5);
-      ctx.lineTo(MARGIN.left + plotW, yOf(0) + 0.5);
-      ctx.stroke();
-      ctx.setLineDash([]);
-    }
-    ctx.strokeStyle = "#ccc";
-    ctx.strokeRect(MARGIN.left + 0.5, MARGIN.top + 0.5, plotW - 1, plotH - 1);
-    ctx.fillStyle = "#444";
-    ctx.font = "10px system-ui, sans-serif";
-    ctx.textAlign = "right";
-    ctx.textBaseline = "top";
-    ctx.fillText(format(ymax), MARGIN.left - 4, MARGIN.top);
-    ctx.textBaseline = "bottom";
-    ctx.fillText(format(ymin), MARGIN.left - 4, MARGIN.top + plotH);
-    if (n) {  // true step numbers under evenly spread columns
-      ctx.textBaseline = "top";
-      const ticks = Math.min(n, Math.max(2, Math.floor(plotW / 60)));
-      let lastRight = -Infinity;
-      for (let t = 0; t < ticks; t++) {
-        const i = ticks === 1 ? 0 : Math.round((t * (n - 1)) / (ticks - 1));
-        const text = String(s.steps[i]);
-        const half = ctx.measureText(text).width / 2;
-        const x = Math.min(Math.max(MARGIN.left + (i + 0.5) * colW, MARGIN.left + half), MARGIN.left + plotW - half);
-        if (x - half < lastRight + 6) continue;
-        ctx.textAlign = "center";
-        ctx.fillText(text, x, MARGIN.top + plotH + 2);
-        lastRight = x + half;
-      }
-    }
-    canvas.dataset.columns = String(n);
-  }
+  const drawStrip = (canvas, s) => window.TorchlensStrips.draw(canvas, s, format);
 
   function stripHover(event, canvas, cid, key) {
     const s = (state.series[cid] || {})[key];
