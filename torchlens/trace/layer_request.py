@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Collection, FrozenSet, List, Set, Tuple, Union
 
+from .history.index import Ambiguous
 from .history.model_history import ModelHistory, as_key
 from .records.tensor_log import TensorLogEntry
 
@@ -101,7 +102,7 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
     found = history.lookup_value(key)
     if isinstance(found, TensorLogEntry):
         return [found]
-    if found is not None:
+    if isinstance(found, Ambiguous):
         return [history[label] for label in found.labels]
     matches = [e for e in history if key.lower() in e.label]
     if matches:

@@ -134,7 +134,7 @@ def _new_history(
         new = copy.copy(e)  # the original history is left as it was
         pending = getattr(e, "_pending", None)
         if pending:  # a loaded entry: unread fields stay unread, in a copy of their own
-            new._pending = dict(pending)
+            setattr(new, "_pending", dict(pending))  # noqa: B010 - a field of loaded entries only
         if e.label in values:
             value = values[e.label]
             new.activation = value

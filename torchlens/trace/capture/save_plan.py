@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, Optional, Tuple, Union
+from typing import Any, Callable, FrozenSet, Optional, Tuple, Union
 
 import torch
 
@@ -37,8 +37,8 @@ class SavePlan:
         self.postfunc = activation_postfunc
         self.detach = detach
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
-        self.intervention = None  # torchlens.trace.intervene.Interventions of this pass, if any
-        self.memory = None  # capture.memory.MemoryCheck: adds up the saved bytes, if set
+        self.intervention: Any = None  # torchlens.trace.intervene.Interventions of this pass, if any
+        self.memory: Any = None  # capture.memory.MemoryCheck: adds up the saved bytes, if set
         self.copy_at_once = False  # True: never keep an activation uncopied (see capture/shared.py)
 
     # subclasses that write activations elsewhere (save_to) say False

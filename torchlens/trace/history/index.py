@@ -22,6 +22,9 @@ class Ambiguous:
         self.suggestions = list(suggestions)
 
 
+Found = Union[TensorLogEntry, Ambiguous]  # what a key names
+
+
 def output_key(address: str, pass_num: int, position: Any) -> str:
     """The key of one output of one module call: ``'lstm:1.0'`` (first output of the first call),
     ``'lstm:1.1.0'`` (``output[1][0]``), ``'block:2.hidden'`` (a dict's ``'hidden'``)."""
@@ -29,12 +32,12 @@ def output_key(address: str, pass_num: int, position: Any) -> str:
     return f"{address}:{pass_num}." + ".".join(map(str, path))
 
 
-def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Dict[Key, object]:
+def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Dict[Key, Found]:
     """Every key form of every entry -> the entry, or ``Ambiguous`` when a key names several.
 
     Also sets ``lookup_keys`` (what ``print(entry)`` lists); ordinals index ``entries``.
     """
-    lookup: Dict[Key, object] = {}
+    lookup: Dict[Key, Found] = {}
     # key -> (what it names, its labels as an ordered set: a module may return a tensor twice)
     shared: Dict[str, Tuple[str, Dict[str, None]]] = {}
 
@@ -78,10 +81,10 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
             keys.append(e.address)
         e.lookup_keys = keys
     by_label = {e.label: e for e in entries}
-    for key, (what, labels) in shared.items():
-        if key in lookup:
+    for shared_key, (what, labels) in shared.items():
+        if shared_key in lookup:
             continue
-        lookup[key] = by_label[next(iter(labels))] if len(labels) == 1 else Ambiguous(what, list(labels))
+        lookup[shared_key] = by_label[next(iter(labels))] if len(labels) == 1 else Ambiguous(what, list(labels))
     for key, found in lookup.items():
         if isinstance(found, Ambiguous):
             found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]
@@ -91,7 +94,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     return lookup
 
 
-def _specific_key(lookup: Dict[Key, object], e: TensorLogEntry, key: Key) -> Key:
+def _specific_key(lookup: Dict[Key, Found], e: TensorLogEntry, key: Key) -> Key:
     """A key that names ``e`` alone, as close to the ambiguous ``key`` as possible: the module
     call (``'fc:2'``), one output of it (``'lstm:1.0'``), else the label (``'linear_1_1:2'``)."""
     address = key.split(":")[0] if isinstance(key, str) else None
@@ -111,4 +114,4 @@ def _sorted_keys(keys: List[Key]) -> List[Key]:
     return ints + strs
 
 
-__all__ = ["Ambiguous", "Key", "build_lookup", "output_key"]
+__all__ = ["Ambiguous", "Found", "Key", "build_lookup", "output_key"]

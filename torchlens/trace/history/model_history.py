@@ -11,6 +11,7 @@ import torch
 
 from ..records.tensor_log import TensorLogEntry
 from .extensions import extension
+from .index import Ambiguous, Found, Key
 from .pickling import dumps_history, loads_history
 from .rolled import RolledLayer, roll
 from .summary import layers_text, summary_text
@@ -70,7 +71,7 @@ class ModelHistory:
         self,
         model_name: str,
         entries: List[TensorLogEntry],
-        lookup: Dict[Any, object],
+        lookup: Dict[Key, Found],
         all_labels: List[str],
         modules: ModuleInfo,
         param_info: Dict[str, Tuple[torch.Size, int, int]],
@@ -80,7 +81,7 @@ class ModelHistory:
     ) -> None:
         self.model_name = model_name
         self.layer_list: List[TensorLogEntry] = entries
-        self._lookup = lookup
+        self._lookup: Dict[Key, Found] = lookup
         self._all_labels = all_labels
         self.modules = modules
         self.param_info = param_info
@@ -92,13 +93,13 @@ class ModelHistory:
         self.notes: List[str] = []  # what the user should know about this trace (printed in the summary)
 
     # ----- what post-processing, loading and rerun use to build or change a history ---------
-    def replace_entries(self, entries: List[TensorLogEntry], lookup: Dict[Any, object]) -> None:
+    def replace_entries(self, entries: List[TensorLogEntry], lookup: Dict[Key, Found]) -> None:
         """Make ``entries`` this history's layers, found by the keys of ``lookup``."""
         self.layer_list = entries
         self._lookup = lookup
         self._rolled = None
 
-    def lookup_value(self, key: Any) -> object:
+    def lookup_value(self, key: Any) -> Optional[Found]:
         """What a key names: an entry, an ambiguity (several layers), or None."""
         return self._lookup.get(key)
 
@@ -150,7 +151,7 @@ class ModelHistory:
         found = self._lookup.get(key)
         if isinstance(found, TensorLogEntry):
             return found
-        if found is not None:  # Ambiguous
+        if isinstance(found, Ambiguous):
             shown = ", ".join(repr(k) for k in found.suggestions[:6]) + (", ..." if len(found.suggestions) > 6 else "")
             raise KeyError(
                 f"{key!r} names several layers ({found.what}): {', '.join(found.labels)}. "
@@ -444,7 +445,8 @@ class ModelHistory:
 
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""
-        return self._lookup.get(address) if isinstance(self._lookup.get(address), TensorLogEntry) else None
+        found = self._lookup.get(address)
+        return found if isinstance(found, TensorLogEntry) else None
 
 
 def as_key(key: Any) -> Union[str, int]:

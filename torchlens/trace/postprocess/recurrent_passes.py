@@ -28,7 +28,7 @@ hashing each record's key.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 from ..records.tensor_log import TensorLogEntry
 
@@ -42,12 +42,12 @@ def group_passes(
     frames above its ``forward`` (recorded during the pass).
     """
     depths = module_frame_depths or {}
-    groups: Dict[Hashable, List[Tuple[TensorLogEntry, Hashable]]] = {}
+    groups: Dict[Tuple[Any, ...], List[Tuple[TensorLogEntry, Hashable]]] = {}
     anchors: Dict[int, Tuple[int, Hashable]] = {}  # raw_index -> (raw index of anchor, its key)
     no_anchor: Tuple[int, Hashable] = (-1, None)
     for e in entries:
         if e.kind != "op":
-            key: Hashable = ("own", e.raw_index)
+            key: Tuple[Any, ...] = ("own", e.raw_index)
             anchor = no_anchor
         elif e.param_addresses:
             key = ("params", e.layer_type, e.param_addresses, e.output_index)

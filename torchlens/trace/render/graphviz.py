@@ -360,7 +360,7 @@ def build_dot(
 
 def backward_edges(history: Any) -> List[ExtraEdge]:
     """Child -> parent edges along which the gradient flowed (both ends have a gradient)."""
-    edges = []
+    edges: List[ExtraEdge] = []
     for entry in history.layer_list:
         if getattr(entry, "gradient", None) is None:
             continue
