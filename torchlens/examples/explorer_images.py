@@ -54,7 +54,7 @@ def main(outdir: str = "images") -> None:
             page.drag_and_drop('[data-node="fc:1"]', '[data-role="panels"]')
             page.wait_for_selector('canvas[data-series="params_grad/weight"]')
             page.hover('[data-node="layer2:1"]')
-            page.wait_for_timeout(300)
+            page.wait_for_timeout(1500)  # past the highlight of a new panel
             page.screenshot(path=os.path.join(outdir, "explorer_root.png"))
             page.locator('[data-panel="fc:1"] button.close').click()
             page.click('[data-node="layer1:1"]')
@@ -65,7 +65,7 @@ def main(outdir: str = "images") -> None:
                 page.drag_and_drop(f'[data-node="{node}"]', '[data-role="panels"]')
             page.wait_for_selector('[data-panel="layer1.0.relu:2"] canvas')
             page.hover('[data-node="layer1.0.conv1:1"]')
-            page.wait_for_timeout(300)
+            page.wait_for_timeout(1500)  # past the highlight of a new panel
             page.screenshot(path=os.path.join(outdir, "explorer_resnet_block.png"))
             browser.close()
     finally:
