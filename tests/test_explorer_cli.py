@@ -78,3 +78,24 @@ def test_a_busy_port_is_named_as_the_option(runs, capsys):
         sock.close()
     err = capsys.readouterr().err
     assert f"port {port}" in err and f"--port {port + 1}" in err and "port=" not in err
+
+
+def test_an_unreadable_run_is_listed_as_such_in_the_export(runs, tmp_path, capsys):
+    folder = tmp_path / "mixed"
+    model = nn.Linear(2, 2)
+    with tl.watch(model, run_dir=str(folder / "good"), backend=None, verbose=False):
+        model(torch.ones(1, 2)).sum().backward()
+    (folder / "bad").mkdir()
+    (folder / "bad" / "run.db").write_bytes(b"garbage" * 600)
+    out = tmp_path / "mixed.html"
+    assert main(["explore", str(folder), "--export", str(out)]) == 0
+    data = exported(out)
+    listed = {r["id"]: r for r in data["runs"]}
+    assert set(listed) == {"bad", "good"} and "corrupted" in listed["bad"]["error"]
+    assert set(data["run_data"]) == {"good"}
+    assert str(folder) not in out.read_text()
+
+
+def test_run_goes_with_export(runs, capsys):
+    assert main(["explore", str(runs), "--run", "a"]) == 2
+    assert "--run NAME goes with --export" in capsys.readouterr().err
