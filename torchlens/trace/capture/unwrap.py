@@ -12,7 +12,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
+import types
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -115,7 +117,7 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None:  # nothing can have been compiled
         return []
-    wrapper_file = eval_frame.__file__
+    wrapper_file, wrapper_codes = eval_frame.__file__, _codes_of(eval_frame)
     found: Dict[str, None] = {}
     seen = set()
     for e in entries:
@@ -123,6 +125,8 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
         if not frames or id(frames) in seen:
             continue
         seen.add(id(frames))
+        if wrapper_codes.isdisjoint(map(id, map(_first, frames))):  # in C: most stacks have no Dynamo frame
+            continue
         in_module = False  # a compiled module's wrapper (named by traceable_model), not a function's
         for (code, _, _), (called, _, _) in zip(frames, frames[1:]):
             if code.co_filename != wrapper_file:
@@ -136,6 +140,32 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
     if not found:
         return []
     return [f"torch.compile: compiled functions ({', '.join(found)}) {_HOW_COMPILED_CODE_RAN}."]
+
+
+_first = operator.itemgetter(0)
+_CODES: Dict[int, Tuple[Any, frozenset]] = {}
+
+
+def _codes_of(module: types.ModuleType) -> frozenset:
+    """Ids of the code objects of the functions and methods defined in ``module`` (nested ones
+    too); they live as long as the module."""
+    cached = _CODES.get(id(module))
+    if cached is not None and cached[0] is module:
+        return cached[1]
+    found: set = set()
+    pending = []
+    for value in vars(module).values():
+        for member in [value, *vars(value).values()] if isinstance(value, type) else [value]:
+            code = getattr(getattr(member, "__func__", member), "__code__", None)
+            if isinstance(code, types.CodeType) and code.co_filename == module.__file__:
+                pending.append(code)
+    while pending:
+        code = pending.pop()
+        if code not in found:
+            found.add(code)
+            pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    _CODES[id(module)] = (module, frozenset(map(id, found)))  # by id: hashing code hashes its bytecode
+    return _CODES[id(module)][1]
 
 
 def _top_scripted(modules: List[Tuple[str, nn.Module, bool]]) -> List[str]:
