@@ -350,3 +350,12 @@ def test_dtypes_are_read_exactly():
     z_nan = torch.tensor([1 + 1j, complex(float("nan"), 0.0)])
     report = tl.find_nonfinite(Wide(), (torch.tensor([1.0, 9.0]), z_nan), backward=False)
     assert (report.phase, report.label, report.kind) == ("input", "input_2_1", "nan")
+
+
+def test_import_torchlens_does_not_load_answers():
+    import subprocess
+    import sys
+
+    code = "import sys, torchlens; print('torchlens.trace.answers' in sys.modules); torchlens.find_nonfinite; print('torchlens.trace.answers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

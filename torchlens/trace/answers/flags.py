@@ -39,17 +39,16 @@ def finite_flag(tensor: Any) -> Optional[Flag]:
         return None
     if tensor.layout != torch.strided or tensor.device.type == "meta" or tensor.numel() == 0:
         return None
-    with torch.no_grad():
-        t = tensor.detach()
+    t = tensor.detach()  # no graph (cheaper than entering no_grad on every call)
+    try:
+        low, high = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
+        return low, high
+    except RuntimeError:  # a dtype without aminmax (float8, complex32): the slow way
         try:
-            low, high = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
-            return low, high
-        except RuntimeError:  # a dtype without aminmax (float8, complex32): the slow way
-            try:
-                low = torch.isfinite(t).all().to(torch.float32).log()  # 0 or -inf
-                return low, torch.where(torch.isnan(t).any(), float("nan"), 0.0).to(torch.float32)
-            except RuntimeError:
-                return None
+            low = torch.isfinite(t).all().to(torch.float32).log()  # 0 or -inf
+            return low, torch.where(torch.isnan(t).any(), float("nan"), 0.0).to(torch.float32)
+        except RuntimeError:
+            return None
 
 
 def read_flags(flags: Sequence[Optional[Flag]]) -> List[Optional[int]]:
