@@ -119,3 +119,19 @@ def test_compiled_submodules_and_functions_are_named_in_notes_and_keep_their_add
     assert "doubled_sine" in compiled_functions and "eagerly" in compiled_functions
     assert "torchlens: note: torch.compile: compiled functions (" in capsys.readouterr().err
     assert tl.validate_model_activations(model, X, random_seed=0)
+
+
+def test_functions_dynamo_only_disables_are_not_called_compiled():
+    import torch._dynamo  # noqa: F401 - loaded, as torch.utils.checkpoint loads it
+    import torch.utils.checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):  # checkpoint is wrapped by torch._disable_dynamo: nothing compiled
+            return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=False).relu()
+
+    h = tl.log_forward_pass(Checkpointed(), X, random_seed=0)
+    assert "linear" in [e.layer_type for e in h] and not any("compiled" in note for note in h.notes), h.notes

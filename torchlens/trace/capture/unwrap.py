@@ -113,11 +113,13 @@ _HOW_COMPILED_CODE_RAN = (
 
 def compiled_function_notes(entries: List[Any]) -> List[str]:
     """A note naming the ``torch.compile``d functions (not modules) whose operations the pass
-    logged: found in the entries' call stacks, as the frame called by Dynamo's wrapper."""
+    logged: found in the entries' call stacks, as the frame that torch.compile's wrapper called
+    (other Dynamo wrappers, such as ``torch._disable_dynamo`` around ``torch.utils.checkpoint``,
+    compile nothing)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None:  # nothing can have been compiled
         return []
-    wrapper_file, wrapper_codes = eval_frame.__file__, _codes_of(eval_frame)
+    wrappers, module_calls = _dynamo_codes(eval_frame)
     found: Dict[str, None] = {}
     seen = set()
     for e in entries:
@@ -125,15 +127,13 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
         if not frames or id(frames) in seen:
             continue
         seen.add(id(frames))
-        if wrapper_codes.isdisjoint(map(id, map(_first, frames))):  # in C: most stacks have no Dynamo frame
+        if wrappers.isdisjoint(map(id, map(_first, frames))):  # in C: most stacks have no such frame
             continue
         in_module = False  # a compiled module's wrapper (named by traceable_model), not a function's
         for (code, _, _), (called, _, _) in zip(frames, frames[1:]):
-            if code.co_filename != wrapper_file:
-                continue
-            if code.co_name == "__call__":  # OptimizedModule.__call__: its compiled forward comes next
+            if id(code) in module_calls:  # OptimizedModule.__call__: its compiled forward comes next
                 in_module = True
-            elif called.co_filename != wrapper_file:  # Dynamo's wrapper calling what was compiled
+            elif id(code) in wrappers:
                 if not in_module:
                     found[getattr(called, "co_qualname", called.co_name)] = None
                 in_module = False
@@ -143,29 +143,34 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
 
 
 _first = operator.itemgetter(0)
-_CODES: Dict[int, Tuple[Any, frozenset]] = {}
+_CODES: Dict[int, Tuple[Any, Tuple[frozenset, frozenset]]] = {}
 
 
-def _codes_of(module: types.ModuleType) -> frozenset:
-    """Ids of the code objects of the functions and methods defined in ``module`` (nested ones
-    too); they live as long as the module."""
-    cached = _CODES.get(id(module))
-    if cached is not None and cached[0] is module:
+def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[frozenset, frozenset]:
+    """Ids of the code of the wrapper ``torch.compile`` puts around a function (the functions
+    nested in ``_TorchDynamoContext.__call__``), and of ``OptimizedModule.__call__``. By id:
+    hashing a code object hashes its bytecode. They live as long as the module."""
+    cached = _CODES.get(id(eval_frame))
+    if cached is not None and cached[0] is eval_frame:
         return cached[1]
-    found: set = set()
-    pending = []
-    for value in vars(module).values():
-        for member in [value, *vars(value).values()] if isinstance(value, type) else [value]:
-            code = getattr(getattr(member, "__func__", member), "__code__", None)
-            if isinstance(code, types.CodeType) and code.co_filename == module.__file__:
-                pending.append(code)
+    pending = [_code(eval_frame, "_TorchDynamoContext")]
+    wrappers = set()
     while pending:
         code = pending.pop()
-        if code not in found:
-            found.add(code)
-            pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    _CODES[id(module)] = (module, frozenset(map(id, found)))  # by id: hashing code hashes its bytecode
-    return _CODES[id(module)][1]
+        if code is not None:
+            nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            wrappers.update(map(id, nested))
+            pending.extend(nested)
+    module_call = _code(eval_frame, "OptimizedModule")
+    _CODES[id(eval_frame)] = (eval_frame, (frozenset(wrappers), frozenset([id(module_call)] if module_call else [])))
+    return _CODES[id(eval_frame)][1]
+
+
+def _code(module: types.ModuleType, class_name: str) -> Any:
+    """The code of ``module.<class_name>.__call__`` as defined there, or None."""
+    cls = vars(module).get(class_name)
+    function = vars(cls).get("__call__") if isinstance(cls, type) else None
+    return getattr(function, "__code__", None)
 
 
 def _top_scripted(modules: List[Tuple[str, nn.Module, bool]]) -> List[str]:
