@@ -359,3 +359,34 @@ def test_import_torchlens_does_not_load_answers():
     code = "import sys, torchlens; print('torchlens.trace.answers' in sys.modules); torchlens.find_nonfinite; print('torchlens.trace.answers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+class WritesItsParameters(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight[:, 0] = self.lin.weight[:, 0] * 2  # part of the parameter, written in place
+            self.lin.bias.data.add_(1.0)  # through .data: the same memory
+        return torch.log(self.lin(x))
+
+
+def test_parameter_writes_are_undone():
+    model = WritesItsParameters()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = tl.find_nonfinite(model, torch.randn(3, 2))
+    assert report.found
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert not report.notes
+
+
+def test_a_write_torchlens_cannot_see_is_named():
+    from torchlens.trace.answers.nonfinite import _ModelSnapshot
+
+    model = WritesItsParameters()
+    snapshot = _ModelSnapshot(model)
+    with torch.no_grad():
+        model.lin.bias.add_(1.0)  # outside any pass: no copy was taken
+    assert snapshot.restore() == ["lin.bias"]

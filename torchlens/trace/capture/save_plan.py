@@ -43,6 +43,9 @@ class SavePlan:
 
     # subclasses that write activations elsewhere (save_to) say False
     keeps_tensors = True
+    # an object whose before_write(tensor) is called before a logged call writes into tensor
+    # (in place or out=); find_nonfinite copies a parameter there, the first time it is written
+    write_watcher: Any = None
 
     @property
     def can_share(self) -> bool:

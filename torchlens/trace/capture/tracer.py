@@ -115,6 +115,8 @@ class Tracer:
         self.memory = plan.memory  # adds up saved bytes, to warn before they outgrow free memory
         # saved activations not copied until written (capture/shared.py); None: copy at once
         self.shared = SharedActivations(inventory.parameters + inventory.buffers) if plan.can_share else None
+        # told before a logged call writes into a tensor (in place or out=): the copies above, the plan's watcher
+        self.write_watchers = [w for w in (self.shared, plan.write_watcher) if w is not None]
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
         # tensors known to have existed before the pass, id -> tensor: found cheaply at the
@@ -158,7 +160,7 @@ class Tracer:
         rng_state = None
         if self.save_function_args and info.is_random:
             rng_state = _rng_state()  # so the operation can be replayed exactly
-        if self.shared is not None and (info.is_inplace or info.inplace_arg >= 0 or (kwargs and "out" in kwargs)):
+        if self.write_watchers and (info.is_inplace or info.inplace_arg >= 0 or (kwargs and "out" in kwargs)):
             self._before_write(args, kwargs, writes_in_place(info, args, kwargs))
         try:
             start = perf_counter()
@@ -306,15 +308,16 @@ class Tracer:
 
     def _before_write(self, args: tuple, kwargs: dict, inplace: bool) -> None:
         """An in-place or ``out=`` call is about to run: saved activations in its target's
-        memory get their copies first."""
+        memory get their copies first (and the plan's write watcher is told)."""
         self.paused = True
         try:
             out = kwargs.get("out") if kwargs else None
-            if out is not None:
-                for _, t in tensors_in(out):
-                    self.shared.before_write(t)
+            targets = [t for _, t in tensors_in(out)] if out is not None else []
             if inplace and args:
-                self.shared.before_write(args[0])
+                targets.append(args[0])
+            for watcher in self.write_watchers:
+                for t in targets:
+                    watcher.before_write(t)
         finally:
             self.paused = False
 
