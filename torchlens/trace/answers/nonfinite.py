@@ -21,8 +21,6 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..capture.args import tensors_in, tensors_in_call
-from ..capture.copy_on_write import storage_key
-from ..capture.modules import BufferSnapshot
 from ..capture.run import run_pass
 from ..capture.save_plan import add_note
 from ..capture.unwrap import eager_only, traceable_model
@@ -32,6 +30,7 @@ from ..postprocess import build_history
 from ..records.tensor_log import TensorLogEntry
 from .flags import FlagPlan, FocusPlan, as_finite, as_nan_free, finite_flag, read_flags
 from .report import NonfiniteReport, nonfinite_kind, parent_stats
+from .snapshot import ModelSnapshot
 from .walk import backward_producer, describe, downstream, forward_producer, source_of
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -94,45 +93,12 @@ def find_nonfinite(
     return report
 
 
-class _ModelSnapshot:
-    """Buffers (copied, as every pass does), and parameters copied only when a logged call is
-    about to write into one (or a view of one) during a pass: ``before_write``, the plans' write
-    watcher. Copying every parameter up front cost 10-20 % of a forward + backward, and a model
-    rarely writes its own."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.buffers = BufferSnapshot(model)
-        params = [(a, p) for a, p in model.named_parameters() if not is_lazy(p)]
-        self.versions = [(a, p, p._version) for a, p in params]
-        self.by_storage = {storage_key(p): p for _, p in params}
-        self.by_storage.pop(None, None)  # no memory to share (meta, sparse...)
-        self.copies: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def before_write(self, tensor: torch.Tensor) -> None:
-        key = storage_key(tensor)
-        param = self.by_storage.get(key) if key is not None else None
-        if param is not None and id(param) not in self.copies:
-            self.copies[id(param)] = (param, param.detach().clone())
-
-    def restore_buffers(self) -> None:
-        self.buffers.restore()
-
-    def restore(self) -> List[str]:
-        """Put everything back; returns the addresses of parameters written by something
-        torchlens does not see (``.data``, a C extension), which could not be put back."""
-        self.buffers.restore()
-        with torch.no_grad():
-            for param, value in self.copies.values():
-                param.copy_(value)
-        return [a for a, p, version in self.versions if id(p) not in self.copies and p._version != version]
-
-
 class _Search:
     """One ``find_nonfinite`` call: the model, its inputs, the seed every pass uses."""
 
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict, seed: int, loss_fn: Optional[LossFn]) -> None:
         self.model, self.args, self.kwargs, self.seed, self.loss_fn = model, args, kwargs, seed, loss_fn
-        self.snapshot = _ModelSnapshot(model)
+        self.snapshot = ModelSnapshot(model)
         self.passes = 0
 
     # ----- passes ---------------------------------------------------------------------------
