@@ -62,6 +62,7 @@ ALLOWED: Dict[str, Set[str]] = {
         "errors",
     },
     "trace.answers": {
+        "trace.api",
         "trace.records",
         "trace.history",
         "trace.capture",

@@ -57,12 +57,13 @@ _LAZY = {
     "show_model_graph": "torchlens.trace.show",
     "RerunError": "torchlens.trace.rerun",
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
+    **{name: "torchlens.trace.answers" for name in ("compare", "compare_precision", "Comparison", "CompareError")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
 }
 
 if TYPE_CHECKING:
-    from .trace.answers import NonfiniteReport, find_nonfinite
+    from .trace.answers import CompareError, Comparison, NonfiniteReport, compare, compare_precision, find_nonfinite
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -97,6 +98,10 @@ __all__ = [
     "GraphvizNotFoundError",
     "find_nonfinite",
     "NonfiniteReport",
+    "compare",
+    "compare_precision",
+    "Comparison",
+    "CompareError",
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",
