@@ -102,6 +102,10 @@ class FlagPlan(SavePlan):
         self.handles: List[Any] = []
 
     def copy(self, tensor: torch.Tensor, entry: Optional[TensorLogEntry] = None) -> Any:
+        if entry is not None and entry.kind == "output" and entry.parent_refs:
+            parent = entry.parent_refs[0][0]  # the output is its parent's tensor: same values, same flag
+            if isinstance(parent.activation, tuple):
+                return parent.activation
         if self.gradients and entry is not None and entry.kind in _MADE_IN_PASS:
             _hook(self, tensor, entry.raw_index)
         return finite_flag(tensor)

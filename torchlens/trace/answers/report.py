@@ -178,7 +178,8 @@ def _where(report: NonfiniteReport) -> str:
     parts = []
     if report.source is not None:
         code = report.source.code_line.split("  #")[0].strip()  # without a trailing comment
-        parts.append(f"(`{code}`, {os.path.basename(report.source.file)}:{report.source.line_number})")
+        where = f"{os.path.basename(report.source.file)}:{report.source.line_number}"
+        parts.append(f"(`{code}`, {where})" if code else f"({where})")
     parts.append(f"inside module '{report.module}'" if report.module else "in the model's own forward")
     return " ".join(parts)
 
