@@ -390,3 +390,18 @@ def test_a_write_torchlens_cannot_see_is_named():
     with torch.no_grad():
         model.lin.bias.add_(1.0)  # outside any pass: no copy was taken
     assert snapshot.restore() == ["lin.bias"]
+
+
+class SqrtOfAParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        return x * torch.sqrt(self.scale)
+
+
+def test_backward_into_a_parameter():
+    report = tl.find_nonfinite(SqrtOfAParameter(), torch.ones(2))
+    check(report, "backward", "sqrt", "inf", SqrtOfAParameter.forward, "torch.sqrt(self.scale)")
+    assert [(p.label, p.gradient_kind, p.has_zeros) for p in report.parents] == [("scale", "inf", True)]
