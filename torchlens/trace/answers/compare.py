@@ -27,6 +27,12 @@ Side = Union[ModelHistory, Sequence[Any]]
 
 # Below this share of the smaller pass's operations matched, two passes have nothing in common.
 MIN_SHARED = 0.2
+# layer types (without underscores) whose values are copies of their parents' values
+MOVES_VALUES = frozenset(
+    "view reshape transpose permute contiguous split chunk unbind getitem select narrow slice expand expandas "
+    "squeeze unsqueeze flatten unflatten t clone detach cat concat concatenate stack indexselect gather repeat "
+    "tile flip roll movedim swapaxes swapdims output identity".split()
+)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
@@ -213,11 +219,16 @@ def _rows(
 
 
 def _added(row: ComparedOp, parents: List[ComparedOp]) -> Optional[float]:
-    """The op's mean relative error beyond the worst of its parents' (0 when it adds none)."""
+    """The op's mean relative error beyond the worst of its parents' (0 when it adds none;
+    always 0 for ops that only move values: a split's third of its parent has a mean error of
+    its own, but not one the split made)."""
     if row.mean_rel is None:
         return None
+    if row.layer_type.replace("_", "") in MOVES_VALUES and parents:
+        return 0.0
     worst = max((p.mean_rel for p in parents if p.mean_rel is not None), default=0.0)
-    return max(0.0, row.mean_rel - worst)
+    added = row.mean_rel - worst
+    return added if added > 1e-6 * row.mean_rel else 0.0  # below that: rounding of the means
 
 
 def _user_source(entry: TensorLogEntry) -> Optional[FuncCallLocation]:

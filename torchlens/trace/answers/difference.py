@@ -67,7 +67,8 @@ def difference(a: Any, b: Any, rtol: float, atol: float, saturation: Optional[fl
     max_abs = float(diff.max())
     if not math.isfinite(max_abs):  # NaN against NaN and equal infinities agree; NaN against a number: inf
         agree = (x == y) | (torch.isnan(x) & torch.isnan(y))
-        diff = torch.where(agree, torch.zeros_like(diff), diff.nan_to_num(nan=math.inf))
+        x, y = torch.where(agree, 0.0, x), torch.where(agree, 0.0, y)  # the rest is measured on what differs
+        diff = torch.where(agree, 0.0, diff.nan_to_num(nan=math.inf))
         max_abs = float(diff.max())
     return _numbers(diff, (x, y), max_abs, tolerance=(rtol, atol))
 

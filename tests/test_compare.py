@@ -1,0 +1,313 @@
+"""tl.compare and tl.compare_precision: which op of one pass is which of another, and where
+two passes part (the origin of a difference, not the ops it flowed into)."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import torchlens as tl
+from torchlens.errors import TorchlensError
+from torchlens.trace.answers import CompareError, NothingInCommonError
+from torchlens.trace.answers.difference import difference
+from torchlens.trace.records.tensor_log import TensorLogEntry
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.blocks = nn.Sequential(Block(), Block(), Block())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.inp(x)).relu())
+
+
+class OtherBlock(nn.Module):
+    """Block re-implemented: other class and attribute names, a functional gelu, one more op."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, h):
+        y = F.gelu(self.up(self.ln(h))).contiguous()
+        return self.down(y) + h
+
+
+class Port(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList([OtherBlock() for _ in range(3)])
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(torch.relu(h))
+
+
+def port_of(net: Net) -> Port:
+    port = Port()
+    values = list(net.state_dict().values())
+    port.load_state_dict(dict(zip(port.state_dict(), values)))
+    return port
+
+
+def state(model: nn.Module):
+    return {k: v.clone() for k, v in model.state_dict().items()}, [m.training for m in model.modules()]
+
+
+def same_state(model: nn.Module, before) -> bool:
+    values, flags = before
+    now = model.state_dict()
+    return all(torch.equal(now[k], v) and now[k].dtype == v.dtype for k, v in values.items()) and flags == [
+        m.training for m in model.modules()
+    ]
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    return Net()
+
+
+def test_one_weight_changed_in_the_middle_is_the_origin(net):
+    changed = copy.deepcopy(net)
+    with torch.no_grad():
+        changed.blocks[1].fc2.weight[0, 0] += 0.5
+    before_a, before_b = state(net), state(changed)
+    x = torch.randn(3, 4)
+    x_before = x.clone()
+    cmp = tl.compare((net, x), (changed, x))
+    origin = cmp.first_divergence
+    assert origin is not None, str(cmp)
+    assert origin.module == "blocks.1.fc2" and origin.layer_type == "linear", str(cmp)
+    assert [r.label for r in cmp.origins] == [origin.label]
+    # everything before it is equal, everything after it (downstream) differs
+    order = [r.label for r in cmp.rows]
+    assert all(r.within for r in cmp.rows[: order.index(origin.label)])
+    assert not any(r.within for r in cmp.rows[order.index(origin.label) :])
+    assert origin.source is not None and "self.fc2(" in origin.source.code_line
+    text = str(cmp)
+    assert text.splitlines()[1].startswith(f"First divergence: {origin.label}")
+    assert same_state(net, before_a) and same_state(changed, before_b) and torch.equal(x, x_before)
+
+
+def test_equal_passes_have_no_divergence(net):
+    x = torch.randn(2, 4)
+    a = tl.log_forward_pass(net, x)
+    b = tl.log_forward_pass(net, x)
+    cmp = tl.compare(a, b)
+    assert cmp.first_divergence is None and cmp.equal
+    assert cmp.matched_by_label and len(cmp.rows) == len(a.layer_list)
+    assert "Every matched op is within tolerance." in str(cmp)
+
+
+def test_a_reimplementation_with_other_names_is_matched_and_equal(net):
+    port = port_of(net)
+    x = torch.randn(3, 4)
+    cmp = tl.compare((net, x), (port, x))
+    a, b = cmp.history_a, cmp.history_b
+    assert not cmp.matched_by_label
+    assert len(cmp.rows) == len(a.layer_list), cmp.unmatched_a  # every op of the reference matched
+    assert sorted(b[x].layer_type for x in cmp.unmatched_b) == ["contiguous"] * 3
+    assert cmp.first_divergence is None and cmp.equal, str(cmp)
+    # the second block's fc2 is the port's layers.1.down, and its residual add is the port's add
+    rows = {(r.module, r.layer_type): r for r in cmp.rows}
+    fc2 = rows[("blocks.1.fc2", "linear")]
+    assert b[fc2.label_b].containing_module == "layers.1.down"
+    add = [r for r in cmp.rows if r.layer_type == "add"][1]
+    assert b[add.label_b].containing_module == "layers.1"
+
+
+def test_a_port_with_a_changed_weight_names_the_port_s_module(net):
+    port = port_of(net)
+    with torch.no_grad():
+        port.layers[2].up.bias[3] += 1.0
+    x = torch.randn(3, 4)
+    cmp = tl.compare((net, x), (port, x))
+    origin = cmp.first_divergence
+    assert origin is not None and origin.module == "blocks.2.fc1", str(cmp)
+    assert cmp.history_b[origin.label_b].containing_module == "layers.2.up"
+
+
+def test_different_input_sizes_report_shapes(net):
+    cmp = tl.compare((net, torch.randn(3, 4)), (net, torch.randn(5, 4)))
+    first = cmp.first_divergence
+    assert first is not None and first.label.startswith("input") and not first.same_shape
+    assert (first.shape_a, first.shape_b) == ((3, 4), (5, 4))
+    assert all(not r.same_shape and not r.within for r in cmp.rows)
+    assert "(3, 4) vs (5, 4)" in str(cmp)
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.pool(torch.sigmoid(self.conv(x))).flatten(1).sum(1)
+
+
+def test_nothing_in_common_is_a_clear_error(net):
+    with pytest.raises(NothingInCommonError) as caught:
+        tl.compare((net, torch.randn(1, 4)), (Conv(), torch.randn(1, 1, 6, 6)))
+    assert isinstance(caught.value, TorchlensError) and isinstance(caught.value, ValueError)
+    assert "nothing in common" in str(caught.value) and "Conv" in str(caught.value)
+
+
+def test_missing_saved_layers_are_named(net):
+    x = torch.randn(2, 4)
+    full = tl.log_forward_pass(net, x)
+    part = tl.log_forward_pass(net, x, layers_to_save=["linear_1_1", "output"])
+    with pytest.raises(CompareError) as caught:
+        tl.compare(full, part)
+    message = str(caught.value)
+    assert "history b lacks" in message and "layernorm_1_2" in message and "relu_1_17" in message
+    assert "layers_to_save=" in message and "linear_1_1" not in message.split("layers_to_save=")[0]
+    # the same subset on both sides compares what both kept
+    cmp = tl.compare(tl.log_forward_pass(net, x, layers_to_save=["linear_1_1", "output"]), part)
+    assert [r.label for r in cmp.rows] == ["linear_1_1", "output_1_19"] and cmp.equal
+
+
+def test_metadata_only_history_is_refused(net):
+    x = torch.randn(2, 4)
+    with pytest.raises(CompareError, match="no saved activations"):
+        tl.compare(tl.log_forward_pass(net, x), tl.log_forward_pass(net, x, layers_to_save=None))
+
+
+class Threshold(nn.Module):
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        y = x * self.scale
+        return y > 1.0, (y * 10).long()
+
+
+def test_integer_and_bool_values_are_compared_exactly():
+    x = torch.tensor([1.0, 0.5, 0.35])
+    cmp = tl.compare((Threshold(1.0), x), (Threshold(1.0 + 1e-6), x))
+    by_type = {r.layer_type: r for r in cmp.rows}
+    assert by_type["mul"].within  # the floats agree within rtol=1e-3
+    assert by_type["gt"].exact and not by_type["gt"].within and by_type["gt"].is_origin, str(cmp)
+    assert by_type["long"].exact and by_type["long"].within
+    assert cmp.first_divergence.layer_type == "gt"
+
+
+def test_complex_values_compare_by_magnitude_of_difference():
+    d = difference(torch.tensor([1 + 1j, 2 + 0j]), torch.tensor([1 + 0j, 2 + 0j]), rtol=1e-3, atol=1e-5)
+    assert not d.within and d.max_abs == pytest.approx(1.0) and d.max_rel == pytest.approx(1.0)
+    assert difference(torch.tensor([3 + 4j]), torch.tensor([3 + 4j]), rtol=0.0, atol=0.0).within
+
+
+def test_nan_and_inf_in_the_same_places_agree():
+    a = torch.tensor([float("nan"), float("inf"), 1.0])
+    assert difference(a, a.clone(), rtol=1e-3, atol=1e-5).within
+    d = difference(a, torch.tensor([1.0, float("inf"), 1.0]), rtol=1e-3, atol=1e-5)
+    assert not d.within and d.max_abs == float("inf")
+
+
+def test_loaded_histories_are_read_one_op_at_a_time(net, tmp_path):
+    changed = copy.deepcopy(net)
+    with torch.no_grad():
+        changed.blocks[0].fc1.bias += 0.1
+    x = torch.randn(2, 4)
+    in_memory = tl.compare(tl.log_forward_pass(net, x, random_seed=1), tl.log_forward_pass(changed, x, random_seed=1))
+    a = tl.load(tl.log_forward_pass(net, x).save(str(tmp_path / "a")))
+    b = tl.load(tl.log_forward_pass(changed, x).save(str(tmp_path / "b")))
+    cmp = tl.compare(a, b)
+    assert [(r.label, r.within, r.max_abs) for r in cmp.rows] == [
+        (r.label, r.within, r.max_abs) for r in in_memory.rows
+    ]
+    kept = [TensorLogEntry.__dict__["activation"].__get__(e) for h in (a, b) for e in h.layer_list]
+    assert all(v is None for v in kept), "compare kept activations read from disk on the entries"
+    assert all(e.has_saved_activation for e in a.layer_list)
+
+
+def test_table_values_for_an_overlay(net):
+    pytest.importorskip("pandas")
+    changed = copy.deepcopy(net)
+    with torch.no_grad():
+        changed.head.bias += 1.0
+    cmp = tl.compare((net, torch.randn(2, 4)), (changed, torch.randn(2, 4)), random_seed=3)
+    frame = cmp.to_pandas()
+    assert len(frame) == len(cmp.rows) and {"label_a", "label_b", "max_abs", "max_rel", "cosine"} <= set(frame)
+    values = cmp.values("max_abs")
+    assert set(values) == {r.label for r in cmp.rows}
+    assert cmp.row("linear_8_18").max_abs == values["linear_8_18"] > 0
+
+
+def test_bad_arguments_say_what_to_pass(net):
+    with pytest.raises(TypeError, match=r"\(model, args\)"):
+        tl.compare(net, net)
+
+
+def gpt2(dtype=torch.float32):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, attn_implementation="eager")
+    return transformers.GPT2Model(config).eval(), torch.randint(0, config.vocab_size, (1, 16))
+
+
+LAYOUT = {"view", "reshape", "transpose", "permute", "contiguous", "split", "dropout", "output", "getitem"}
+
+
+def test_gpt2_bfloat16_precision_ranks_ops_that_compute():
+    model, ids = gpt2()
+    before = state(model)
+    cmp = tl.compare_precision(model, ids, {"use_cache": False}, dtype=torch.bfloat16)
+    assert same_state(model, before) and next(model.parameters()).dtype == torch.float32
+    assert cmp.first_divergence is not None
+    ranked = cmp.ranking
+    assert ranked and all(r.added > 0 for r in ranked)
+    # layout ops copy their parent's values: they add no error of their own
+    assert not LAYOUT & {r.layer_type for r in ranked}, [r.label for r in ranked]
+    assert {"matmul", "addmm", "layernorm", "softmax", "baddbmm"} & {r.layer_type for r in ranked[:5]}
+    # the attention mask (finfo(bfloat16).min against float64's) is not an error
+    assert all(r.mean_rel < 0.5 for r in ranked), [(r.label, r.mean_rel) for r in ranked]
+    text = str(cmp)
+    assert text.splitlines()[2].strip().startswith(ranked[0].label)
+
+
+def test_gpt2_float32_against_bfloat16_diverges():
+    model, ids = gpt2()
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    cmp = tl.compare((model, ids, {"use_cache": False}), (low, ids, {"use_cache": False}), rtol=1.6e-2)
+    assert cmp.matched_by_label and cmp.first_divergence is not None
+    assert cmp.first_divergence.layer_type not in LAYOUT
+
+
+def test_softmax_of_large_logits_stands_out():
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 30, dim=-1)
+
+    cmp = tl.compare_precision(Model(), torch.randn(4, 16), dtype=torch.float16, random_seed=0)
+    assert cmp.ranking[0].layer_type == "softmax", str(cmp)
+    assert inspect.signature(tl.compare_precision).parameters["dtype"].default is torch.bfloat16
