@@ -328,6 +328,9 @@ def test_bad_loss_fn():
         tl.find_nonfinite(Linear(), torch.ones(1, 2), loss_fn="sum")
     with pytest.raises(TypeError, match="one element"):
         tl.find_nonfinite(Linear(), torch.ones(1, 2), loss_fn=lambda out: out)
+    with pytest.raises(AttributeError) as info:
+        tl.find_nonfinite(Linear(), torch.ones(1, 2), loss_fn=lambda out: out.logits.sum())
+    assert "loss_fn raised this" in "\n".join(getattr(info.value, "__notes__", [str(info.value)]))
 
 
 def test_to_pandas_roles():

@@ -249,7 +249,15 @@ def _default_loss(output: Any) -> Optional[torch.Tensor]:
 def _loss(output: Any, loss_fn: Optional[LossFn]) -> Optional[torch.Tensor]:
     if loss_fn is None:
         return _default_loss(output)
-    loss = loss_fn(output)
+    try:
+        loss = loss_fn(output)
+    except Exception as error:  # the user's function: keep its error, say whose it is
+        add_note(
+            error,
+            f"torchlens: find_nonfinite: loss_fn raised this; it gets what the model returned "
+            f"({type(output).__name__}) and must return a scalar tensor.",
+        )
+        raise
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise TypeError(
