@@ -311,3 +311,20 @@ def test_softmax_of_large_logits_stands_out():
     cmp = tl.compare_precision(Model(), torch.randn(4, 16), dtype=torch.float16, random_seed=0)
     assert cmp.ranking[0].layer_type == "softmax", str(cmp)
     assert inspect.signature(tl.compare_precision).parameters["dtype"].default is torch.bfloat16
+
+
+def test_traced_here_rearranged_ops_take_their_parent_s_numbers_exactly():
+    """compare((model, x), ...) skips measuring views and transposes again; the numbers are those
+    of measuring every op of the same two histories."""
+    model, ids = gpt2()
+    low = copy.deepcopy(model)
+    with torch.no_grad():
+        low.h[1].mlp.c_fc.weight.mul_(1.01)
+    traced = tl.compare((model, ids, {"use_cache": False}), (low, ids, {"use_cache": False}), random_seed=0)
+    measured = tl.compare(traced.history_a, traced.history_b)
+    assert any(r.layer_type in ("view", "transpose") and not r.within for r in traced.rows)
+    for r, m in zip(traced.rows, measured.rows, strict=True):
+        assert (r.label, r.within, r.is_origin) == (m.label, m.within, m.is_origin)
+        for name in ("max_abs", "max_rel", "mean_rel", "rel_error", "cosine"):
+            got, want = getattr(r, name), getattr(m, name)
+            assert got == want if want is None else got == pytest.approx(want, rel=1e-5, abs=1e-12), (r.label, name)

@@ -7,6 +7,7 @@ disk then and does not keep it), so two histories on disk are never both whole i
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -19,7 +20,7 @@ from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
 from ..records.func_call import FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
 from .comparison import ComparedOp, CompareError, Comparison, NothingInCommonError
-from .difference import difference
+from .difference import Difference, difference
 from .matching import Matching, match_histories
 from .walk import source_of
 
@@ -32,6 +33,11 @@ MOVES_VALUES = frozenset(
     "view reshape transpose permute contiguous split chunk unbind getitem select narrow slice expand expandas "
     "squeeze unsqueeze flatten unflatten t clone detach cat concat concatenate stack indexselect gather repeat "
     "tile flip roll movedim swapaxes swapdims output identity".split()
+)
+# of those, the ones whose output holds each of its parent's values exactly once
+REARRANGES = frozenset(
+    "view reshape transpose permute contiguous flatten unflatten squeeze unsqueeze t clone detach identity "
+    "output movedim swapaxes swapdims".split()
 )
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
@@ -76,7 +82,8 @@ def compare(
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     history_a = _history(a, "a", seed=seed, copy=True)
     history_b = _history(b, "b", seed=seed, copy=False)
-    return compare_histories(history_a, history_b, rtol=rtol, atol=atol)
+    traced = not isinstance(a, ModelHistory) and not isinstance(b, ModelHistory)
+    return compare_histories(history_a, history_b, rtol=rtol, atol=atol, traced_here=traced)
 
 
 def _history(side: Side, name: str, *, seed: int, copy: bool) -> ModelHistory:
@@ -96,16 +103,24 @@ def _history(side: Side, name: str, *, seed: int, copy: bool) -> ModelHistory:
 
 
 def compare_histories(
-    a: ModelHistory, b: ModelHistory, *, rtol: float, atol: float, saturation: Optional[float] = None
+    a: ModelHistory,
+    b: ModelHistory,
+    *,
+    rtol: float,
+    atol: float,
+    saturation: Optional[float] = None,
+    traced_here: bool = False,
 ) -> Comparison:
     """``compare`` of two histories (what ``compare`` does once both are traced); see
-    ``difference`` for ``saturation``."""
+    ``difference`` for ``saturation``. ``traced_here``: both were traced by torchlens here,
+    saving the tensors as they were (ops that only rearrange their parent's values then take
+    its numbers instead of being measured again)."""
     for history, name in ((a, "a"), (b, "b")):
         _require_values(history, name)
     matching = match_histories(a, b)
     _require_shared(a, b, matching)
     pairs, notes = _saved_pairs(matching)
-    rows = _rows(pairs, matching.how, tolerance=(rtol, atol, saturation))
+    rows = _rows(pairs, matching.how, tolerance=(rtol, atol, saturation), shortcut=traced_here)
     return Comparison(
         rows=rows,
         unmatched_a=matching.unmatched_a,
@@ -184,13 +199,17 @@ def _rows(
     how: Dict[str, str],
     *,
     tolerance: Tuple[float, float, Optional[float]],
+    shortcut: bool = False,
 ) -> List[ComparedOp]:
     rtol, atol, saturation = tolerance
     rows: List[ComparedOp] = []
     by_label: Dict[str, ComparedOp] = {}
+    entries: Dict[str, Tuple[TensorLogEntry, TensorLogEntry]] = {}
     for ea, eb in pairs:
-        d = difference(_value(ea), _value(eb), rtol=rtol, atol=atol, saturation=saturation)
         parents = [by_label[p] for p in ea.parent_layers if p in by_label]
+        d = _rearranged(ea, eb, parents, entries) if shortcut else None
+        if d is None:
+            d = difference(_value(ea), _value(eb), rtol=rtol, atol=atol, saturation=saturation)
         row = ComparedOp(
             label_a=ea.label,
             label_b=eb.label,
@@ -215,7 +234,39 @@ def _rows(
             row.source = _user_source(ea)
         rows.append(row)
         by_label[ea.label] = row
+        entries[ea.label] = (ea, eb)
     return rows
+
+
+def _rearranged(
+    ea: TensorLogEntry,
+    eb: TensorLogEntry,
+    parents: List[ComparedOp],
+    entries: Dict[str, Tuple[TensorLogEntry, TensorLogEntry]],
+) -> Optional[Difference]:
+    """The parent's numbers, for an op whose values are its one parent's, rearranged (a view,
+    a transpose, a contiguous copy) on both sides: every number of a row (maxima, means, norms,
+    cosine) is the same for any order of the elements. Only for histories traced here, whose
+    saved values are the tensors themselves (no ``activation_postfunc``)."""
+    if ea.layer_type.replace("_", "") not in REARRANGES or len(ea.parent_layers) != 1 or len(parents) != 1:
+        return None
+    p = parents[0]
+    if eb.parent_layers != [p.label_b] or not p.same_shape or p.shape_a is None or ea.shape != eb.shape:
+        return None
+    pa, pb = entries[p.label_a]
+    if ea.dtype != pa.dtype or eb.dtype != pb.dtype or math.prod(ea.shape) != math.prod(p.shape_a):
+        return None
+    return Difference(
+        same_shape=True,
+        within=p.within,
+        exact=p.exact,
+        max_abs=p.max_abs,
+        max_rel=p.max_rel,
+        mean_rel=p.mean_rel,
+        rel_error=p.rel_error,
+        cosine=p.cosine,
+        note=p.note,
+    )
 
 
 def _added(row: ComparedOp, parents: List[ComparedOp]) -> Optional[float]:

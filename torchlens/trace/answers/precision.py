@@ -100,6 +100,7 @@ def compare_precision(
         rtol=default_rtol if rtol is None else rtol,
         atol=default_atol if atol is None else atol,
         saturation=torch.finfo(dtype).max,  # masks filled with finfo(dtype).min on both sides agree
+        traced_here=True,
     )
     fields = {name: getattr(plain, name) for name in plain.__dataclass_fields__}
     fields["name_b"] = f"{fields['name_b']} (float64)"
