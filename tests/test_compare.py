@@ -328,3 +328,26 @@ def test_traced_here_rearranged_ops_take_their_parent_s_numbers_exactly():
         for name in ("max_abs", "max_rel", "mean_rel", "rel_error", "cosine"):
             got, want = getattr(r, name), getattr(m, name)
             assert got == want if want is None else got == pytest.approx(want, rel=1e-5, abs=1e-12), (r.label, name)
+
+
+def test_gpt2_wrapped_under_another_address_with_an_extra_op_matches_every_op():
+    """Another address for every module (gpt.h.0 against h.0) and one extra op shift every label:
+    the module calls are aligned and every op of the plain model finds its counterpart."""
+    model, ids = gpt2()
+
+    class Wrapped(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.gpt = inner
+
+        def forward(self, input_ids):
+            return self.gpt(input_ids.contiguous(), use_cache=False)
+
+    cmp = tl.compare((model, ids, {"use_cache": False}), (Wrapped(model), ids), random_seed=0)
+    a, b = cmp.history_a, cmp.history_b
+    assert not cmp.matched_by_label and len(cmp.rows) == len(a.layer_list)
+    assert [b[x].layer_type for x in cmp.unmatched_b] == ["contiguous"]
+    assert cmp.first_divergence is None, str(cmp)
+    for r in cmp.rows:
+        module_b = b[r.label_b].containing_module
+        assert (r.module is None and module_b in (None, "gpt")) or module_b == f"gpt.{r.module}", r

@@ -18,7 +18,7 @@ class NothingInCommonError(CompareError):
     """The two passes share (almost) no operations: a comparison would be an empty table."""
 
 
-@dataclass
+@dataclass(repr=False)
 class ComparedOp:
     """One matched op: its labels on both sides and how far apart its values are."""
 
@@ -56,6 +56,10 @@ class ComparedOp:
         where = f" in module {self.module}" if self.module else ""
         other = f" (b: {self.label_b})" if self.label_b != self.label_a else ""
         return f"{self.label_a}{other}{where}: {self.numbers()}"
+
+    def __repr__(self) -> str:
+        added = f", adds {self.added:.3g}" if self.added else ""
+        return f"<ComparedOp {self.describe()}{added}>"
 
     def numbers(self) -> str:
         if not self.same_shape:

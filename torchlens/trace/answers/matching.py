@@ -90,27 +90,32 @@ def _innermost(e: TensorLogEntry) -> Call:
 
 
 def _calls(history: ModelHistory) -> Dict[Call, Tuple[int, List[str]]]:
-    """Each module call, in order of first op: (depth, layer types of every op inside it)."""
-    calls: Dict[Call, Tuple[int, List[str]]] = {}
+    """Each module call, in order of first op, the model's own forward first: (depth, layer
+    types of every op inside it, inputs and outputs left out)."""
+    calls: Dict[Call, Tuple[int, List[str]]] = {_ROOT: (0, [])}
     for e in history.layer_list:
-        for depth, call in enumerate(e.module_stack):
+        if e.kind in _ENDS:
+            continue
+        calls[_ROOT][1].append(e.layer_type)
+        for depth, call in enumerate(e.module_stack, start=1):
             calls.setdefault(tuple(call), (depth, []))[1].append(e.layer_type)  # type: ignore[arg-type]
     return calls
 
 
 def align_calls(a: ModelHistory, b: ModelHistory) -> Dict[Call, Call]:
-    """Module call of ``b`` -> the module call of ``a`` it corresponds to."""
+    """Module call of ``b`` -> the module call of ``a`` it corresponds to. Signatures leave the
+    depth out, so a model wrapped in another module (``gpt.h.0`` against ``h.0``) still aligns."""
     calls_a, calls_b = _calls(a), _calls(b)
     keys_a, keys_b = list(calls_a), list(calls_b)
-    sigs_a = [(d, tuple(types)) for d, types in calls_a.values()]
-    sigs_b = [(d, tuple(types)) for d, types in calls_b.values()]
-    mapping: Dict[Call, Call] = {_ROOT: _ROOT}
+    sigs_a = [tuple(types) for _, types in calls_a.values()]
+    sigs_b = [tuple(types) for _, types in calls_b.values()]
+    mapping: Dict[Call, Call] = {}
     for tag, i1, i2, j1, j2 in SequenceMatcher(None, sigs_a, sigs_b, autojunk=False).get_opcodes():
         if tag == "equal":
             mapping.update(zip(keys_b[j1:j2], keys_a[i1:i2]))
-        elif tag == "replace":  # same place, different content: pair by depth, in order
-            depths_a = [calls_a[k][0] for k in keys_a[i1:i2]]
-            depths_b = [calls_b[k][0] for k in keys_b[j1:j2]]
+        elif tag == "replace":  # same place, different content: pair by depth within the block, in order
+            depths_a = _relative([calls_a[k][0] for k in keys_a[i1:i2]])
+            depths_b = _relative([calls_b[k][0] for k in keys_b[j1:j2]])
             for block in SequenceMatcher(None, depths_a, depths_b, autojunk=False).get_matching_blocks():
                 for n in range(block.size):
                     mapping[keys_b[j1 + block.b + n]] = keys_a[i1 + block.a + n]
@@ -119,6 +124,11 @@ def align_calls(a: ModelHistory, b: ModelHistory) -> Dict[Call, Call]:
         if call not in mapping and call in calls_a and call not in taken:
             mapping[call] = call
     return mapping
+
+
+def _relative(depths: List[int]) -> List[int]:
+    low = min(depths, default=0)
+    return [d - low for d in depths]
 
 
 class _Matcher:
