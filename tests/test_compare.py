@@ -323,7 +323,8 @@ def test_traced_here_rearranged_ops_take_their_parent_s_numbers_exactly():
     traced = tl.compare((model, ids, {"use_cache": False}), (low, ids, {"use_cache": False}), random_seed=0)
     measured = tl.compare(traced.history_a, traced.history_b)
     assert any(r.layer_type in ("view", "transpose") and not r.within for r in traced.rows)
-    for r, m in zip(traced.rows, measured.rows, strict=True):
+    assert len(traced.rows) == len(measured.rows)
+    for r, m in zip(traced.rows, measured.rows):
         assert (r.label, r.within, r.is_origin) == (m.label, m.within, m.is_origin)
         for name in ("max_abs", "max_rel", "mean_rel", "rel_error", "cosine"):
             got, want = getattr(r, name), getattr(m, name)
@@ -351,3 +352,29 @@ def test_gpt2_wrapped_under_another_address_with_an_extra_op_matches_every_op():
     for r in cmp.rows:
         module_b = b[r.label_b].containing_module
         assert (r.module is None and module_b in (None, "gpt")) or module_b == f"gpt.{r.module}", r
+
+
+class Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)))
+
+
+class Scaled(Plain):
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x) * 1.5))
+
+
+def test_an_op_only_one_side_has_is_named_at_the_origin():
+    plain, scaled = Plain(), Scaled()
+    scaled.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 4)
+    cmp = tl.compare((plain, x), (scaled, x))
+    assert [cmp.history_b[x].layer_type for x in cmp.unmatched_b] == ["mul"]
+    origin = cmp.first_divergence
+    assert origin.layer_type == "relu" and origin.parents == ["linear_1_1"]
+    assert f"{cmp.unmatched_b[0]} (b)" in origin.note and origin.note in str(cmp)

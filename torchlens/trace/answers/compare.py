@@ -205,6 +205,7 @@ def _rows(
     rows: List[ComparedOp] = []
     by_label: Dict[str, ComparedOp] = {}
     entries: Dict[str, Tuple[TensorLogEntry, TensorLogEntry]] = {}
+    compared_b = {eb.label for _, eb in pairs}
     for ea, eb in pairs:
         parents = [by_label[p] for p in ea.parent_layers if p in by_label]
         d = _rearranged(ea, eb, parents, entries) if shortcut else None
@@ -232,6 +233,10 @@ def _rows(
         row.added = _added(row, parents)
         if row.is_origin:
             row.source = _user_source(ea)
+            alone = [f"{p} (a)" for p in ea.parent_layers if p not in by_label]
+            alone += [f"{p} (b)" for p in eb.parent_layers if p not in compared_b]
+            if alone:  # the difference may come from there
+                row.note = f"it also reads ops not compared (unmatched or not saved): {', '.join(alone)}"
         rows.append(row)
         by_label[ea.label] = row
         entries[ea.label] = (ea, eb)

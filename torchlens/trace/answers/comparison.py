@@ -186,6 +186,8 @@ class Comparison:
             lines.append(f"  at {_where(first.source)}")
         if first.parents:
             lines.append(f"  its matched parents are within tolerance: {', '.join(first.parents[:6])}")
+        if first.note and first.same_shape and not first.exact:
+            lines.append(f"  {first.note}")
         reached = len(self.diverged) - len(origins)
         if reached:
             lines.append(f"  {reached} ops downstream of the origin(s) are beyond tolerance too.")
