@@ -378,3 +378,11 @@ def test_an_op_only_one_side_has_is_named_at_the_origin():
     origin = cmp.first_divergence
     assert origin.layer_type == "relu" and origin.parents == ["linear_1_1"]
     assert f"{cmp.unmatched_b[0]} (b)" in origin.note and origin.note in str(cmp)
+
+
+def test_a_compiled_model_compares_as_its_eager_self_and_says_why():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(2, 4)
+    cmp = tl.compare((model, x), (torch.compile(model), x))
+    assert cmp.matched_by_label and cmp.equal
+    assert any(note.startswith("b: torch.compile") for note in cmp.notes) and "Note: b: torch.compile" in str(cmp)

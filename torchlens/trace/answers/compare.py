@@ -120,6 +120,7 @@ def compare_histories(
     matching = match_histories(a, b)
     _require_shared(a, b, matching)
     pairs, notes = _saved_pairs(matching)
+    notes += [f"{side}: {note}" for side, h in (("a", a), ("b", b)) for note in getattr(h, "notes", ())]
     rows = _rows(pairs, matching.how, tolerance=(rtol, atol, saturation), shortcut=traced_here)
     return Comparison(
         rows=rows,
