@@ -3,10 +3,11 @@
 1. Same structure (the same labels in the same order, each with the same parents): by label.
 2. Otherwise, step by step, each op of ``b`` in execution order:
 
-   * module calls are aligned first: each call's signature is its depth and the sequence of
-     layer types run inside it, and the two sequences of calls are aligned (``difflib``), so
-     ``blk.lin_a`` of a port lines up with ``block.fc1`` of the reference when both run a
-     ``linear`` at the same place; calls left over are paired by depth and order;
+   * module calls are aligned first: each call's signature is the sequence of layer types run
+     inside it, and the two sequences of calls (the model's own forward first) are aligned
+     (``difflib``), so ``blk.lin_a`` of a port lines up with ``block.fc1`` of the reference
+     when both run a ``linear`` at the same place, and ``gpt.h.0`` of a wrapped model with
+     ``h.0``; calls left over are paired by depth and order;
    * along edges: an op whose parents are all matched takes the unmatched child of their
      counterparts with the same layer type and the same parents (the one in the corresponding
      module call first, else the first in execution order);
