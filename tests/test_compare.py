@@ -386,3 +386,17 @@ def test_a_compiled_model_compares_as_its_eager_self_and_says_why():
     cmp = tl.compare((model, x), (torch.compile(model), x))
     assert cmp.matched_by_label and cmp.equal
     assert any(note.startswith("b: torch.compile") for note in cmp.notes) and "Note: b: torch.compile" in str(cmp)
+
+
+def test_import_torchlens_does_not_load_compare():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torchlens as tl\n"
+        "print('torchlens.trace.answers.compare' in sys.modules)\n"
+        "tl.compare, tl.compare_precision\n"
+        "print('torchlens.trace.answers.compare' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    assert out.splitlines() == ["False", "True"]
