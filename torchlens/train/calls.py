@@ -79,7 +79,9 @@ def split_top_level(text: str) -> List[str]:
         >>> split_top_level("64, kernel_size=(3, 3), name='a,b'")
         ['64', 'kernel_size=(3, 3)', "name='a,b'"]
     """
-    parts, depth, quote, current = [], 0, "", []
+    parts: List[str] = []
+    current: List[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -104,7 +106,7 @@ def _positional_names(cls: type) -> List[str]:
     import inspect
 
     try:
-        signature = inspect.signature(cls.__init__)
+        signature = inspect.signature(cls.__init__)  # type: ignore[misc]
     except (TypeError, ValueError):  # a builtin or otherwise unreadable constructor
         return []
     names = []

@@ -22,7 +22,7 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older package name
     try:
-        from pytorch_lightning.callbacks import Callback
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     except ImportError:
         raise ImportError(
             "torchlens.train.lightning needs Lightning: pip install 'torchlens[lightning]' (or pip install lightning)."

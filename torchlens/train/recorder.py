@@ -68,7 +68,7 @@ class StepRecorder:
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
-        self.touched: Dict[int, Tuple[nn.Parameter, List[Tuple[str, str]]]] = {}  # got .grad this backward
+        self.touched: Dict[int, Tuple[torch.Tensor, List[Tuple[str, str]]]] = {}  # got .grad this backward
         self.nested_model_calls = 0  # the model calling itself (with include_model)
         self._module_hooks: list = []
         self._param_hooks: list = []
@@ -227,7 +227,7 @@ class StepRecorder:
 
 
 def _is_lazy(p: torch.Tensor) -> bool:
-    return isinstance(p, nn.parameter.UninitializedTensorMixin)
+    return isinstance(p, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
 
 
 __all__ = ["StepRecorder", "InplaceGradientError", "ModelHook"]

@@ -121,7 +121,7 @@ class Watch:
             for m in model.modules():
                 if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
                     self._inplace_flags.append(m)
-                    m.inplace = False
+                    m.inplace = False  # type: ignore[assignment]
         self._root_hooks.append(model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True))
         self._root_hooks.append(
             model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)

@@ -69,10 +69,10 @@ def read_flags(flags: Sequence[Optional[Flag]]) -> List[Optional[int]]:
         values = torch.stack([v for i in positions for v in flags[i]]).to(torch.float64)
         by_device.setdefault(device, []).append((positions, values))
     for parts in by_device.values():
-        values = torch.cat([v for _, v in parts]).tolist()
+        host = torch.cat([v for _, v in parts]).tolist()
         positions = [i for p, _ in parts for i in p]
         for k, i in enumerate(positions):
-            low, high = values[2 * k], values[2 * k + 1]
+            low, high = host[2 * k], host[2 * k + 1]
             out[i] = (
                 2 if math.isnan(low) or math.isnan(high) else 0 if math.isfinite(low) and math.isfinite(high) else 1
             )

@@ -229,7 +229,7 @@ def _answer(search: _Search, backward: bool) -> NonfiniteReport:
 
 def _nonfinite_state(model: nn.Module) -> Optional[Tuple[str, torch.Tensor]]:
     """The first parameter or buffer (address, value) holding NaN/Inf, read in one transfer."""
-    named = [(a, t) for a, t in model.named_parameters() if not is_lazy(t)]
+    named: List[Tuple[str, torch.Tensor]] = [(a, t) for a, t in model.named_parameters() if not is_lazy(t)]
     named += [(a, t) for a, t in model.named_buffers() if t is not None and not is_lazy(t)]
     flags = read_flags([finite_flag(t) for _, t in named])
     for (address, tensor), flag in zip(named, flags):
@@ -243,7 +243,11 @@ def _default_loss(output: Any) -> Optional[torch.Tensor]:
     parts = [t for _, t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not parts:
         return None
-    return sum(t.float().sum() if t.dtype in (torch.float16, torch.bfloat16) else t.sum() for t in parts)
+    sums = [t.float().sum() if t.dtype in (torch.float16, torch.bfloat16) else t.sum() for t in parts]
+    total = sums[0]
+    for s in sums[1:]:
+        total = total + s
+    return total
 
 
 def _loss(output: Any, loss_fn: Optional[LossFn]) -> Optional[torch.Tensor]:
@@ -268,7 +272,9 @@ def _loss(output: Any, loss_fn: Optional[LossFn]) -> Optional[torch.Tensor]:
 
 def _leaves(model: nn.Module, inputs: Tuple[tuple, dict]) -> List[Tuple[str, torch.Tensor]]:
     """What backward differentiates for: parameters and leaf inputs that require grad."""
-    found = [(a, p) for a, p in model.named_parameters() if p.requires_grad and not is_lazy(p)]
+    found: List[Tuple[str, torch.Tensor]] = [
+        (a, p) for a, p in model.named_parameters() if p.requires_grad and not is_lazy(p)
+    ]
     found += [(f"input.{k}", t) for k, t in tensors_in_call(*inputs) if t.requires_grad and t.is_leaf]
     seen, out = set(), []
     for address, t in found:

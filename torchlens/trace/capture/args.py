@@ -107,6 +107,7 @@ class _ObjectWalk:
         self.visits -= 1
         if depth >= _MAX_DEPTH or self.visits <= 0:
             return
+        items: Iterable[Tuple[Any, Any]]
         if cls is tuple or cls is list:  # the common case first; the depth limit stops cycles
             items, is_object = enumerate(value), False
         elif cls is dict:

@@ -76,7 +76,7 @@ def _make_wrapper(orig: Callable, info: OpInfo) -> Callable:
     torchlens_wrapper.__name__ = getattr(orig, "__name__", info.name)
     torchlens_wrapper.__qualname__ = getattr(orig, "__qualname__", info.name)
     torchlens_wrapper.__doc__ = getattr(orig, "__doc__", None)
-    torchlens_wrapper.__wrapped__ = orig
+    torchlens_wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     return torchlens_wrapper
 
 
@@ -90,7 +90,7 @@ def _make_bool_observer(orig: Callable) -> Callable:
             tracer.on_bool(tensor)
         return orig(tensor)
 
-    torchlens_bool.__wrapped__ = orig
+    torchlens_bool.__wrapped__ = orig  # type: ignore[attr-defined]
     return torchlens_bool
 
 

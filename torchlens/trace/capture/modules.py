@@ -214,7 +214,7 @@ class LazyInitialisation:
                 self.handles.append(module.register_forward_pre_hook(self._before, prepend=True))
                 self.handles.append(module.register_forward_pre_hook(self._after))
 
-    def _before(self, module: nn.Module, args: Any) -> None:
+    def _before(self, module: Any, args: Any) -> None:  # a lazy module (LazyModuleMixin)
         if not module.has_uninitialized_params():
             return
         self.pass_rng = RngState()
@@ -276,7 +276,7 @@ class BufferSnapshot:
                 # appended after the module's own initialising hook (registered when it was built)
                 self.handles.append(module.register_forward_pre_hook(self._created(lazy)))
 
-    def _created(self, lazy: List[torch.Tensor]):
+    def _created(self, lazy: List[Any]):
         def take_values(module: nn.Module, args: Any) -> None:
             if not any(is_lazy(b) for b in lazy):
                 with torch.no_grad():

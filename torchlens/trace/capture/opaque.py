@@ -54,7 +54,7 @@ def _operator_call_wrapper(orig_call: Callable) -> Callable:
         # op(*args) comes back here paused (opaque), and runs the original call
         return tracer.on_call(op, found[1], args, kwargs)
 
-    torchlens_operator_call.__wrapped__ = orig_call
+    torchlens_operator_call.__wrapped__ = orig_call  # type: ignore[attr-defined]
     return torchlens_operator_call
 
 
@@ -110,7 +110,7 @@ def _transform_wrapper(
             out = (out[0], _opaque_function(out[1], _VJP_FN)) + out[2:]
         return out
 
-    torchlens_transform.__wrapped__ = orig
+    torchlens_transform.__wrapped__ = orig  # type: ignore[attr-defined]
     return torchlens_transform
 
 

@@ -3,7 +3,7 @@ written (``output.0``, ``input.x.1``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Tuple
 
 # Functions whose i-th output is computed from the i-th tensor argument only.
 POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
@@ -13,7 +13,7 @@ POSITIONAL_OUTPUTS = frozenset({"broadcast_tensors", "meshgrid", "atleast_1d", "
 # argument positions that feed it): jvp(f, primals, tangents) -> (f(primals), tangents out[, aux]);
 # _pack_padded_sequence(input, lengths) -> (data, batch sizes from the lengths);
 # _pad_packed_sequence(data, batch_sizes, ...) -> (padded, lengths from the batch sizes).
-OUTPUT_PARENTS = {
+OUTPUT_PARENTS: Dict[str, Dict[int, Tuple[Any, ...]]] = {
     "jvp": {0: (0,), 2: (0,)},
     "_pack_padded_sequence": {1: (1, "lengths")},
     "_pad_packed_sequence": {1: (1, "batch_sizes")},

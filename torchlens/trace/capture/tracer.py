@@ -44,7 +44,7 @@ import sys
 import threading
 import weakref
 from time import perf_counter
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -132,7 +132,7 @@ class Tracer:
         self.module_frame_depths: Dict[Tuple[str, int], int] = {}
         # (address, pass) -> [(position in the module's output, record)], for keys like 'lstm:1.0'
         self.module_outputs: Dict[Tuple[str, int], List[Tuple[Any, TensorLogEntry]]] = {}
-        self.caller_frame = None
+        self.caller_frame: Any = None
         self.frames_cache: Optional[tuple] = None
         self.error_context: Optional[str] = None
         self.notes: List[str] = []  # for history.notes
@@ -207,6 +207,7 @@ class Tracer:
             target = args[0] if args else None
         else:
             target = out
+        outputs: List[Tuple[Any, torch.Tensor]]
         if isinstance(target, _Tensor):
             outputs = [(None, target)]
         else:
@@ -373,7 +374,9 @@ class Tracer:
             # business (a tensor subclass's inner values, a cached helper), not a gap in the model.
         return parents, tuple(params)
 
-    def untraced(self, tensor: torch.Tensor, frames: tuple, parents: list = (), reason: str = "") -> TensorLogEntry:
+    def untraced(
+        self, tensor: torch.Tensor, frames: tuple, parents: Sequence[Any] = (), reason: str = ""
+    ) -> TensorLogEntry:
         """A tensor without a record reached a logged operation, a module's output or the
         model's output, and it did not exist before the pass: a call torchlens does not wrap
         made it. It becomes an ``untraced`` node, so the gap is visible (and validation fails

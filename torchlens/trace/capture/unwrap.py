@@ -16,7 +16,7 @@ import operator
 import sys
 import types
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
 
 import torch
 from torch import nn
@@ -154,7 +154,7 @@ def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[frozenset, frozenset]:
     if cached is not None and cached[0] is eval_frame:
         return cached[1]
     pending = [_code(eval_frame, "_TorchDynamoContext")]
-    wrappers = set()
+    wrappers: Set[Any] = set()
     while pending:
         code = pending.pop()
         if code is not None:

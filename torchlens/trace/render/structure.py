@@ -227,15 +227,15 @@ class _Builder:
         node = self.collapsed.get(key)
         if node is None:
             address, pass_num = key[-1]
-            module = CollapsedModule(
+            made = CollapsedModule(
                 address, pass_num, self.history.modules.types.get(address, "?"), self.module_passes(address)
             )
             node = Node(
-                _node_id(f"module.{address}" + ("" if pass_num is None else f".pass{pass_num}")), module, key[:-1]
+                _node_id(f"module.{address}" + ("" if pass_num is None else f".pass{pass_num}")), made, key[:-1]
             )
             self.place(node)
             self.collapsed[key] = node
-        module = node.item
+        module: CollapsedModule = node.item  # type: ignore[assignment]  # the node of a collapsed key
         module.members.append(item.label)
         if item.kind == "op":
             module.num_ops += 1
@@ -246,7 +246,7 @@ class _Builder:
     def collapsed_outputs(self) -> None:
         by_module: Dict[Tuple[str, Optional[int]], CollapsedModule] = {}
         for key, node in self.collapsed.items():
-            by_module.setdefault(key[-1], node.item)
+            by_module.setdefault(key[-1], node.item)  # type: ignore[arg-type]  # the node of a collapsed key
         if not by_module:
             return
         for e in self.history.layer_list:
@@ -319,8 +319,10 @@ class _Builder:
         if isinstance(item, CollapsedModule):
             return False
         entries = item.passes if isinstance(item, RolledLayer) else [item]
-        return any(
-            (a, None if self.rolled else int(p)) == module for e in entries for a, p in e.output_of_modules or ()
+        return any(  # a group of tensors or a junction is no module's output
+            (a, None if self.rolled else int(p)) == module
+            for e in entries
+            for a, p in getattr(e, "output_of_modules", None) or ()
         )
 
     # ----- edges --------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ class Encoder:
             return {
                 "t": "namedtuple",
                 "name": cls.__name__,
-                "fields": list(value._fields),
+                "fields": list(getattr(value, "_fields")),  # noqa: B009 - tuple has no _fields to the checker
                 "v": [self.value(v, depth + 1) for v in value],
             }
         if cls is dict:

@@ -73,7 +73,7 @@ class Catalog:
     def runs_json(self) -> dict:
         runs = []
         for run_id in self.run_ids():
-            entry = {
+            entry: Dict[str, Any] = {
                 "id": run_id,
                 "name": os.path.basename(os.path.join(self.root, run_id).rstrip("/.")) or os.path.basename(self.root),
             }

@@ -14,7 +14,7 @@ _POINTS = 72.0
 
 def graph_nodes(call: Call, calls: Dict[str, Call]) -> List[dict]:
     """The nodes of ``call``'s inside: its inputs, one per child call, its outputs."""
-    nodes = [{"id": name, "kind": "input", "label": name, "shape": shape} for name, shape in call.inputs]
+    nodes: List[dict] = [{"id": name, "kind": "input", "label": name, "shape": shape} for name, shape in call.inputs]
     for cid in call.children:
         child = calls.get(cid)
         if child is None:

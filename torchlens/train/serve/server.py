@@ -311,7 +311,7 @@ class RunServer:
         if self.token.strip(_TOKEN_CHARS):  # it goes into a URL and a cookie as it is
             raise ValueError(f"the token may hold only letters, digits and '._~-', not {token!r}.")
         sock = bind(host, port) if sock is None else sock
-        self.handler = type(
+        self.handler: Any = type(
             "Handler",
             (_Handler,),
             {

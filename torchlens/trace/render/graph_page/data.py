@@ -249,7 +249,7 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
     layer_of = {e.label: e.layer_label for e in entries}
     builder = _ViewBuilder(history)
     groups = tensor_groups(entries)
-    nodes = []
+    nodes: List[Dict[str, Any]] = []
     for i, (label, passes) in enumerate(layers.items()):
         if passes[0].label in groups:
             builder.place_in_group(i, groups[passes[0].label])
@@ -271,10 +271,11 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
                 continue
             slot = edge_passes.setdefault((layer_index[layer_of[p]], head), {"passes": [], "pos": _position_text(e, p)})
             slot["passes"].append(e.pass_num or 1)
-    edges, parents = [], [[] for _ in nodes]
+    edges: List[list] = []
+    parents: List[List[int]] = [[] for _ in nodes]
     for (tail, head), slot in edge_passes.items():
         text = slot["pos"]
-        total = nodes[head]["passes"]
+        total = int(nodes[head]["passes"])
         if total > 1 and len(set(slot["passes"])) < total:
             text = ", ".join(t for t in (text, passes_text(sorted(set(slot["passes"])))) if t)
         edges.append([tail, head, text])
