@@ -46,6 +46,9 @@ class Series:
     min: np.ndarray  # (n,) smallest value kept (nan: no finite value)
     max: np.ndarray
     nonfinite: np.ndarray  # (n,) nan/inf values seen in the sample
+    # why a series has no values (e.g. "no gradient: this call's output is not differentiable");
+    # None once it has any, and in runs written before reasons were stored
+    reason: Optional[str] = None
 
 
 class Run:
@@ -87,6 +90,8 @@ class Run:
         self.model_name: str = meta.get("model", "")
         self.options: dict = json.loads(meta.get("options", "{}"))
         self.bins = int(meta["bins"])
+        columns = [r[1] for r in self._query("PRAGMA table_info(series)")]
+        self._has_reason = "reason" in columns  # runs written before have no reasons
 
     def _meta(self, wait: float = 5.0) -> dict:
         """The meta table; a database with no tables yet is a run being created: wait for it."""
@@ -178,7 +183,10 @@ class Run:
         step (what a live view needs to catch up)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
-        found = self._query("SELECT id FROM series WHERE call_id = ? AND kind = ? AND name = ?", (call_id, kind, name))
+        found = self._query(
+            f"SELECT id, {'reason' if self._has_reason else 'NULL'} FROM series WHERE call_id = ? AND kind = ? AND name = ?",
+            (call_id, kind, name),
+        )
         if not found:
             raise KeyError(self._unknown_series(call_id, kind, name))
         sql = (
@@ -205,6 +213,7 @@ class Run:
             min=lo,
             max=hi,
             nonfinite=np.array([r[5] for r in rows], np.int64),
+            reason=found[0][1],
         )
 
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:

@@ -4,25 +4,68 @@ parameters, on the tensors' device, and keep them until the step is written.
 Module hooks live only during a logged forward pass; gradient hooks are tensor hooks (not full
 backward hooks), so in-place operations such as ``ReLU(inplace=True)`` and ``out += identity``
 are fine: a hook registered before an in-place change receives the gradient of the value it
-saw. No hook returns anything, so backward computes exactly what it would without them, and
-every hook is removed when its step ends (a leaf tensor such as a parameter passed to a child
-module would otherwise keep one more hook per logged step). Parameter gradients are read when
-a backward pass has ended (``collect_param_grads``), not while it runs: DistributedDataParallel
+saw. No gradient hook returns anything, so backward computes exactly what it would without
+them, and every hook is removed when its step ends. Parameter gradients are read when a
+backward pass has ended (``collect_param_grads``), not while it runs: DistributedDataParallel
 averages ``.grad`` at the very end of backward.
+
+An input's gradient is what the call sends back into it, not the input's total gradient (a
+tensor that also feeds a skip gets gradient from both): the forward pre-hook hands the call its
+own alias of each input that requires grad (``x.view_as(x)``, one per distinct tensor, so
+``query is key`` stays true), and the hook on the alias sees only this call's uses. When the
+call changes its alias in place (``ReLU(inplace=True)``), autograd routes the later uses
+through the in-place op's node on the alias's base: that node's gradient for the old base,
+plus what reached the alias before the change, is the call's share, summed when the base's old
+node is about to run. The model's own floating inputs that do not require grad get an alias
+that does (a copy of a detached leaf; the user's tensor is untouched), unless ``input_grads``
+is off. A gradient series without values gets a reason (``REASONS``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
 
 from ..errors import TorchlensError
-from .calls import Call, call_id, input_tensors, module_info, output_tensors
+from ..trace.observe import tensors_in_call
+from .calls import Call, _dotted, call_id, input_tensors, module_info, output_tensors
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
+
+NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
+NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
+INPUT_GRADS_OFF = "no gradient: input does not require grad and input gradients are off"
+NO_REQUIRES_GRAD = "no gradient: this input does not require grad"
+NOT_FLOAT = "no gradient: not a floating-point tensor"
+NOT_REACHED = "no gradient: no backward pass reached it in this step"
+NOT_REBUILT = "no gradient: the input sits in a container torchlens cannot copy, so it gets no alias"
+REASONS = (NOT_DIFFERENTIABLE, NO_OUTPUT, INPUT_GRADS_OFF, NO_REQUIRES_GRAD, NOT_FLOAT, NOT_REACHED, NOT_REBUILT)
+
+
+class _Alias:
+    """One call's alias of one input tensor, and what is needed to follow in-place changes."""
+
+    __slots__ = ("tensor", "keys", "base", "old_fn", "version", "geometry", "part", "split")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.keys: List[Key] = []
+        self.base = tensor._base  # None for the copy made for a model input
+        self.old_fn = self.base.grad_fn if self.base is not None else None
+        self.version = tensor._version
+        base = self.base
+        full = base is None or (
+            base.shape == tensor.shape
+            and base.stride() == tensor.stride()
+            and base.storage_offset() == tensor.storage_offset()
+        )
+        self.geometry = None if full else (tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+        self.part: Optional[torch.Tensor] = None  # the gradient summed so far, when it comes in parts
+        self.split = False  # the call changed the alias in place: its gradient comes in parts
 
 
 class ModelHook:
@@ -34,9 +77,10 @@ class ModelHook:
     def __init__(self, target: Optional[Callable]) -> None:
         self.target = target
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.target is not None:
-            self.target(*args, **kwargs)
+            return self.target(*args, **kwargs)  # a pre-hook may hand the call new arguments
+        return None
 
     def __deepcopy__(self, memo: dict) -> "ModelHook":
         return ModelHook(None)
@@ -53,9 +97,15 @@ class StepRecorder:
     """Collects the samples of one logged step (one or several forward passes, then backward)."""
 
     def __init__(
-        self, model: nn.Module, kinds: Set[str], sampler: Sampler, ignore_io_grad_classes: Tuple[type, ...]
+        self,
+        model: nn.Module,
+        kinds: Set[str],
+        sampler: Sampler,
+        ignore_io_grad_classes: Tuple[type, ...],
+        input_grads: bool = True,
     ) -> None:
         self.model = model
+        self.input_grads = input_grads
         self.addresses = {id(m): a for a, m in model.named_modules()}
         self.kinds = kinds
         self.sampler = sampler
@@ -68,6 +118,9 @@ class StepRecorder:
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
+        self.frames: List[List[_Alias]] = []  # the aliases of each running call (parallel to stack)
+        self.reasons: Dict[Key, str] = {}  # why a gradient series may get no values this step
+        self.split: List[_Alias] = []  # aliases whose gradient comes in parts (changed in place)
         self.touched: Dict[int, Tuple[torch.Tensor, List[Tuple[str, str]]]] = {}  # got .grad this backward
         self.nested_model_calls = 0  # the model calling itself (with include_model)
         self._module_hooks: list = []
@@ -82,6 +135,7 @@ class StepRecorder:
         them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
+        self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
         for address, module in self.model.named_modules():
@@ -95,7 +149,7 @@ class StepRecorder:
     def begin_forward(self, include_model: bool = False) -> None:
         """Hooks on every module for one forward pass (the model itself is called directly by
         the watch, unless ``include_model``)."""
-        self.counts, self.stack, self.nested_model_calls = {}, [], 0
+        self.counts, self.stack, self.frames, self.nested_model_calls = {}, [], [], 0
         for module in self.model.modules():
             if module is self.model and not include_model:
                 continue
@@ -113,6 +167,7 @@ class StepRecorder:
         """At the end of a backward pass: sample the ``.grad`` of each parameter it reached (a
         later backward of the same step replaces it). True if it reached any."""
         touched, self.touched = self.touched, {}
+        self._flush_split()
         if "params_grad" in self.kinds:
             for p, owners in touched.values():
                 sample = self.sampler.values(p.grad) if p.grad is not None else None
@@ -121,9 +176,10 @@ class StepRecorder:
                         self.param_grads[owner] = sample
         return bool(touched)
 
-    def end_step(self) -> Tuple[List[Key], List[torch.Tensor]]:
-        """The step's samples, one per series (several forwards of one step are overlaid)."""
-        if self.touched:  # a backward pass whose end was not seen (it raised)
+    def end_step(self) -> Tuple[List[Key], List[torch.Tensor], Dict[Key, str]]:
+        """The step's samples, one per series (several forwards of one step are overlaid), and
+        the reasons of the gradient series that got no values."""
+        if self.touched or self.split:  # a backward pass whose end was not seen (it raised)
             self.collect_param_grads()
         for h in self._param_hooks + self._tensor_hooks:
             h.remove()
@@ -135,22 +191,25 @@ class StepRecorder:
         for key, parts in self.pending.items():
             keys.append(key)
             samples.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+        reasons = {k: r for k, r in self.reasons.items() if k not in self.pending}
         self.step = None
-        self.pending, self.param_grads = {}, {}
-        return keys, samples
+        self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
+        return keys, samples, reasons
 
     def take_new_calls(self) -> List[Call]:
         calls, self.new_calls = self.new_calls, []
         return calls
 
     # ----- hooks --------------------------------------------------------------------------
-    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        """Record the call's inputs; returns the arguments with the call's own aliases of its
+        inputs (None: unchanged)."""
         address = self.addresses.get(id(module))
         if address is None or not self.gate():
-            return
+            return None
         if module is self.model and self.stack:  # part of the running pass, as in the traced graph
             self.nested_model_calls += 1
-            return
+            return None
         n = self.counts.get(address, 0) + 1
         self.counts[address] = n
         cid = call_id(address, n)
@@ -161,11 +220,59 @@ class StepRecorder:
         if cid not in seen:
             seen.append(cid)
         self.stack.append(cid)
-        self._tensors(module, cid, input_tensors(args, kwargs))
+        frame: List[_Alias] = []
+        self.frames.append(frame)
+        if "io" in self.kinds:
+            for name, t in input_tensors(args, kwargs):
+                self._add((cid, "io", name), self.sampler.values(t))
         if "params" in self.kinds:
             for name, p in module._parameters.items():
                 if p is not None and not _is_lazy(p):
                     self._add((cid, "params", name), self.sampler.values(p))
+        if "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad):
+            return self._alias_inputs(module, cid, (args, kwargs), frame)
+        return None
+
+    def _alias_inputs(self, module: nn.Module, cid: str, call: Tuple[tuple, dict], frame: List[_Alias]) -> Any:
+        """Give the call its own alias of each input that can carry a gradient, hooked."""
+        root = module is self.model and len(self.stack) == 1
+        made: Dict[int, _Alias] = {}  # id(input) -> its alias: the same tensor gets the same alias
+        swaps: List[Tuple[Any, torch.Tensor]] = []
+        for position, t in tensors_in_call(*call):
+            key = (cid, "io_grad", f"input {_dotted(position)}")
+            entry = made.get(id(t))
+            if entry is None:
+                if not (t.is_floating_point() or t.is_complex()):
+                    self.reasons[key] = NOT_FLOAT
+                    continue
+                if t.requires_grad:
+                    try:
+                        alias = t.view_as(t)
+                    except RuntimeError as error:  # a view whose base changed in place
+                        raise _hook_error(module, cid, key[2], error) from error
+                elif root and self.input_grads:  # the data: a copy that requires grad, not the user's tensor
+                    alias = t.detach().requires_grad_().clone()  # a leaf could not be changed in place
+                else:
+                    self.reasons[key] = INPUT_GRADS_OFF if root else NO_REQUIRES_GRAD
+                    continue
+                entry = made[id(t)] = _Alias(alias)
+            entry.keys.append(key)
+            swaps.append((position, entry.tensor))
+        if not swaps:
+            return None
+        try:
+            replaced = _substitute(call, swaps)
+        except Exception:  # a container type that cannot be copied: no alias, and say so
+            for entry in made.values():
+                for key in entry.keys:
+                    self.reasons[key] = NOT_REBUILT
+            return None
+        for entry in made.values():
+            frame.append(entry)
+            for key in entry.keys:
+                self.reasons[key] = NOT_REACHED  # until a gradient comes
+            self._tensor_hooks.append(entry.tensor.register_hook(self._alias_recorder(entry, self.step)))
+        return replaced
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self.addresses.get(id(module)) is None or not self.stack or not self.gate():
@@ -174,8 +281,45 @@ class StepRecorder:
             self.nested_model_calls -= 1
             return
         cid = self.stack.pop()
-        if output is not None:
-            self._tensors(module, cid, output_tensors(output))
+        frame = self.frames.pop() if self.frames else []
+        outputs = output_tensors(output) if output is not None else []
+        self._tensors(module, cid, outputs)
+        if not frame:
+            return
+        if not any(t.requires_grad for _, t in outputs):  # nothing for backward to come back through
+            reason = NOT_DIFFERENTIABLE if outputs else NO_OUTPUT
+            for entry in frame:
+                for key in entry.keys:
+                    self.reasons[key] = reason
+            return
+        for entry in frame:
+            if entry.base is not None and entry.tensor._version != entry.version:
+                self._follow_inplace(entry)
+
+    def _follow_inplace(self, entry: _Alias) -> None:
+        """The call changed its alias in place: the base's history now runs through the in-place
+        op's node; its gradient for the base's old value is (most of) the call's share."""
+        node, newer = entry.base.grad_fn, None
+        while node is not None and node is not entry.old_fn:
+            newer = node
+            node = node.next_functions[0][0] if node.next_functions else None
+        if node is None or newer is None:  # no in-place op that autograd saw (e.g. under no_grad)
+            return
+        entry.split = True
+        self.split.append(entry)
+        step = self.step
+
+        def from_base(grad_inputs: tuple, grad_outputs: tuple) -> None:
+            if self.step == step and grad_inputs and grad_inputs[0] is not None:
+                self.on_gradient()
+                self._add_part(entry, _region(grad_inputs[0], entry))
+
+        def done(grad_outputs: tuple) -> None:  # every part has arrived when the old node runs
+            if self.step == step:
+                self._flush(entry)
+
+        self._tensor_hooks.append(newer.register_hook(from_base))
+        self._tensor_hooks.append(node.register_prehook(done))
 
     def attach(self, module: nn.Module, name: str, tensor: torch.Tensor) -> None:
         address = self.addresses.get(id(module))
@@ -189,20 +333,20 @@ class StepRecorder:
         self._tensors(module, cid, [(name, tensor)])
 
     def _tensors(self, module: nn.Module, cid: str, named: List[Tuple[str, torch.Tensor]]) -> None:
+        """Outputs (and attached tensors): their gradient is what arrives at them."""
         want_io = "io" in self.kinds
         want_grad = "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad)
         for name, t in named:
             if want_io:
                 self._add((cid, "io", name), self.sampler.values(t))
-            if want_grad and t.requires_grad:
+            if want_grad and not t.requires_grad:
+                self.reasons[(cid, "io_grad", name)] = NOT_DIFFERENTIABLE
+            elif want_grad:
+                self.reasons[(cid, "io_grad", name)] = NOT_REACHED
                 try:
                     handle = t.register_hook(self._norm_recorder((cid, "io_grad", name), self.step))
                 except RuntimeError as error:
-                    raise InplaceGradientError(
-                        f"torchlens.train: cannot record the gradient of {name} of call '{cid}' "
-                        f"({type(module).__name__}): {str(error).rstrip('.')}. Pass disable_inplace=True to tl.watch, or "
-                        f"ignore_io_grad_classes=[{type(module).__name__}] to skip io gradients of that class."
-                    ) from error
+                    raise _hook_error(module, cid, name, error) from error
                 self._tensor_hooks.append(handle)
 
     def _add(self, key: Key, sample: Optional[torch.Tensor]) -> None:
@@ -217,6 +361,35 @@ class StepRecorder:
 
         return record
 
+    def _alias_recorder(self, entry: _Alias, step: Optional[int]) -> Callable:
+        def record(grad: torch.Tensor) -> None:
+            if self.step != step or grad is None:
+                return
+            self.on_gradient()
+            if entry.split:  # what reached the alias before the in-place change: one part
+                self._add_part(entry, grad)
+                return
+            sample = self.sampler.sample_norms(grad)
+            for key in entry.keys:
+                self._add(key, sample)
+
+        return record
+
+    def _add_part(self, entry: _Alias, grad: torch.Tensor) -> None:
+        g = grad.detach()
+        entry.part = g if entry.part is None else entry.part + g
+
+    def _flush(self, entry: _Alias) -> None:
+        if entry.part is not None:
+            sample = self.sampler.sample_norms(entry.part)
+            entry.part = None
+            for key in entry.keys:
+                self._add(key, sample)
+
+    def _flush_split(self) -> None:
+        for entry in self.split:
+            self._flush(entry)
+
     def _grad_recorder(self, owners: List[Tuple[str, str]], step: int) -> Callable:
         def record(param: torch.Tensor) -> None:
             if self.step == step:
@@ -226,8 +399,52 @@ class StepRecorder:
         return record
 
 
+def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:
+    cls = type(module).__name__
+    return InplaceGradientError(
+        f"torchlens.train: cannot record the gradient of {name} of call '{cid}' ({cls}): "
+        f"{str(error).rstrip('.')}. Pass disable_inplace=True to tl.watch, or "
+        f"ignore_io_grad_classes=[{cls}] to skip io gradients of that class."
+    )
+
+
+def _region(grad: torch.Tensor, entry: _Alias) -> torch.Tensor:
+    """The part of a gradient of the alias's base that belongs to the alias."""
+    if entry.geometry is None:
+        return grad
+    base = entry.base
+    if grad.stride() != base.stride():
+        grad = torch.empty_strided(base.shape, base.stride(), dtype=grad.dtype, device=grad.device).copy_(grad)
+    size, stride, offset = entry.geometry
+    return grad.as_strided(size, stride, grad.storage_offset() + offset - base.storage_offset())
+
+
+def _substitute(call: Tuple[tuple, dict], swaps: List[Tuple[Any, torch.Tensor]]) -> Tuple[tuple, dict]:
+    """``(args, kwargs)`` with the tensor at each position swapped; containers on the way are
+    copied (the caller's lists and dicts stay as they were)."""
+    args, kwargs = list(call[0]), dict(call[1])
+    for position, tensor in swaps:
+        path = position if isinstance(position, tuple) else (position,)
+        top = args if isinstance(path[0], int) else kwargs
+        top[path[0]] = _replaced(top[path[0]], path[1:], tensor)  # type: ignore[index]
+    return tuple(args), kwargs
+
+
+def _replaced(value: Any, path: tuple, tensor: torch.Tensor) -> Any:
+    if not path:
+        return tensor
+    inner = _replaced(value[path[0]], path[1:], tensor)
+    if isinstance(value, tuple):
+        items = list(value)
+        items[path[0]] = inner
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    new = copy.copy(value)  # list, dict and their subclasses
+    new[path[0]] = inner
+    return new
+
+
 def _is_lazy(p: torch.Tensor) -> bool:
     return isinstance(p, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
 
 
-__all__ = ["StepRecorder", "InplaceGradientError", "ModelHook"]
+__all__ = ["StepRecorder", "InplaceGradientError", "ModelHook", "REASONS"]

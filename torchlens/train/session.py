@@ -56,6 +56,7 @@ class Watch:
         manual_steps: bool = False,
         tensorboard_writer: Any = None,
         wandb_html_every: int = 50,
+        input_grads: bool = True,
     ) -> None:
         self.model = model
         self.log_freq = log_freq
@@ -83,9 +84,8 @@ class Watch:
         self._depth = 0  # calls of the model in progress (it may call itself)
         self._markers: list = []  # gradient hooks on the model's outputs
         self._steps_written = 0
-        self.recorder = StepRecorder(
-            model, self.kinds, Sampler(sample_n, seed=random.SystemRandom().randrange(2**31)), ignore_io_grad_classes
-        )
+        sampler = Sampler(sample_n, seed=random.SystemRandom().randrange(2**31))
+        self.recorder = StepRecorder(model, self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads)
         self.recorder.gate = lambda: self._tracing is None and self._training()
         self.recorder.on_gradient = self._gradient_arrived
         options = {
@@ -95,6 +95,7 @@ class Watch:
             "reject_outlier_proportion": reject_outlier_proportion,
             "disable_inplace": disable_inplace,
             "delay_log_multibackward": delay_log_multibackward,
+            "input_grads": input_grads,
         }
         try:
             if "standalone" in backends:
@@ -164,22 +165,23 @@ class Watch:
         return f"<torchlens watch of {type(self.model).__name__}: {state}, run_dir={self.run_dir!r}>"
 
     # ----- the model's hooks ----------------------------------------------------------------
-    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         if self._tracing is not None:
-            return  # the metadata pass
+            return None  # the metadata pass
         self._depth += 1
         if self._depth > 1 or not self._training():
-            return  # the model calling itself is part of the running pass; evaluation logs nothing
+            return None  # the model calling itself is part of the running pass; evaluation logs nothing
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
             if self._logging and not self._graph_done:
                 self._trace_graph(args, kwargs)
-            return
+            return None
         if not (self.delay and self._step is not None and not self._backward_seen):
             self._start_step(self._next_step, (args, kwargs))
         if self._logging:
             self.recorder.begin_forward()
             self._forward_active = True
-            self.recorder.pre(module, args, kwargs)
+            return self.recorder.pre(module, args, kwargs)  # the call's aliases of its inputs
+        return None
 
     def _training(self) -> bool:
         return self.model.training and torch.is_grad_enabled()
@@ -304,12 +306,12 @@ class Watch:
         self._step, self._logging = None, False
         if step is None or not logging or self._writer is None:
             return
-        keys, samples = self.recorder.end_step()
+        keys, samples, reasons = self.recorder.end_step()
         new_calls = self.recorder.take_new_calls()
         if new_calls:
             self._writer.add_calls(new_calls)
         h = histograms(samples, self.reject)
-        self._writer.write_step(step, keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite)
+        self._writer.write_step(step, keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=reasons)
         self._steps_written += 1
         for backend in self.backends:
             backend.log_step(step, keys, h, self.run_dir)
@@ -418,6 +420,7 @@ def watch(
     tensorboard_writer: Any = None,
     wandb_html_every: int = 50,
     manual_steps: bool = False,
+    input_grads: bool = True,
 ) -> Union[Watch, _Inactive]:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
@@ -429,7 +432,11 @@ def watch(
             mode with gradients enabled), the first one included. A logged step is written to
             the run when the next step starts (or at ``flush()``/``close()``), with every
             backward pass through its forward: ``params_grad`` is ``.grad`` after the last one.
-        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``.
+        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``. ``io_grad`` of
+            an input is the gradient this call sends back into it (not the input's total
+            gradient, which also holds what its other consumers, e.g. a skip, send back); of an
+            output, the gradient that arrives at it. A series without values says why
+            (``Series.reason``).
         backend: one name or several: ``'standalone'`` serves the explorer page at
             ``http://localhost:port`` from a process of its own (page loads cost training
             nothing; it ends with the watch or the training process); ``'wandb'`` logs into
@@ -454,6 +461,10 @@ def watch(
             training step does not call the model itself, or to count optimizer steps) and are
             written when the next one begins, with all their backward passes; otherwise each
             training forward pass of the model is a step.
+        input_grads: record the gradient of the model's own floating inputs (the data) also
+            when they do not require grad: on logged steps the model gets an alias of each that
+            requires grad (your tensor keeps ``requires_grad=False``); this adds the first
+            layers' input-gradient work to a logged step's backward. False: no such strips.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -516,6 +527,7 @@ def watch(
         manual_steps=manual_steps,
         tensorboard_writer=tensorboard_writer,
         wandb_html_every=wandb_html_every,
+        input_grads=bool(input_grads),
     )
 
 

@@ -3,7 +3,8 @@ read by the page and ``tl.open_run`` at the same time (WAL mode).
 
 Tables: ``meta`` (format, model, options, status, and the writer's ``pid``, ``host`` and
 ``heartbeat``, the time of its last sign of life), ``calls`` (the module-call graph, one JSON row per
-call), ``series`` (one row per (call, kind, name)), ``columns`` (one histogram per series and
+call), ``series`` (one row per (call, kind, name), with the ``reason`` a gradient series has no
+values while it has none; runs written before have no such column), ``columns`` (one histogram per series and
 column) and ``steps`` (the logged training steps).
 
 The writer's heartbeat is renewed with every logged step and by a timer every ``HEARTBEAT_S``
@@ -38,7 +39,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS series (
-    id INTEGER PRIMARY KEY, call_id TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+    id INTEGER PRIMARY KEY, call_id TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL, reason TEXT,
     UNIQUE (call_id, kind, name));
 CREATE TABLE IF NOT EXISTS columns (
     series_id INTEGER NOT NULL, slot INTEGER NOT NULL, step INTEGER NOT NULL, last_step INTEGER NOT NULL,
@@ -69,6 +70,8 @@ class RunWriter:
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
+        self.reason_of: Dict[int, Optional[str]] = {}  # series id -> its stored reason
+        self.has_values: set = set()  # series ids that got values (their reason is gone for good)
         self.num_calls = 0
         meta = {
             "format": FORMAT,
@@ -139,8 +142,10 @@ class RunWriter:
         lo: np.ndarray,
         hi: np.ndarray,
         nonfinite: np.ndarray,
+        reasons: Optional[Dict[Tuple[str, str, str], str]] = None,
     ) -> None:
-        """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction."""
+        """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction;
+        ``reasons``: why the series named there got no values in this step."""
         ordinal = self.num_logged
         if ordinal // self.stride >= self.max_columns:
             self._compact()
@@ -171,7 +176,20 @@ class RunWriter:
             self.db.executemany("INSERT OR REPLACE INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", fresh)
             for row in merged:
                 self._merge_into(row)
+            self._set_reasons([(self._series_id(k), None) for k in keys])
+            self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
         self.num_logged += 1
+
+    def _set_reasons(self, pairs: List[Tuple[int, Optional[str]]]) -> None:
+        """Store each series' reason when it changes; a series that has had values keeps none."""
+        for sid, reason in pairs:
+            if reason is None:
+                self.has_values.add(sid)
+            elif sid in self.has_values:
+                continue
+            if self.reason_of.get(sid) != reason:
+                self.db.execute("UPDATE series SET reason = ? WHERE id = ?", (reason, sid))
+                self.reason_of[sid] = reason
 
     def _merge_into(self, row: tuple) -> None:
         sid, slot, step = row[0], row[1], row[2]

@@ -1,0 +1,276 @@
+"""io_grad of a call's input is what that call sends back into it (its grad_input), not the
+input's total gradient; the data gets a gradient strip through an alias; a gradient series
+without values says why; training stays bitwise the same."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.web.stats import histograms
+
+
+def quiet_watch(model, folder, **options):
+    options.setdefault("backend", None)
+    options.setdefault("sample_n", None)  # every value: histograms compare exactly
+    options.setdefault("reject_outlier_proportion", 0.0)
+    return tl.watch(model, run_dir=str(folder), verbose=False, **options)
+
+
+def norms(grad: torch.Tensor) -> torch.Tensor:
+    """Per-sample L2 norms, as the gradient strips hold them."""
+    return grad.detach().reshape(grad.shape[0], -1).norm(dim=1)
+
+
+def assert_strip_holds(series, expected: torch.Tensor) -> None:
+    """The one column of ``series`` is the histogram of ``expected`` (a 1-d tensor)."""
+    want = histograms([expected.float()], 0.0)
+    assert series.steps.tolist() == [0]
+    np.testing.assert_allclose(series.min, want.lo, rtol=1e-5)
+    np.testing.assert_allclose(series.max, want.hi, rtol=1e-5)
+    assert series.counts.sum() == expected.numel()
+    assert np.array_equal(series.counts, want.counts)
+
+
+class Block(nn.Module):
+    """Two inputs; with ``inplace`` it changes its first input in place after reading it."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.inplace = inplace
+
+    def forward(self, x, y):
+        out = self.a(y) * (x * 2)  # reads x in a way whose backward does not need x itself
+        if self.inplace:
+            x.relu_()
+            return out + x
+        return out + x.relu()
+
+
+class Skip(nn.Module):
+    """``h`` feeds the block twice (directly and through tanh) and a skip around it."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+        self.blk = Block(inplace)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.lin(x)
+        skip = h * 3
+        return self.head(self.blk(h, torch.tanh(h)) + skip)
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def by_hand(model: Skip, x: torch.Tensor):
+    """On a copy: the block's grad_input (autograd w.r.t. leaves standing in for its inputs)
+    and the total gradient of ``h`` (the block's first input)."""
+    twin = copy.deepcopy(model)
+    leaves, total = [], []
+
+    def pre(module, args):
+        leaves[:] = [a.detach().requires_grad_() for a in args]
+        return tuple(leaf.clone() for leaf in leaves)  # a clone: the block may change it in place
+
+    twin.blk.register_forward_pre_hook(pre)
+    share = torch.autograd.grad(loss_of(twin(x)), leaves)
+
+    twin2 = copy.deepcopy(model)
+
+    def keep_total(module, args, out):  # registered before the block can change h in place
+        out.register_hook(total.append)
+
+    twin2.lin.register_forward_hook(keep_total)
+    loss_of(twin2(x)).backward()
+    return share, total[0]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["plain", "inplace"])
+def test_input_gradient_is_what_the_call_sends_back_not_the_total(tmp_path, inplace):
+    torch.manual_seed(0)
+    model = Skip(inplace)
+    x = torch.randn(6, 3)
+    share, total = by_hand(model, x)
+    assert not torch.allclose(norms(share[0]), norms(total), rtol=1e-3)  # the skip makes them differ
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("blk:1", "io_grad", "input 0"), norms(share[0]))
+    assert_strip_holds(run.series("blk:1", "io_grad", "input 1"), norms(share[1]))
+    # the output of lin is h itself: what arrives there is the total
+    assert_strip_holds(run.series("lin:1", "io_grad", "output 0"), norms(total))
+
+
+def test_inplace_relu_module_input_gradient(tmp_path):
+    """A ReLU(inplace=True) module changes its whole input: its share is the ReLU's grad_input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    twin = copy.deepcopy(model)
+    h = twin[0](x)
+    after = torch.relu(h)
+    grad_after = torch.autograd.grad(loss_of(twin[2](after)), after, retain_graph=True)[0]
+    expected = torch.autograd.grad(after, h, grad_after)[0]
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("1:1", "io_grad", "input 0"), norms(expected))
+    assert_strip_holds(run.series("1:1", "io_grad", "output 0"), norms(grad_after))
+
+
+class Quantize(nn.Module):
+    def forward(self, x):
+        return x.round().long()  # stops the gradient
+
+
+class StopsGradient(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+        self.quant = Quantize()
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h + self.quant(h).float()  # h also reaches the loss around the quantizer
+
+
+def test_a_call_that_stops_the_gradient_has_no_input_gradient_and_says_why(tmp_path):
+    torch.manual_seed(0)
+    model = StopsGradient()
+    w = quiet_watch(model, tmp_path / "run")
+    for _ in range(2):
+        loss_of(model(torch.randn(5, 3))).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    for name in ("input 0", "output 0"):
+        s = run.series("quant:1", "io_grad", name)
+        assert s.steps.tolist() == [] and s.counts.shape[0] == 0
+        assert s.reason == "no gradient: this call's output is not differentiable"
+    lin = run.series("lin:1", "io_grad", "output 0")
+    assert lin.steps.tolist() == [0, 1] and lin.reason is None
+
+
+def test_the_data_gets_a_gradient_strip(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(7, 3)
+    leaf = x.clone().requires_grad_()
+    expected = torch.autograd.grad(loss_of(copy.deepcopy(model)(leaf)), leaf)[0]
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    assert not x.requires_grad and x.grad is None  # the user's batch is untouched
+    assert all(p.grad is not None for p in model.parameters())
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("", "io_grad", "input 0"), norms(expected))
+    assert_strip_holds(run.series("0:1", "io_grad", "input 0"), norms(expected))
+    assert run.options["input_grads"] is True
+
+
+def test_input_grads_off_says_why(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    w = quiet_watch(model, tmp_path / "run", input_grads=False)
+    loss_of(model(torch.randn(4, 3))).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    s = run.series("", "io_grad", "input 0")
+    assert s.steps.tolist() == []
+    assert s.reason == "no gradient: input does not require grad and input gradients are off"
+    assert run.series("0:1", "io_grad", "input 0").reason == "no gradient: this input does not require grad"
+    assert run.series("1:1", "io_grad", "input 0").steps.tolist() == [0]
+
+
+def test_the_same_tensor_twice_stays_the_same_tensor(tmp_path):
+    """One alias per distinct tensor: ``query is key`` checks inside the call still hold."""
+    seen = []
+
+    class SelfAttention(nn.Module):
+        def forward(self, q, k):
+            seen.append(q is k)
+            return q * k
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.attn = SelfAttention()
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.attn(h, h)
+
+    model = Net()
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(torch.randn(4, 3))).backward()
+    w.close()
+    assert seen == [True, True]  # the metadata pass, then the logged pass
+    run = tl.open_run(w.run_dir)
+    both = [run.series("attn:1", "io_grad", f"input {i}") for i in (0, 1)]
+    assert np.array_equal(both[0].counts, both[1].counts) and both[0].steps.tolist() == [0]
+
+
+def _resnet():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None, num_classes=10)
+
+
+def _train(model, batches, seed=3):
+    torch.manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x in batches:
+        loss = loss_of(model(x))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_resnet18_inplace_trains_bitwise_the_same_and_hooks_go(tmp_path):
+    plain = _resnet()
+    assert any(getattr(m, "inplace", False) for m in plain.modules())  # in-place ReLUs, not disabled
+    watched = copy.deepcopy(plain)
+    torch.manual_seed(1)
+    batches = [torch.randn(2, 3, 32, 32) for _ in range(3)]
+    kept = [b.clone() for b in batches]
+    _train(plain, batches)
+    w = quiet_watch(watched, tmp_path / "run", sample_n=100, reject_outlier_proportion=0.1)
+    _train(watched, batches)
+    w.close()
+    for (name, a), (_, b) in zip(plain.state_dict().items(), watched.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert all(torch.equal(a, b) and not b.requires_grad for a, b in zip(kept, batches))
+    for m in watched.modules():
+        assert not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks), m
+    for p in watched.parameters():
+        assert not p._backward_hooks and not p._post_accumulate_grad_hooks
+    run = tl.open_run(w.run_dir)
+    assert len(run.steps) == 3
+    for cid in ("", "conv1:1", "relu:1", "layer1.0.relu:1", "layer1.0.relu:2", "layer1.0:1"):
+        assert run.series(cid, "io_grad", "input 0").counts.sum(axis=1).tolist() == [2, 2, 2], cid
+
+
+def test_runs_written_before_reasons_stay_readable(tmp_path):
+    model = nn.Linear(3, 2)
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(torch.randn(4, 3))).backward()
+    w.close()
+    db = sqlite3.connect(str(tmp_path / "run" / "run.db"))
+    db.execute("ALTER TABLE series DROP COLUMN reason")  # the schema of older runs
+    db.commit()
+    db.close()
+    run = tl.open_run(w.run_dir)
+    s = run.series("", "io_grad", "input 0")
+    assert s.reason is None and s.steps.tolist() == [0]
