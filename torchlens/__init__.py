@@ -44,6 +44,7 @@ from .trace.api import get_model_metadata, log_forward_pass, validate_model_acti
 from .trace.capture.memory import ActivationMemoryWarning
 from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
+from .trace.records.meta import MetaDeviceError
 from .trace.records.tensor_log import TensorLogEntry
 from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
 from .trace.validate import validate_history
@@ -89,6 +90,7 @@ __all__ = [
     "HistoryFileError",
     "UnsavedValuesWarning",
     "ActivationMemoryWarning",
+    "MetaDeviceError",
     "get_model_metadata",
     "validate_model_activations",
     "validate_history",

@@ -14,6 +14,7 @@ from torch.nn.parameter import is_lazy
 
 from .capture.args import tensors_in
 from .capture.memory import MemoryCheck
+from .capture.meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
 from .capture.modules import BufferSnapshot, traced_addresses
 from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
@@ -47,6 +48,7 @@ def log_forward_pass(
     vis_direction: str = "bottomup",
     intervene: Optional[Dict[LayerKey, Callable[[torch.Tensor, Any], torch.Tensor]]] = None,
     save_to: Optional[str] = None,
+    device: Optional[str] = None,
 ) -> ModelHistory:
     """Run one forward pass of ``model`` and return the log of every tensor operation in it.
 
@@ -82,6 +84,9 @@ def log_forward_pass(
         save_to: a folder: each saved activation is written there (safetensors shards) as soon
             as it is produced, so memory stays near that of a plain forward pass; the history
             returned is ``torchlens.load(save_to)``.
+        device: ``'meta'``: run the pass on meta copies of the parameters and buffers (no memory
+            copied; the model is left untouched) and meta copies of the inputs: every operation,
+            shape and dtype without values, for a model whose activations would not fit.
 
     Example:
         >>> import torch, torchlens as tl
@@ -105,6 +110,9 @@ def log_forward_pass(
         torch.device(output_device)  # a bad device name fails here, before the pass
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
+    check_device(device)
+    if device is not None:  # meta copies of the inputs here, of the parameters during the pass
+        args, kwargs = inputs_on("meta", args, kwargs)
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
@@ -133,6 +141,7 @@ def log_forward_pass(
     with (
         eager_only(),
         stream or contextlib.nullcontext(),
+        MetaCopies(model) if device is not None else contextlib.nullcontext(),
     ):  # compiled submodules run eagerly, so their operations are seen
         if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
@@ -258,6 +267,8 @@ def validate_model_activations(
     require_model(model, "validate_model_activations")
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
+    if is_meta_pass(model, args, kwargs):
+        raise refuse_meta("validate_model_activations")
     rng = RngState()
     buffers = BufferSnapshot(model)
     params: List[Tuple[torch.Tensor, torch.Tensor]] = []

@@ -16,6 +16,7 @@ from ..errors import TorchlensError
 from .history.extensions import provide
 from .history.model_history import ModelHistory
 from .layer_request import entries_for_key
+from .records.meta import is_meta_history, refuse_meta
 from .records.tensor_log import TensorLogEntry
 from .storage.codec import UnavailableFunction, Unsaved
 
@@ -43,6 +44,8 @@ def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
             "rerun expects a non-empty dict of layer key -> new tensor (or function(activation, entry) "
             "returning it), e.g. history.rerun({'relu_1_2': torch.zeros(1, 4)})."
         )
+    if is_meta_history(history):
+        raise refuse_meta("rerun")
     if not any(e.func_args is not None for e in history.layer_list if e.kind == "op"):
         raise RerunError(
             "rerun needs each operation's arguments, and this history was traced without them: trace "

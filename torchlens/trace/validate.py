@@ -32,6 +32,7 @@ import torch
 from .capture.constructors import allocates_uninitialised
 from .capture.run import RngState
 from .history.model_history import ModelHistory
+from .records.meta import is_meta_history, refuse_meta
 from .records.tensor_log import ParentRef, TensorLogEntry
 from .replay import replay_entry
 
@@ -73,6 +74,8 @@ def validate_history(
 
 
 def _require_replayable(history: ModelHistory) -> None:
+    if is_meta_history(history):
+        raise refuse_meta("validate_history")
     if len(history) != history.num_tensors:
         raise ValueError(
             f"validate_history needs every layer, but {history.num_tensors - len(history)} of "

@@ -19,6 +19,7 @@ from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
 from .memory import ActivationMemoryWarning
+from .meta import active_modes, data_dependent_error, is_value_error, lost_op_notes, meta_note
 from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
 from .observer import PassObserver, PassRecords
 from .preexisting import PassStart
@@ -140,6 +141,10 @@ def run_pass(
         # after this, a tensor without a record that is new is a gap; an old one is a constant
         tracer.pass_start = PassStart()
         observed = False
+        modes = active_modes()  # a mode may hide calls from the wrappers: noted after the pass
+        on_meta = any(t.is_meta for t in inventory.parameters + inventory.buffers) or any(
+            t.is_meta for _, t in tensors_in_call(args, kwargs)
+        )
         try:
             seed_everything(random_seed)
             ops.install(table)
@@ -155,9 +160,14 @@ def run_pass(
             try:
                 output = tracer.run_model(model, args, kwargs)
             except Exception as error:
+                if on_meta and is_value_error(error):  # control flow that reads values: name the line
+                    raise data_dependent_error(error, tracer.error_context) from error
                 _annotate(error, tracer, model)
                 raise
             tracer.add_outputs(output)
+            tracer.notes.extend(lost_op_notes(modes, tracer.entries))
+            if on_meta:
+                tracer.notes.append(meta_note(model))
             tracer.mark_buffer_writes()
             stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
             if lazy is not None:

@@ -61,6 +61,8 @@ from .ops import OpInfo
 from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, dotted, head, is_out_position, matching_parents
 from .preexisting import PassStart
 from .save_plan import SavePlan
+from .sites import KERNEL_FILES, raise_site, run_kernel_call
+from .sites import rng_state as rng_state_now
 from .unwrap import scripted_output
 
 _Tensor = torch.Tensor
@@ -148,9 +150,12 @@ class Tracer:
 
     # ----- the hot path ----------------------------------------------------------------------
     def on_call(self, func: Callable, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        caller = sys._getframe(2)
+        if KERNEL_FILES[caller.f_code.co_filename]:  # part of an operator's kernel (see sites.py)
+            return run_kernel_call(func, args, kwargs)
         outermost = self.depth == 0
         if outermost:
-            self.caller_frame = sys._getframe(2)
+            self.caller_frame = caller
             self.frames_cache = None
         self.depth += 1
         found = tensors_in_call(args, kwargs)
@@ -159,7 +164,7 @@ class Tracer:
         n_before = len(self.entries)
         rng_state = None
         if self.save_function_args and info.is_random:
-            rng_state = _rng_state()  # so the operation can be replayed exactly
+            rng_state = rng_state_now()  # so the operation can be replayed exactly
         if self.write_watchers and (info.is_inplace or info.inplace_arg >= 0 or (kwargs and "out" in kwargs)):
             self._before_write(args, kwargs, writes_in_place(info, args, kwargs))
         try:
@@ -533,7 +538,7 @@ class Tracer:
         _, address, n, start, outer_stack = self.module_frames.pop()
         if output is None and self.error_context is None and sys.exc_info()[1] is not None:
             # an always-called hook during an exception: the module's forward raised
-            self.error_context = f"inside module '{address}'" + _raise_site(sys.exc_info()[1])
+            self.error_context = f"inside module '{address}'" + raise_site(sys.exc_info()[1])
         self.paused = True
         try:
             for position, tensor in tensors_in(output):
@@ -579,22 +584,6 @@ class Tracer:
         else:
             e.func_args = (tensor,)
         e.func_kwargs = {}
-
-
-def _rng_state() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _raise_site(error: BaseException) -> str:
-    """``, raised at file:line in func()`` for the innermost frame of the error's traceback."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None:
-        return ""
-    code = tb.tb_frame.f_code
-    return f", raised at {code.co_filename}:{tb.tb_lineno} in {code.co_name}()"
 
 
 __all__ = ["Tracer", "identity"]

@@ -171,6 +171,14 @@ class Encoder:
         self.where = ""
 
     def tensor(self, tensor: torch.Tensor) -> Any:
+        if tensor.is_meta:  # no values: its description is the whole tensor
+            return {
+                "t": "meta",
+                "shape": list(tensor.shape),
+                "dtype": dtype_name(tensor.dtype),
+                "parameter": isinstance(tensor, torch.nn.Parameter),
+                "requires_grad": bool(tensor.requires_grad),
+            }
         number = self._ids.get(id(tensor)) if self.dedupe else None
         if number is None:
             record = encode_tensor(tensor, self.writer)
@@ -298,6 +306,8 @@ class Decoder:
         try:
             if tag == "tensor":
                 return self.tensor(data["k"])
+            if tag == "meta":
+                return self._meta(data)
             if tag == "tuple":
                 return tuple(self.value(x, depth + 1) for x in v)
             if tag == "size":
@@ -342,6 +352,16 @@ class Decoder:
                 raise
             raise HistoryFileError(self.where, f"malformed {tag!r} value ({type(error).__name__}: {error})") from None
         raise HistoryFileError(self.where, f"unknown value tag {tag!r} (written by a newer torchlens?)")
+
+    def _meta(self, data: Dict[str, Any]) -> torch.Tensor:
+        """A tensor of the meta device (shape and dtype, no values: nothing is allocated)."""
+        shape = data["shape"]
+        if not isinstance(shape, list) or len(shape) > 64 or not all(type(n) is int and n >= 0 for n in shape):
+            raise HistoryFileError(self.where, f"malformed shape of a meta tensor {str(shape)[:80]!r}")
+        found = torch.empty(shape, dtype=dtype_of(data["dtype"], self.where), device="meta")
+        if data.get("parameter"):
+            return torch.nn.Parameter(found, requires_grad=bool(data.get("requires_grad")))
+        return found.requires_grad_(bool(data.get("requires_grad")) and found.is_floating_point())
 
     def function(self, data: Dict[str, Any]) -> Any:
         name = data.get("v")
