@@ -82,3 +82,43 @@ def test_a_new_pinned_panel_is_in_view(new_page, resnet_url):
         assert box["y"] + min(box["height"], 250) <= min(column["y"] + column["height"], VIEWPORT["height"]) + 1
     assert p.page.query_selector(first) is not None
     assert p.problems() == []
+
+
+def test_a_gradient_series_without_values_shows_its_reason(new_page, tmp_path, threads):
+    class Quantize(nn.Module):
+        def forward(self, x):
+            return x.round().long()  # stops the gradient
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4)
+            self.quant = Quantize()
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h + self.quant(h).float()
+
+    model = Net()
+    run_dir = str(tmp_path / "run")
+    with tl.watch(model, backend=None, run_dir=run_dir, verbose=False):
+        for _ in range(3):
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+    server = explore(run_dir, port=0, block=False)
+    try:
+        p = new_page()
+        p.page.goto(server.url)
+        p.page.wait_for_selector('[data-node="quant:1"]')
+        panel = pin(p.page, "quant:1")
+        reasons = p.page.eval_on_selector_all(
+            f"{panel} .strip",
+            "els => els.map(e => [e.querySelector('canvas').dataset.series, "
+            "e.querySelector('canvas').hidden, (e.querySelector('.reason') || {}).textContent || null])",
+        )
+        assert p.problems() == []
+    finally:
+        server.close()
+    shown = {key: (hidden, text) for key, hidden, text in reasons}
+    why = "no gradient: this call's output is not differentiable"
+    assert shown["io_grad/input 0"] == (True, why) and shown["io_grad/output 0"] == (True, why)
+    assert shown["io/input 0"] == (False, None)  # a series with values keeps its strip

@@ -175,6 +175,7 @@ def _series_dict(kind: str, name: str, s: Any) -> dict:
         "hi": _clean(s.max),
         "counts": s.counts.round(3).tolist(),
         "nonfinite": s.nonfinite.tolist(),
+        "reason": getattr(s, "reason", None),  # why it has no values, shown in place of the strip
     }
 
 

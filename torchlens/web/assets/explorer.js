@@ -485,7 +485,18 @@
         canvas.addEventListener("mousemove", (event) => stripHover(event, canvas, cid, key));
         canvas.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
       }
-      drawStrip(canvas, s);
+      // a series without values says why, in place of its strip
+      const box = canvas.parentElement;
+      let why = box.querySelector(".reason");
+      if (!s.steps.length && s.reason) {
+        if (!why) { why = document.createElement("p"); why.className = "reason"; box.appendChild(why); }
+        why.textContent = s.reason;
+        canvas.hidden = true;
+      } else {
+        if (why) why.remove();
+        canvas.hidden = false;
+        drawStrip(canvas, s);
+      }
     }
   }
 
@@ -552,6 +563,7 @@
       for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite"]) {
         old[field] = old[field].slice(0, keep).concat(fresh[field]);
       }
+      old.reason = fresh.reason;
     }
     state.series[cid] = merged;
     renderPanel(cid);
