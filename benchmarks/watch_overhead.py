@@ -8,7 +8,10 @@ interleaved (plain, not-logged, logged, plain, ...) so that all three see the sa
 * ``not logged`` -- with ``tl.watch(log_freq=100)``: steps that are not logged;
 * ``logged``     -- with ``tl.watch(log_freq=1)`` and all four kinds: every step is logged
                     (the histograms of a step are computed and written when the next starts,
-                    so each timed step carries one full logging cost).
+                    so each timed step carries one full logging cost), the model's own inputs
+                    getting gradient strips through an alias that requires grad (the default);
+* ``no input grads`` -- the same with ``input_grads=False``: the extra backward work of the
+                    data's gradient strip is the difference between the two.
 
 Ratios are medians of the per-step times over the median plain step. Models: ResNet-18
 (batch 16, 64x64) and a 4-layer GPT-2 (batch 8, 64 tokens, with ``attention_mask``).
@@ -88,18 +91,27 @@ def interleaved_steps(variants: Dict[str, nn.Module], loss_of: Callable, steps: 
 def measure(name: str, steps: int) -> Dict[str, float]:
     torch.manual_seed(0)
     base, loss_of = MODELS[name]()
-    variants = {"plain": copy.deepcopy(base), "not logged": copy.deepcopy(base), "logged": copy.deepcopy(base)}
+    keys = ("plain", "not logged", "logged", "no input grads")
+    variants = {k: copy.deepcopy(base) for k in keys}
     folder = tempfile.mkdtemp()
     watches = [
         tl.watch(variants["not logged"], log_freq=100, run_dir=f"{folder}/a", backend=None, verbose=False),
         tl.watch(variants["logged"], log_freq=1, run_dir=f"{folder}/b", backend=None, verbose=False),
+        tl.watch(
+            variants["no input grads"],
+            log_freq=1,
+            run_dir=f"{folder}/c",
+            backend=None,
+            verbose=False,
+            input_grads=False,
+        ),
     ]
     times = interleaved_steps(variants, loss_of, steps)
     for w in watches:
         w.close()
     plain = statistics.median(times["plain"])
     result = {"plain_ms": plain * 1e3}
-    for key in ("not logged", "logged"):
+    for key in keys[1:]:
         result[key] = statistics.median(times[key]) / plain
     return result
 
@@ -140,14 +152,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.steps} timed steps per variant")
-    print(f"{'model':<10} {'plain step':>11} {'not logged':>11} {'logged':>8}")
+    print(f"{'model':<10} {'plain step':>11} {'not logged':>11} {'logged':>8} {'no input grads':>15}")
     for name in args.models.split(","):
         try:
             r = measure(name, args.steps)
         except ImportError as error:
             print(f"{name:<10} skipped ({error})", file=sys.stderr)
             continue
-        print(f"{name:<10} {r['plain_ms']:>9.1f}ms {r['not logged']:>10.3f}x {r['logged']:>7.3f}x")
+        print(
+            f"{name:<10} {r['plain_ms']:>9.1f}ms {r['not logged']:>10.3f}x {r['logged']:>7.3f}x "
+            f"{r['no input grads']:>14.3f}x"
+        )
     if args.backends:
         print("\nResNet-18, logged step (log_freq=1) per backend, against a plain step:")
         for key, ratio in measure_backends(args.steps).items():

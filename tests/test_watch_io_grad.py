@@ -274,3 +274,24 @@ def test_runs_written_before_reasons_stay_readable(tmp_path):
     run = tl.open_run(w.run_dir)
     s = run.series("", "io_grad", "input 0")
     assert s.reason is None and s.steps.tolist() == [0]
+
+
+def test_a_logged_step_keeps_no_activation_alive(tmp_path):
+    """The aliases are let go when their call returns: after backward, before the step is
+    written, an activation nothing else holds is freed (the memory is the user's again)."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = Skip(inplace=True)
+    refs = []
+    model.lin.register_forward_hook(lambda m, a, out: refs.append(weakref.ref(out)) and None)
+    w = quiet_watch(model, tmp_path / "run")
+    out = model(torch.randn(4, 3))
+    loss_of(out).backward()
+    del out
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+    assert w.steps_logged == 0  # the step is still open
+    w.close()
+    assert tl.open_run(w.run_dir).series("blk:1", "io_grad", "input 0").steps.tolist() == [0]

@@ -43,27 +43,44 @@ NO_REQUIRES_GRAD = "no gradient: this input does not require grad"
 NOT_FLOAT = "no gradient: not a floating-point tensor"
 NOT_REACHED = "no gradient: no backward pass reached it in this step"
 NOT_REBUILT = "no gradient: the input sits in a container torchlens cannot copy, so it gets no alias"
-REASONS = (NOT_DIFFERENTIABLE, NO_OUTPUT, INPUT_GRADS_OFF, NO_REQUIRES_GRAD, NOT_FLOAT, NOT_REACHED, NOT_REBUILT)
+NOT_STRIDED = "no gradient: a sparse or other non-strided input gets no alias"
+REASONS = (
+    NOT_DIFFERENTIABLE,
+    NO_OUTPUT,
+    INPUT_GRADS_OFF,
+    NO_REQUIRES_GRAD,
+    NOT_FLOAT,
+    NOT_REACHED,
+    NOT_REBUILT,
+    NOT_STRIDED,
+)
 
 
 class _Alias:
-    """One call's alias of one input tensor, and what is needed to follow in-place changes."""
+    """One call's alias of one input tensor, and what is needed to follow in-place changes.
+    The tensors are let go when the call returns: a logged step keeps no activation alive."""
 
     __slots__ = ("tensor", "keys", "base", "old_fn", "version", "geometry", "part", "split")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+        self.tensor: Optional[torch.Tensor] = tensor
         self.keys: List[Key] = []
-        self.base = tensor._base  # None for the copy made for a model input
-        self.old_fn = self.base.grad_fn if self.base is not None else None
+        base = tensor._base  # None for the copy made for a model input
+        self.base = base
+        self.old_fn = base.grad_fn if base is not None else None
         self.version = tensor._version
-        base = self.base
         full = base is None or (
             base.shape == tensor.shape
             and base.stride() == tensor.stride()
             and base.storage_offset() == tensor.storage_offset()
         )
-        self.geometry = None if full else (tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+        # where the alias sits in its base: (size, stride, offset) of each, for _region
+        self.geometry = None
+        if not full:
+            self.geometry = (
+                (tuple(tensor.shape), tensor.stride(), tensor.storage_offset()),
+                (tuple(base.shape), base.stride(), base.storage_offset()),
+            )
         self.part: Optional[torch.Tensor] = None  # the gradient summed so far, when it comes in parts
         self.split = False  # the call changed the alias in place: its gradient comes in parts
 
@@ -245,6 +262,9 @@ class StepRecorder:
                 if not (t.is_floating_point() or t.is_complex()):
                     self.reasons[key] = NOT_FLOAT
                     continue
+                if t.requires_grad and t.layout != torch.strided:
+                    self.reasons[key] = NOT_STRIDED
+                    continue
                 if t.requires_grad:
                     try:
                         alias = t.view_as(t)
@@ -286,20 +306,19 @@ class StepRecorder:
         self._tensors(module, cid, outputs)
         if not frame:
             return
-        if not any(t.requires_grad for _, t in outputs):  # nothing for backward to come back through
-            reason = NOT_DIFFERENTIABLE if outputs else NO_OUTPUT
-            for entry in frame:
-                for key in entry.keys:
-                    self.reasons[key] = reason
-            return
+        differentiable = any(t.requires_grad for _, t in outputs)
         for entry in frame:
-            if entry.base is not None and entry.tensor._version != entry.version:
+            if not differentiable:  # nothing for backward to come back through
+                for key in entry.keys:
+                    self.reasons[key] = NOT_DIFFERENTIABLE if outputs else NO_OUTPUT
+            elif entry.base is not None and entry.tensor is not None and entry.tensor._version != entry.version:
                 self._follow_inplace(entry)
+            entry.tensor = entry.base = entry.old_fn = None
 
     def _follow_inplace(self, entry: _Alias) -> None:
         """The call changed its alias in place: the base's history now runs through the in-place
         op's node; its gradient for the base's old value is (most of) the call's share."""
-        node, newer = entry.base.grad_fn, None
+        node, newer = entry.base.grad_fn if entry.base is not None else None, None
         while node is not None and node is not entry.old_fn:
             newer = node
             node = node.next_functions[0][0] if node.next_functions else None
@@ -412,11 +431,10 @@ def _region(grad: torch.Tensor, entry: _Alias) -> torch.Tensor:
     """The part of a gradient of the alias's base that belongs to the alias."""
     if entry.geometry is None:
         return grad
-    base = entry.base
-    if grad.stride() != base.stride():
-        grad = torch.empty_strided(base.shape, base.stride(), dtype=grad.dtype, device=grad.device).copy_(grad)
-    size, stride, offset = entry.geometry
-    return grad.as_strided(size, stride, grad.storage_offset() + offset - base.storage_offset())
+    (size, stride, offset), (base_size, base_stride, base_offset) = entry.geometry
+    if grad.stride() != base_stride:
+        grad = torch.empty_strided(base_size, base_stride, dtype=grad.dtype, device=grad.device).copy_(grad)
+    return grad.as_strided(size, stride, grad.storage_offset() + offset - base_offset)
 
 
 def _substitute(call: Tuple[tuple, dict], swaps: List[Tuple[Any, torch.Tensor]]) -> Tuple[tuple, dict]:
