@@ -75,6 +75,8 @@ def test_meta_history_save_load_round_trip(llama_pair, tmp_path):
         assert activation.is_meta
         assert activation.shape == meta[label].activation.shape
         assert activation.dtype == meta[label].activation.dtype
+    with pytest.raises(tl.MetaDeviceError):  # the note that says so was saved too
+        loaded.rerun({"embedding_1_1": torch.zeros(1, 8, 64, device="meta")})
 
 
 def test_device_meta_leaves_the_model_untouched():
@@ -139,6 +141,8 @@ def test_validate_and_rerun_refuse_meta(llama_pair):
         history.rerun({"relu_1_2": torch.zeros(2, 4, device="meta")})
     with pytest.raises(tl.MetaDeviceError):
         tl.validate_history(history)
+    with pytest.raises(tl.MetaDeviceError, match="compare"):
+        tl.compare(history, history)
 
 
 class _ShadowingMode(TorchDispatchMode):
@@ -167,3 +171,21 @@ def test_output_unconnected_to_inputs_is_noted():
 
     history = tl.log_forward_pass(Ignores(), torch.rand(3))
     assert any("depends on any of its inputs" in note for note in history.notes)
+
+
+def test_device_meta_moves_a_tensor_passed_twice_once():
+    class Adds(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    x = torch.rand(3)
+    real = tl.log_forward_pass(Adds(), [x], {"b": x}, layers_to_save=None)
+    meta = tl.log_forward_pass(Adds(), [x], {"b": x}, device="meta")
+    assert meta.layer_labels == real.layer_labels  # one input, as in the real pass
+
+
+def test_meta_history_graph_page(llama_pair, tmp_path):
+    _, meta = llama_pair
+    html = meta.to_html(str(tmp_path / "page.html"))
+    text = open(html).read() if not html.lstrip().startswith("<") else html
+    assert "LlamaDecoderLayer" in text

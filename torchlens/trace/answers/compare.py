@@ -18,6 +18,7 @@ from ..api import log_forward_pass
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
 from ..records.func_call import FuncCallLocation
+from ..records.meta import is_meta_history, refuse_meta
 from ..records.tensor_log import TensorLogEntry
 from .comparison import ComparedOp, CompareError, Comparison, NothingInCommonError
 from .difference import Difference, difference
@@ -116,6 +117,8 @@ def compare_histories(
     saving the tensors as they were (ops that only rearrange their parent's values then take
     its numbers instead of being measured again)."""
     for history, name in ((a, "a"), (b, "b")):
+        if is_meta_history(history):
+            raise refuse_meta(f"compare (history {name})")
         _require_values(history, name)
     matching = match_histories(a, b)
     _require_shared(a, b, matching)

@@ -151,17 +151,21 @@ def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def inputs_on(device: str, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
-    """``args`` and ``kwargs`` with every tensor (in lists, tuples and dicts) moved to ``device``."""
-    return _moved(args, device), _moved(kwargs, device)
+    """``args`` and ``kwargs`` with every tensor (in lists, tuples and dicts) moved to ``device``;
+    a tensor passed twice is moved once, so the pass sees one input as before."""
+    moved: Dict[int, torch.Tensor] = {}
+    return _moved(args, device, moved), _moved(kwargs, device, moved)
 
 
-def _moved(value: Any, device: str) -> Any:
+def _moved(value: Any, device: str, moved: Dict[int, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        if id(value) not in moved:
+            moved[id(value)] = value.to(device)
+        return moved[id(value)]
     if isinstance(value, dict):
-        return type(value)((k, _moved(v, device)) for k, v in value.items())
+        return type(value)((k, _moved(v, device, moved)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_moved(v, device) for v in value)
+        return type(value)(_moved(v, device, moved) for v in value)
     return value
 
 
