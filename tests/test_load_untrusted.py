@@ -5,6 +5,7 @@ function the file chose, never reads a file outside its folder, and every malfor
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -364,3 +365,51 @@ def test_history_attributes_cannot_replace_methods(saved):
     _write(saved, document)
     with pytest.raises(tl.HistoryFileError, match="history: unexpected attribute 'rerun'"):
         tl.load(saved)
+
+
+# ----- memory: an edited index cannot multiply the folder's data ------------------------------
+def test_records_naming_the_same_stored_tensor_share_its_memory(saved):
+    document = _index(saved)
+    source = _record_of(document, "linear_1_1")
+    for label in ("relu_1_2", "mul_1_3", "sigmoid_1_4"):
+        record = _record_of(document, label)
+        record.update({k: source[k] for k in ("file", "name", "crc", "shape", "dtype")})
+    _write(saved, document)
+    loaded = tl.load(saved)
+    pointers = {
+        loaded[label].activation.untyped_storage().data_ptr() for label in ("linear_1_1", "relu_1_2", "mul_1_3")
+    }
+    assert len(pointers) == 1
+
+
+def test_a_nested_tensor_repeating_one_part_cannot_outgrow_the_folder(saved):
+    document = _index(saved)
+    record = _record_of(document, "relu_1_2")
+    part = {k: record[k] for k in ("file", "name", "dtype", "shape", "crc")}
+    record.clear()
+    record.update({"kind": "nested", "parts": [part] * (sum(document["files"].values()) // 24 + 1)})
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="builds more tensor data than its files hold"):
+        tl.load(saved)["relu_1_2"].activation
+
+
+@pytest.mark.parametrize("name", ["tensors-00000.safetensors", "torchlens.json"])
+def test_a_pipe_in_place_of_a_file_is_refused_not_waited_on(saved, name):
+    import subprocess
+    import sys
+
+    if name != "torchlens.json":  # the index agrees with the pipe's size, so only its kind gives it away
+        document = _index(saved)
+        document["files"][name] = 0
+        _write(saved, document)
+    (saved / name).unlink()
+    os.mkfifo(saved / name)
+    # in a child process: a reader blocked on a pipe may hold the GIL, so no thread or alarm could stop it
+    script = "import sys, torchlens as tl\nfor e in tl.load(sys.argv[1]): e.activation"
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(saved)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading waited on the pipe {name}")
+    assert done.returncode != 0 and "HistoryFileError" in done.stderr and "not a regular file" in done.stderr, (
+        done.stderr[-2000:]
+    )

@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -185,6 +185,8 @@ def inside_folder(folder: str, name: Any) -> str:
             "a link to a file outside the saved folder (a saved history reads only files inside its own folder); "
             "copy the file into the folder instead of linking it",
         )
+    if os.path.exists(real) and not os.path.isfile(real):  # a pipe or device would block or never end
+        raise HistoryFileError(path, "not a regular file (a saved history is made of plain files)")
     return path
 
 
@@ -269,6 +271,19 @@ class TensorStore:
         self.files = files
         self._open: Dict[str, Any] = {}
         self._cache: Dict[int, torch.Tensor] = {}
+        # (file, name) -> (its bytes, their CRC-32): records naming the same stored tensor share
+        # one copy, so an edited index cannot multiply the memory a folder takes
+        self._bytes: Dict[Tuple[str, str], Tuple[torch.Tensor, int]] = {}
+        self._copied = 0  # bytes of nested and sparse tensors built from the shards' data
+
+    def charge_copy(self, nbytes: int, where: str) -> None:
+        """Account for a tensor built by copying shard data (nested, sparse): together they may
+        not exceed the shards' size, which a saved history never does."""
+        self._copied += nbytes
+        if self._copied > sum(self.files.values()):
+            raise HistoryFileError(
+                where, "the index builds more tensor data than its files hold (the same data used again and again)"
+            )
 
     def check_files(self) -> None:
         """Every shard exists inside the folder and has the size recorded at save time (cheap:
@@ -309,34 +324,42 @@ class TensorStore:
             return cached
         path = os.path.join(self.folder, str(record.get("file")))
         _check_dense(record, self.files, path)
+        data, crc = self._stored_bytes(record, path)
+        expected = dense_nbytes(record, path)
+        if data.numel() != expected:
+            raise HistoryFileError(
+                path,
+                f"tensor {record['name']!r} holds {data.numel()} bytes but the index describes {expected} "
+                f"({record['dtype']} of shape {record['shape']}): the folder is corrupted",
+            )
+        if crc != record["crc"]:
+            raise HistoryFileError(path, f"tensor {record['name']!r} is corrupted (its checksum does not match)")
+        tensor = data.view(dtype_of(record["dtype"], path)).reshape(record["shape"])  # views: no copy
+        self._cache[key] = tensor
+        return tensor
+
+    def _stored_bytes(self, record: Dict[str, Any], path: str) -> Tuple[torch.Tensor, int]:
+        """The bytes of the stored tensor a record names, read once (after checking that the
+        shard's own header gives it no more bytes than the file holds), with their CRC-32."""
+        where = (record["file"], record["name"])
+        found = self._bytes.get(where)
+        if found is not None:
+            return found
         handle = self._shard(record["file"])
         try:
             piece = handle.get_slice(record["name"])
             stored = _ST_BYTES[piece.get_dtype()]
             for n in piece.get_shape():
                 stored *= n
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
-            raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
-        expected = dense_nbytes(record, path)
-        if stored != expected:
-            raise HistoryFileError(
-                path,
-                f"tensor {record['name']!r} holds {stored} bytes but the index describes {expected} "
-                f"({record['dtype']} of shape {record['shape']}): the folder is corrupted",
-            )
-        try:
+            if stored > self.files[record["file"]]:
+                raise ValueError(f"its header gives it {stored} bytes, more than the file holds")
             raw = handle.get_tensor(record["name"])
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
             raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
         flat = raw.reshape(-1)
         data = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
-        if zlib.crc32(data.numpy()) != record["crc"]:
-            raise HistoryFileError(path, f"tensor {record['name']!r} is corrupted (its checksum does not match)")
-        dtype = dtype_of(record["dtype"], path)
-        tensor = raw if raw.dtype == dtype else data.view(dtype)
-        tensor = tensor.reshape(record["shape"])
-        self._cache[key] = tensor
-        return tensor
+        found = self._bytes[where] = (data, zlib.crc32(data.numpy()))
+        return found
 
 
 # bytes per element of each safetensors dtype a shard may hold
@@ -388,6 +411,8 @@ def decode_tensor(record: Dict[str, Any], store: TensorStore, key: int, where: s
     kind = record["kind"]
     if kind == "dense":
         return store.dense(key, record)
+    parts = record["parts"] if kind == "nested" else [record[n] for n in _PARTS[kind]]
+    store.charge_copy(sum(dense_nbytes(p, where) for p in parts), where)
     try:
         if kind == "nested":
             return torch.nested.nested_tensor([store.dense(_sub(key, i), p) for i, p in enumerate(record["parts"])])
