@@ -62,6 +62,8 @@ class StoredTensorLogEntry(TensorLogEntry):
     known without reading them."""
 
     __slots__ = ("_pending", "_decoder")
+    _pending: Optional[Dict[str, Any]]
+    _decoder: Decoder
 
     activation = _lazy_field("activation")
     gradient = _lazy_field("gradient")
@@ -282,7 +284,7 @@ def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode], lay
         values["raw_index"], values["kind"], values["layer_type"], None, func_name=values["func_name"]
     )
     e._decoder = decoder
-    pending = {}
+    pending: Dict[str, Any] = {}
     for name, data in values.items():
         if name in _LAZY_FIELDS:
             _check_tensor_reference(data, decoder, f"{layer}: the {name}")

@@ -78,7 +78,7 @@ class ShardWriter:
         self.files: Dict[str, int] = {}  # finished shard -> its size in bytes
         self.bytes_written = 0
         self._count = 0
-        self._file = None
+        self._file: Any = None
         self._name = ""
         self._header: Dict[str, Any] = {}
         self._header_len = 0
@@ -113,8 +113,8 @@ class ShardWriter:
         if self._file is None:
             self._open()
             entry["data_offsets"] = [0, data.numel()]
-        array = data.numpy()
-        self._file.write(memoryview(array))
+        array = data.numpy().data  # a memoryview of the bytes: no copy
+        self._file.write(array)
         self._header[name] = entry
         self._header_len += entry_len
         self._offset += data.numel()
@@ -358,7 +358,7 @@ class TensorStore:
             raise HistoryFileError(path, f"tensor {record.get('name')!r} cannot be read ({error})") from None
         flat = raw.reshape(-1)
         data = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
-        found = self._bytes[where] = (data, zlib.crc32(data.numpy()))
+        found = self._bytes[where] = (data, zlib.crc32(data.numpy().data))
         return found
 
 
@@ -423,7 +423,7 @@ def decode_tensor(record: Dict[str, Any], store: TensorStore, key: int, where: s
             return torch.sparse_coo_tensor(indices, values, record["size"], check_invariants=True).coalesce()
         parts = [store.dense(_sub(key, i), record[n]) for i, n in enumerate(_PARTS[kind])]
         make = torch.sparse_csr_tensor if kind == "sparse_csr" else torch.sparse_csc_tensor
-        return make(*parts, size=record["size"], check_invariants=True)
+        return make(parts[0], parts[1], parts[2], size=record["size"], check_invariants=True)
     except (RuntimeError, ValueError, TypeError, IndexError) as error:
         if isinstance(error, HistoryFileError):
             raise
