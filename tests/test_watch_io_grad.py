@@ -295,3 +295,65 @@ def test_a_logged_step_keeps_no_activation_alive(tmp_path):
     assert w.steps_logged == 0  # the step is still open
     w.close()
     assert tl.open_run(w.run_dir).series("blk:1", "io_grad", "input 0").steps.tolist() == [0]
+
+
+def test_a_reason_lasts_until_the_series_has_values(tmp_path):
+    from torchlens.train.store import RunWriter
+
+    bins = 4
+    writer = RunWriter(str(tmp_path / "run"), "M", {}, bins)
+    key = ("a:1", "io_grad", "input 0")
+    row = (np.ones((1, bins)), np.zeros(1), np.ones(1), np.zeros(1))
+
+    def write(step, keys, reasons):
+        counts, lo, hi, nonfinite = (r[: len(keys)] for r in row)
+        writer.write_step(step, keys, counts, lo, hi=hi, nonfinite=nonfinite, reasons=reasons)
+
+    write(0, [], {key: "no gradient: no backward pass reached it in this step"})
+    run = tl.open_run(str(tmp_path / "run"))
+    assert run.series(*key).reason == "no gradient: no backward pass reached it in this step"
+    write(1, [key], {})
+    assert run.series(*key).reason is None and run.series(*key).steps.tolist() == [1]
+    write(2, [], {key: "no gradient: this call's output is not differentiable"})
+    assert run.series(*key).reason is None  # it has values: the strip shows them
+    writer.close()
+
+
+def test_tensors_inside_a_list_get_aliases_and_the_list_stays_as_it_was(tmp_path):
+    lists = []
+
+    class Pair(nn.Module):
+        def forward(self, xs, scale=None):
+            return xs[0] * xs[1] * scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4)
+            self.pair = Pair()
+
+        def forward(self, x):
+            h = self.lin(x)
+            xs = [h, h.sin()]
+            lists.append((xs, list(xs)))
+            return self.pair(xs, scale=h) + h  # h also goes around the call
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(5, 3)
+    twin = copy.deepcopy(model)
+    h = twin.lin(x)
+    leaves = [h.detach().requires_grad_(), h.sin().detach().requires_grad_(), h.detach().requires_grad_()]
+    out = twin.pair(leaves[:2], scale=leaves[2]) + h
+    share = torch.autograd.grad(loss_of(out), leaves)
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    for xs, before in lists:
+        assert len(xs) == 2 and all(a is b for a, b in zip(xs, before))  # the caller's list is untouched
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("pair:1", "io_grad", "input 0.1"), norms(share[1]))
+    # xs[0] and scale are the same tensor: one alias, its share is the sum of both uses
+    both = norms(share[0] + share[2])
+    assert_strip_holds(run.series("pair:1", "io_grad", "input 0.0"), both)
+    assert_strip_holds(run.series("pair:1", "io_grad", "input scale"), both)

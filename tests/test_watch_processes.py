@@ -22,11 +22,11 @@ import torchlens as tl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP_CALLS = ["", "0:1", "1:1", "2:1"]
-# the series of Sequential(Linear, activation, Linear) fed a tensor that needs no gradient
+# the series of Sequential(Linear, activation, Linear) fed a tensor that needs no gradient (it
+# gets a gradient strip all the same, through an alias that requires grad)
 MLP_SERIES = sorted(
     [(c, "io", n) for c in MLP_CALLS for n in ("input 0", "output 0")]
-    + [("", "io_grad", "output 0"), ("0:1", "io_grad", "output 0")]
-    + [(c, "io_grad", n) for c in ("1:1", "2:1") for n in ("input 0", "output 0")]
+    + [(c, "io_grad", n) for c in MLP_CALLS for n in ("input 0", "output 0")]  # the data's too
     + [(c, k, n) for c in ("0:1", "2:1") for k in ("params", "params_grad") for n in ("weight", "bias")]
 )
 
