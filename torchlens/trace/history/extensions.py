@@ -19,6 +19,8 @@ _PROVIDERS = {
     "svg": "torchlens.trace.render",
     "to_html": "torchlens.trace.render",
     "show": "torchlens.trace.render",
+    "notebook_html": "torchlens.trace.render",
+    "mimebundle": "torchlens.trace.render",
     "save": "torchlens.trace.storage",
     "rerun": "torchlens.trace.rerun",
     "first_nonfinite": "torchlens.trace.answers",

@@ -362,11 +362,18 @@ class ModelHistory:
         return self.__str__()
 
     def _repr_svg_(self) -> Optional[str]:
-        """Jupyter shows the history as its unrolled graph (the text summary when graphviz's
-        ``dot`` is missing or the graph is too large to draw inline)."""
-        if len(self) > 3000:
-            return None
+        """The unrolled graphviz drawing for notebook viewers without JavaScript; None (the page or
+        the text summary) when graphviz's ``dot`` is missing or the drawing is too large to inline."""
         return extension("svg")(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the history as its interactive graph page, inline and offline (``show``)."""
+        return extension("notebook_html")(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, str]:
+        """Every form at once, so each front end picks what it can show: the page (``text/html``),
+        the drawing while small (``image/svg+xml``) and the summary (``text/plain``)."""
+        return extension("mimebundle")(self, include, exclude)
 
     def to_html(self, path: Optional[str] = None) -> str:
         """The interactive graph page: one self-contained HTML file (no server, no network) with
@@ -382,7 +389,15 @@ class ModelHistory:
         return extension("to_html")(self, path)
 
     def show(self, height: int = 640) -> Any:
-        """Show the interactive graph page inline in Jupyter, in an isolated iframe (see ``to_html``)."""
+        """Show the interactive graph page inline in Jupyter, ``height`` pixels tall and as wide as
+        the cell: packed into an isolated iframe (no server, no network; see ``to_html``), drawn
+        once scrolled into view. Outside a notebook it raises ``RuntimeError``.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+            >>> h.show(height=400)  # doctest: +SKIP
+        """
         return extension("show")(self, height)
 
     def to_pandas(self):

@@ -16,21 +16,15 @@ Example:
 
 from ..history.extensions import provide
 from .graph_page import show, to_html
+from .graph_page.inline import inline_svg, mimebundle, notebook_html
 from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of
 from .structure import CollapsedModule, build_structure
 
-
-def _svg_or_none(history):
-    """``ModelHistory._repr_svg_``: the drawing, or None (the text summary) without ``dot``."""
-    try:
-        return svg_of(history)
-    except GraphvizNotFoundError:
-        return None
-
-
-provide("svg", _svg_or_none)
+provide("svg", inline_svg)
 provide("to_html", to_html)
 provide("show", show)
+provide("notebook_html", notebook_html)
+provide("mimebundle", mimebundle)
 
 __all__ = [
     "build_dot",

@@ -11,6 +11,7 @@ Example:
 
 from ....web.stats import tensor_stats
 from .data import page_data
-from .page import iframe_html, show, to_html
+from .inline import mimebundle, notebook_html, show
+from .page import iframe_html, to_html
 
-__all__ = ["page_data", "tensor_stats", "to_html", "show", "iframe_html"]
+__all__ = ["page_data", "tensor_stats", "to_html", "show", "iframe_html", "notebook_html", "mimebundle"]

@@ -1,6 +1,5 @@
 """The interactive graph page of a ``ModelHistory``: one self-contained HTML file (assets and
-data inline, no server, no network), and its inline display in Jupyter (an iframe with
-``srcdoc``, so two graphs in one notebook do not share scripts, styles or ids)."""
+data inline, no server, no network). Its inline display in Jupyter is ``inline.py``."""
 
 from __future__ import annotations
 
@@ -48,28 +47,4 @@ def iframe_html(page: str, height: int = 640) -> str:
     )
 
 
-def show(history: Any, height: int = 640) -> Any:
-    """Display the page inline in Jupyter (returns the IPython ``HTML`` object displayed); outside
-    a notebook, raise a ``RuntimeError`` suggesting ``to_html(path)``.
-
-    Example:
-        >>> import torch, torchlens as tl
-        >>> from torchlens.trace.render.graph_page import show
-        >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
-        >>> show(h)  # doctest: +SKIP
-    """
-    from ..graphviz import in_notebook
-
-    if not in_notebook():
-        raise RuntimeError(
-            "history.show() displays the graph in a Jupyter notebook; elsewhere write a file with "
-            "history.to_html('graph.html') and open it in a browser."
-        )
-    from IPython.display import HTML, display
-
-    shown = HTML(iframe_html(to_html(history), height))
-    display(shown)
-    return shown
-
-
-__all__ = ["to_html", "show", "iframe_html"]
+__all__ = ["to_html", "iframe_html"]
