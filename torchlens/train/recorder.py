@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from .calls import Call, _dotted, call_id, input_tensors, module_info, output_tensors
+from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
@@ -239,24 +239,25 @@ class StepRecorder:
         self.stack.append(cid)
         frame: List[_Alias] = []
         self.frames.append(frame)
+        found = [(f"input {_dotted(p)}", p, t) for p, t in tensors_in_call(args, kwargs)]
         if "io" in self.kinds:
-            for name, t in input_tensors(args, kwargs):
+            for name, _, t in found:
                 self._add((cid, "io", name), self.sampler.values(t))
         if "params" in self.kinds:
             for name, p in module._parameters.items():
                 if p is not None and not _is_lazy(p):
                     self._add((cid, "params", name), self.sampler.values(p))
         if "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad):
-            return self._alias_inputs(module, cid, (args, kwargs), frame)
+            return self._alias_inputs(module, cid, (args, kwargs, found), frame)
         return None
 
-    def _alias_inputs(self, module: nn.Module, cid: str, call: Tuple[tuple, dict], frame: List[_Alias]) -> Any:
+    def _alias_inputs(self, module: nn.Module, cid: str, call: Tuple[tuple, dict, list], frame: List[_Alias]) -> Any:
         """Give the call its own alias of each input that can carry a gradient, hooked."""
         root = module is self.model and len(self.stack) == 1
         made: Dict[int, _Alias] = {}  # id(input) -> its alias: the same tensor gets the same alias
         swaps: List[Tuple[Any, torch.Tensor]] = []
-        for position, t in tensors_in_call(*call):
-            key = (cid, "io_grad", f"input {_dotted(position)}")
+        for name, position, t in call[2]:
+            key = (cid, "io_grad", name)
             entry = made.get(id(t))
             if entry is None:
                 if not (t.is_floating_point() or t.is_complex()):
@@ -281,7 +282,7 @@ class StepRecorder:
         if not swaps:
             return None
         try:
-            replaced = _substitute(call, swaps)
+            replaced = _substitute(call[:2], swaps)
         except Exception:  # a container type that cannot be copied: no alias, and say so
             for entry in made.values():
                 for key in entry.keys:
