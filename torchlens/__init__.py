@@ -59,12 +59,22 @@ _LAZY = {
     "RerunError": "torchlens.trace.rerun",
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
     **{name: "torchlens.trace.answers" for name in ("compare", "compare_precision", "Comparison", "CompareError")},
+    **{name: "torchlens.trace.answers" for name in ("memory_report", "MemoryReport")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
 }
 
 if TYPE_CHECKING:
-    from .trace.answers import CompareError, Comparison, NonfiniteReport, compare, compare_precision, find_nonfinite
+    from .trace.answers import (
+        CompareError,
+        Comparison,
+        MemoryReport,
+        NonfiniteReport,
+        compare,
+        compare_precision,
+        find_nonfinite,
+        memory_report,
+    )
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -104,6 +114,8 @@ __all__ = [
     "compare_precision",
     "Comparison",
     "CompareError",
+    "memory_report",
+    "MemoryReport",
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",

@@ -9,6 +9,7 @@ precision in a lower dtype.
 from ..history.extensions import provide
 from .compare import compare
 from .comparison import ComparedOp, CompareError, Comparison, NothingInCommonError
+from .memory import MemoryReport, memory_report
 from .nonfinite import find_nonfinite
 from .precision import PrecisionComparison, compare_precision
 from .report import NonfiniteError, NonfiniteReport, ParentStats
@@ -28,4 +29,6 @@ __all__ = [
     "ComparedOp",
     "CompareError",
     "NothingInCommonError",
+    "memory_report",
+    "MemoryReport",
 ]

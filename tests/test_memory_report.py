@@ -1,0 +1,249 @@
+"""tl.memory_report: what a training step holds (saved for backward, params, grads, optimizer
+state) and its FLOPs, counted by hand on small models, on meta, and against the allocator."""
+
+import ctypes
+import gc
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.flop_counter import FlopCounterMode
+
+import torchlens as tl
+
+F32 = 4
+
+
+class LinearReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(100, 50)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_linear_saves_its_input_and_relu_its_output():
+    mem = tl.memory_report(LinearReLU(), torch.ones(8, 100))
+    assert mem.per_op["linear_1_1"] == 8 * 100 * F32  # the input; the weight is a parameter
+    assert mem.per_op["relu_1_2"] == 8 * 50 * F32  # its output
+    assert mem.saved_for_backward == (8 * 100 + 8 * 50) * F32
+    assert mem.saved_inputs == 8 * 100 * F32
+    assert mem.params == (100 * 50 + 50) * F32
+
+
+def test_a_saved_parameter_is_not_counted_twice():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1000))
+
+        def forward(self, x):
+            return (x * 2) * self.w  # mul saves both factors: the parameter is in params only
+
+    mem = tl.memory_report(Scale(), torch.ones(1000))
+    assert mem.params == 1000 * F32
+    assert mem.saved_for_backward == 1000 * F32  # x * 2 only
+
+
+def test_a_storage_saved_by_two_ops_counts_once_to_the_first():
+    class Twice(nn.Module):
+        def forward(self, x):
+            y = x * 3
+            return y.sin() + y.cos() + y[:10].exp().sum()  # sin and cos save y; exp saves its own output
+
+    x = torch.ones(1000, requires_grad=True)
+    mem = tl.memory_report(Twice(), x)
+    assert mem.per_op["sin_1_2"] == 1000 * F32
+    assert mem.per_op["cos_1_3"] == 0
+    assert mem.per_op["exp_1_6"] == 10 * F32
+
+
+def test_optimizer_state_sizes_and_frozen_parameters():
+    model = nn.Sequential(nn.Linear(10, 20), nn.Linear(20, 5)).to(torch.bfloat16)
+    model[0].requires_grad_(False)
+    x = torch.ones(3, 10, dtype=torch.bfloat16)
+    trainable = 20 * 5 + 5
+    sizes = {opt: tl.memory_report(model, x, optimizer=opt).optimizer_state for opt in (None, "sgd", "Adam", "adamw")}
+    assert sizes == {None: 0, "sgd": trainable * F32, "Adam": 2 * trainable * F32, "adamw": 2 * trainable * F32}
+    mem = tl.memory_report(model, x, optimizer="adam")
+    assert mem.params == (10 * 20 + 20 + trainable) * 2
+    assert mem.grads == trainable * 2
+    assert model[0].weight.requires_grad is False and model[1].weight.requires_grad is True
+    with pytest.raises(ValueError, match="'sgd'.*'adam'"):
+        tl.memory_report(model, x, optimizer="lion")
+
+
+def test_flops_follow_torchs_counter_and_backward_is_twice():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+    x = torch.randn(2, 3, 16, 16)
+    mem = tl.memory_report(model, x)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert mem.forward_flops == counter.get_total_flops() > 0
+    assert mem.flops_per_op["linear_1_4"] == 2 * 2 * 8 * 14 * 14 * 10
+    assert mem.backward_flops == 2 * mem.forward_flops
+    assert mem.flops_per_module["3:1"] == mem.flops_per_op["linear_1_4"]
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.fc(x))) + x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = x.tanh()  # outside any module
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).softmax(-1)
+
+
+def test_per_module_sums_equal_the_total():
+    mem = tl.memory_report(Net(), torch.randn(5, 16))
+    top = {f"{a}:{p}" for e in mem.history.layer_list for a, p in e.module_stack[:1]}  # outermost calls
+    assert top == {"blocks.0:1", "blocks.1:1", "head:1"}
+    outside = sum(mem.per_op[e.label] for e in mem.history.layer_list if e.label in mem.per_op and not e.module_stack)
+    assert outside > 0  # tanh and softmax save their outputs
+    assert sum(mem.per_module[m] for m in top) + outside == mem.saved_for_backward
+    inner = ("blocks.0.fc:1", "blocks.0.norm:1")
+    assert mem.per_module["blocks.0:1"] >= sum(mem.per_module[m] for m in inner) > 0
+    frame = mem.to_pandas()
+    assert frame["saved_bytes"].sum() == mem.saved_for_backward
+    assert frame["forward_flops"].sum() == mem.forward_flops
+    modules = mem.to_pandas("module")
+    assert dict(zip(modules["module"], modules["saved_bytes"])) == mem.per_module
+
+
+def test_print_shows_totals_then_what_holds_the_most():
+    mem = tl.memory_report(Net(), torch.randn(5, 16), optimizer="adam")
+    text = str(mem)
+    for line in ("parameters", "gradients", "optimizer state (adam)", "saved for backward", "peak (estimate)"):
+        assert line in text
+    assert text.index("peak (estimate)") < text.index("Ops holding the most") < text.index("Module calls holding")
+    biggest = max(mem.per_op, key=mem.per_op.get)
+    assert biggest in text.split("Ops holding the most")[1]
+    parts = mem.params + mem.grads + mem.optimizer_state + mem.buffers + mem.saved_for_backward
+    assert mem.peak_estimate == parts + mem.largest_transient
+
+
+def test_model_and_torch_are_left_as_they_were():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).train()
+    model[0].weight.requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tl.memory_report(model, torch.randn(6, 4), optimizer="sgd")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BatchNorm stats too
+    assert model.training and not model[0].weight.requires_grad and model[0].bias.requires_grad
+    assert all(p.grad is None for p in model.parameters())
+    assert not _get_current_dispatch_mode_stack()
+    assert not torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        tl.memory_report(Broken(), torch.ones(2))
+    assert not _get_current_dispatch_mode_stack()
+    assert not torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def _llama(meta: bool, attention: str = "eager"):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1000, attn_implementation=attention,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    if meta:
+        with torch.device("meta"):
+            return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_meta_model_gives_the_numbers_of_the_same_model_with_weights():
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    real = tl.memory_report(_llama(False), ids, optimizer="adamw")
+    meta = tl.memory_report(_llama(True), ids.to("meta"), optimizer="adamw")
+    assert real.saved_for_backward > 0 and real.forward_flops > 0
+    assert meta.per_op == real.per_op
+    assert meta.flops_per_op == real.flops_per_op
+    assert meta.per_module == real.per_module
+    numbers = ("params", "grads", "optimizer_state", "saved_for_backward", "peak_estimate")
+    assert [getattr(meta, n) for n in numbers] == [getattr(real, n) for n in numbers]
+    model = _llama(False)
+    weight = model.lm_head.weight
+    on_meta = tl.memory_report(model, ids, optimizer="adamw", device="meta")  # real weights, meta pass
+    assert on_meta.per_op == real.per_op and on_meta.peak_estimate == real.peak_estimate
+    assert model.lm_head.weight is weight and not weight.is_meta
+    assert not any("attention" in note for note in real.notes + meta.notes)
+
+
+def test_sdpa_on_meta_is_noted():
+    """On meta torch runs scaled_dot_product_attention by its math path, which saves the
+    attention probabilities; a GPU's fused kernels would not: the report says so."""
+    ids = torch.zeros(1, 16, dtype=torch.long, device="meta")
+    mem = tl.memory_report(_llama(True, attention="sdpa"), ids)
+    assert any("scaled_dot_product_attention" in note and "math" in note for note in mem.notes)
+    assert "scaled_dot_product_attention" in str(mem)
+
+
+def _allocated() -> int:
+    """Bytes glibc's malloc has handed out (torch's CPU allocator uses it)."""
+
+    class Info(ctypes.Structure):
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("no glibc mallinfo2 to measure the allocator with")
+    mallinfo2.restype = Info
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def _held_by_graph(model, x) -> int:
+    """What a forward with grad holds after it returns more than the same forward without."""
+
+    def growth(grad: bool) -> int:
+        gc.collect()
+        start = _allocated()
+        with torch.set_grad_enabled(grad):
+            out = model(x)
+        grown = _allocated() - start
+        del out
+        return grown
+
+    return min(growth(True) - growth(False) for _ in range(2))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_saved_for_backward_matches_the_allocator(kind):
+    torch.manual_seed(0)
+    if kind == "mlp":
+        layers = [m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.ReLU())]
+        model, x = nn.Sequential(*layers, nn.Linear(1024, 10)), torch.randn(512, 1024)
+    else:
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.GELU(),
+            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 32 * 32, 10),
+        )  # fmt: skip
+        x = torch.randn(16, 3, 64, 64)
+    mem = tl.memory_report(model, x)
+    expected = mem.saved_for_backward - mem.saved_inputs  # the input exists in both passes
+    assert expected > 4 * 2**20
+    assert _held_by_graph(model, x) == pytest.approx(expected, rel=0.15)

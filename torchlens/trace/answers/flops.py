@@ -1,0 +1,68 @@
+"""Floating-point operations of each traced op, counted by torch's own rules.
+
+``OpFlops`` is a dispatch mode entered during a traced pass: every aten operator that reaches it
+is run, and if ``torch.utils.flop_counter`` has a formula for it (matmuls, convolutions,
+attention: the same table ``FlopCounterMode`` uses) its FLOPs are added to the op the tracer is
+running. An operator without a formula is decomposed first, as ``FlopCounterMode`` does, so a
+composite one is counted through its parts. Shapes are all the formulas read, so it works on
+meta tensors. Element-wise ops count 0, as in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class OpFlops(TorchDispatchMode):
+    """Adds each aten operator's FLOPs to ``counts[where()]`` (``where``: the current op).
+
+    Example:
+        >>> import torch
+        >>> counts = {}
+        >>> with OpFlops(counts, lambda: "mm"):
+        ...     _ = torch.ones(2, 3) @ torch.ones(3, 4)
+        >>> counts
+        {'mm': 48}
+    """
+
+    def __init__(self, counts: Dict[Any, int], where: Callable[[], Any], tracer: Any = None) -> None:
+        super().__init__()
+        self.tracer = tracer  # paused while an operator runs here: its parts are no ops of the model
+        from torch.utils.flop_counter import flop_registry  # loaded on first use only
+
+        self.registry = flop_registry
+        self.counts = counts
+        self.where = where
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        tracer = self.tracer
+        if tracer is None or tracer.paused:
+            return self._run(func, args, kwargs or {})
+        tracer.paused = True
+        try:
+            return self._run(func, args, kwargs or {})
+        finally:
+            tracer.paused = False
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        rule = self.registry.get(func._overloadpacket)
+        if rule is None:
+            try:
+                with self:  # its parts come back here, and are counted
+                    out = func.decompose(*args, **kwargs)
+            except Exception:  # no decomposition that runs here: run the operator itself
+                out = NotImplemented
+            if out is not NotImplemented:
+                return out
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        flops = int(rule(*args, **kwargs, out_val=out))
+        if flops:
+            key = self.where()
+            self.counts[key] = self.counts.get(key, 0) + flops
+        return out
+
+
+__all__ = ["OpFlops"]

@@ -1,0 +1,354 @@
+"""``memory_report``: what one training step of a model holds in memory, and its FLOPs.
+
+One traced forward pass with grad runs with ``torch.autograd.graph.saved_tensors_hooks``: each
+tensor autograd saves for backward is noted with the op the tracer was running when it was
+packed, once per storage (a view of a saved tensor, or a tensor two ops save, costs once, to
+the first op). Parameters and buffers saved for backward are not counted there: they are
+``params`` and ``buffers``. Meanwhile ``OpFlops`` counts each op's forward FLOPs with torch's
+``flop_counter`` rules. Meta models (built under ``with torch.device("meta")``) work, and so
+does ``device="meta"`` for a model with real weights: nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..capture import ops
+from ..capture.args import tensors_in_call
+from ..capture.meta import MetaCopies, check_device, inputs_on
+from ..capture.modules import BufferSnapshot
+from ..capture.observer import PassObserver, PassRecords
+from ..capture.run import run_pass
+from ..capture.save_plan import SavePlan
+from ..capture.unwrap import eager_only, traceable_model
+from ..history.model_history import ModelHistory
+from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
+from ..postprocess import build_history
+from ..records.format import human_bytes
+from .flops import OpFlops
+
+# optimizer -> state tensors per parameter element, each kept in float32 (see memory_report)
+OPTIMIZER_STATES = {"none": 0, "sgd": 1, "adam": 2, "adamw": 2}
+_FP32 = 4
+
+
+def memory_report(
+    model: nn.Module,
+    input_args: Any,
+    input_kwargs: Optional[Dict[str, Any]] = None,
+    optimizer: Optional[str] = None,
+    device: Optional[str] = None,
+) -> "MemoryReport":
+    """What a training step of ``model`` on these inputs holds in memory, and its FLOPs.
+
+    Measured in one traced forward pass with grad: the tensors autograd saves for backward
+    (``saved_for_backward``, per op and per module call), and the forward FLOPs of each op by
+    ``torch.utils.flop_counter``'s rules (backward: the usual 2x forward). Added to them:
+    ``params``; ``grads`` (one per parameter that requires grad, same dtype); ``buffers``;
+    ``optimizer_state``: ``None``/``'none'``: 0; ``'sgd'`` (with momentum): one float32 tensor
+    per trainable parameter; ``'adam'``/``'adamw'``: two (``exp_avg``, ``exp_avg_sq``), i.e. 8
+    bytes per trainable element, as in mixed-precision training (``torch.optim`` keeps them in
+    the parameter's dtype: half that for bf16 parameters). ``peak_estimate`` is the sum of all
+    these plus the largest single op output (``largest_transient``); it is an estimate because
+    the allocator's caching and fragmentation, temporaries inside kernels, the gradients of
+    activations alive during backward and the optimizer's own temporaries are not counted,
+    while saved tensors freed as backward proceeds are counted as if all were alive at once.
+
+    Args:
+        model: any ``torch.nn.Module``; may live on the meta device (no memory needed).
+        input_args, input_kwargs: as for ``log_forward_pass``.
+        optimizer: ``None``, ``'sgd'``, ``'adam'`` or ``'adamw'``.
+        device: ``'meta'``: run on meta copies of the parameters and inputs (nothing is
+            allocated; the model is left untouched).
+
+    The model ends as it was (parameters, buffers, ``training``, ``requires_grad``, ``.grad``:
+    no backward runs).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.ReLU())
+        >>> mem = tl.memory_report(model, torch.ones(8, 100), optimizer="adam")
+        >>> mem.params, mem.grads, mem.optimizer_state
+        (20200, 20200, 40400)
+        >>> mem.per_op["linear_1_1"], mem.per_op["relu_1_2"]  # Linear saves its input, ReLU its output
+        (3200, 1600)
+        >>> mem.flops_per_op["linear_1_1"]  # 2 * 8 * 100 * 50
+        80000
+    """
+    require_model(model, "memory_report")
+    key = "none" if optimizer is None else optimizer
+    if not isinstance(key, str) or key.lower() not in OPTIMIZER_STATES:
+        raise ValueError(
+            f"optimizer must be None, 'sgd' (with momentum), 'adam' or 'adamw', not {optimizer!r}; for another "
+            "optimizer, add its state to mem.peak_estimate yourself (e.g. 2 x mem.params_fp32 for Adam-like ones)."
+        )
+    check_device(device)
+    model, notes = traceable_model(model)
+    args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
+    if device is not None:
+        args, kwargs = inputs_on("meta", args, kwargs)
+    with eager_only(), torch.enable_grad(), MetaCopies(model) if device is not None else contextlib.nullcontext():
+        report = _measure(model, args, kwargs, key.lower())
+    for note in notes:
+        print(f"torchlens: note: {note}", file=sys.stderr)
+    report.notes.extend(notes)
+    return report
+
+
+class _SavedTensors(PassObserver):
+    """During the pass: which storages autograd saves, first by which op (raw index), and FLOPs."""
+
+    def __init__(self, excluded: Dict[int, str]) -> None:
+        self.excluded = excluded  # storage key -> 'param' / 'buffer': counted elsewhere
+        self.saved: Dict[int, Tuple[int, int]] = {}  # storage key -> (raw index, bytes)
+        self.held: List[Any] = []  # saved storages kept alive, so no key is reused in the pass
+        self.flops: Dict[int, int] = {}  # raw index -> forward FLOPs
+        self.contexts: List[Any] = []
+
+    def pass_started(self, records: PassRecords) -> None:
+        self.tracer = ops.ACTIVE.tracer
+        for context in (
+            torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack),
+            OpFlops(self.flops, self.where, self.tracer),
+        ):
+            context.__enter__()
+            self.contexts.append(context)
+
+    def pass_ended(self) -> None:
+        while self.contexts:
+            self.contexts.pop().__exit__(None, None, None)
+
+    def where(self) -> int:
+        """The op in progress: its output will be the next record the tracer makes."""
+        return len(self.tracer.entries)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        tracer = self.tracer
+        paused, tracer.paused = tracer.paused, True  # the calls below are ours, not the model's
+        try:
+            key, nbytes, storage = _storage_of(tensor)
+            if key not in self.saved and key not in self.excluded:
+                self.saved[key] = (len(tracer.entries), nbytes)
+                self.held.append(storage)
+        finally:
+            tracer.paused = paused
+        return tensor
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _storage_of(tensor: torch.Tensor) -> Tuple[int, int, Any]:
+    """(key, bytes, object to keep alive) of the memory ``tensor`` lives in: its storage, also on
+    meta (whose storages have no data pointer but distinct identities)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage._cdata, storage.nbytes(), storage
+    except Exception:  # a tensor without a storage (sparse, nested...): counted by its elements
+        return id(tensor), tensor.numel() * tensor.element_size(), tensor
+
+
+def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: str) -> "MemoryReport":
+    params = {id(p): p for p in model.parameters()}.values()
+    buffers = {id(b): b for b in model.buffers()}.values()
+    excluded = {_storage_of(p)[0]: "param" for p in params}
+    excluded.update({_storage_of(b)[0]: "buffer" for b in buffers})
+    args, kwargs, _ = copy_inputs(model, args, kwargs)
+    inputs = [t for _, t in tensors_in_call(args, kwargs)]
+    input_keys = {_storage_of(t)[0] for t in inputs}
+    on_meta = any(t.is_meta for t in [*params, *buffers, *inputs])
+    observer = _SavedTensors(excluded)
+    snapshot = BufferSnapshot(model)
+    try:
+        result = run_pass(model, args, kwargs, SavePlan(), random_seed=0, observer=observer)
+    finally:
+        snapshot.restore()
+    history = build_history(result)
+    del result, args, kwargs
+    observer.held.clear()
+    kept = [e.raw_index for e in history.layer_list]
+    labels = [e.label for e in history.layer_list]
+
+    def label_of(raw_index: int) -> str:
+        """The first recorded op at or after ``raw_index`` (an op pruned from the history, e.g.
+        one that only made a constant, passes its share on)."""
+        position = bisect.bisect_left(kept, raw_index)
+        return labels[min(position, len(labels) - 1)]
+
+    per_op = {e.label: 0 for e in history.layer_list if e.kind == "op"}
+    saved_inputs = 0
+    for key, (raw_index, nbytes) in observer.saved.items():
+        label = label_of(raw_index)
+        per_op[label] = per_op.get(label, 0) + nbytes
+        saved_inputs += nbytes if key in input_keys else 0
+    flops_per_op = {label: 0 for label in per_op}
+    for raw_index, flops in observer.flops.items():
+        label = label_of(raw_index)
+        flops_per_op[label] = flops_per_op.get(label, 0) + flops
+    trainable = [p for p in params if p.requires_grad]
+    report = MemoryReport(
+        history=history,
+        params=sum(_nbytes(p) for p in params),
+        grads=sum(_nbytes(p) for p in trainable),
+        buffers=sum(_nbytes(b) for b in buffers),
+        optimizer=optimizer,
+        optimizer_state=OPTIMIZER_STATES[optimizer] * _FP32 * sum(p.numel() for p in trainable),
+        per_op=per_op,
+        flops_per_op=flops_per_op,
+        saved_inputs=saved_inputs,
+    )
+    if on_meta and any(e.layer_type == "scaleddotproductattention" for e in history.layer_list):
+        report.notes.append(_SDPA_ON_META)
+    return report
+
+
+_SDPA_ON_META = (
+    "On meta, torch runs scaled_dot_product_attention by its math path, which saves the attention probabilities "
+    "(batch x heads x seq x seq) for backward; on a GPU the fused kernels (flash, memory-efficient) save only q, k, v, "
+    "the output and a logsumexp, so saved_for_backward here is what eager attention needs, more than fused attention's."
+)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class MemoryReport:
+    """The memory a training step holds and its FLOPs; made by ``tl.memory_report``.
+
+    Bytes: ``params``, ``grads``, ``buffers``, ``optimizer_state``, ``saved_for_backward``
+    (all autograd keeps between forward and backward, once per storage; ``saved_inputs`` is the
+    part that is the model's own inputs, which the caller holds anyway), ``largest_transient``
+    (the largest op output, ``largest_transient_op``), ``peak_estimate`` (their sum: an
+    estimate, see ``memory_report``). ``per_op`` and ``flops_per_op``: label -> bytes saved /
+    forward FLOPs, in execution order; ``per_module`` and ``flops_per_module``: module call
+    (``'address:pass'``) -> the same summed over the ops inside it, submodules included.
+    ``forward_flops``, ``backward_flops`` (2x forward). ``history``: the traced pass (no
+    values). ``print(report)`` shows the totals and what holds the most; ``to_pandas()`` a table.
+    """
+
+    def __init__(
+        self,
+        history: ModelHistory,
+        params: int,
+        grads: int,
+        buffers: int,
+        optimizer: str,
+        optimizer_state: int,
+        per_op: Dict[str, int],
+        flops_per_op: Dict[str, int],
+        saved_inputs: int,
+    ) -> None:
+        self.history = history
+        self.params, self.grads, self.buffers = params, grads, buffers
+        self.optimizer, self.optimizer_state = optimizer, optimizer_state
+        self.per_op, self.flops_per_op = per_op, flops_per_op
+        self.saved_inputs = saved_inputs
+        self.saved_for_backward = sum(per_op.values())
+        self.forward_flops = sum(flops_per_op.values())
+        self.backward_flops = 2 * self.forward_flops
+        self.per_module: Dict[str, int] = {}
+        self.flops_per_module: Dict[str, int] = {}
+        for e in history.layer_list:
+            for module in e.containing_modules:
+                self.per_module[module] = self.per_module.get(module, 0) + per_op.get(e.label, 0)
+                self.flops_per_module[module] = self.flops_per_module.get(module, 0) + flops_per_op.get(e.label, 0)
+        outputs = [(e.nbytes or 0, e.label) for e in history.layer_list if e.kind == "op"]
+        self.largest_transient, self.largest_transient_op = max(outputs, default=(0, None))
+        self.peak_estimate = (
+            params + grads + buffers + optimizer_state + self.saved_for_backward + self.largest_transient
+        )
+        self.notes: List[str] = list(history.notes)
+        if not grads and not self.saved_for_backward:
+            self.notes.append(
+                "Nothing requires grad (no trainable parameter, no input with requires_grad): a training step of this model saves nothing."
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryReport(peak_estimate={human_bytes(self.peak_estimate)}, "
+            f"saved_for_backward={human_bytes(self.saved_for_backward)}, params={human_bytes(self.params)})"
+        )
+
+    def __str__(self) -> str:
+        rows = [
+            ("parameters", self.params),
+            ("gradients", self.grads),
+            (f"optimizer state ({self.optimizer})", self.optimizer_state),
+            ("buffers", self.buffers),
+            ("saved for backward", self.saved_for_backward),
+            (f"largest transient ({self.largest_transient_op})", self.largest_transient),
+            ("peak (estimate)", self.peak_estimate),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"Memory of a training step of {self.history.model_name} (one forward + backward):"]
+        lines += [f"  {name:<{width}}  {human_bytes(value):>10}" for name, value in rows]
+        lines.append(f"  {'forward FLOPs':<{width}}  {_flops(self.forward_flops):>10}")
+        lines.append(f"  {'backward FLOPs (2x)':<{width}}  {_flops(self.backward_flops):>10}")
+        lines.append(
+            "  The peak is an estimate: allocator caching, kernels' temporaries and gradients of activations "
+            "in flight are left out."
+        )
+        for title, table, flops in (
+            ("Ops", self.per_op, self.flops_per_op),
+            ("Module calls", self.per_module, self.flops_per_module),
+        ):
+            top = sorted((v, k) for k, v in table.items() if v)[::-1][:8]
+            if top:
+                lines.append(f"{title} holding the most for backward:")
+                lines += [f"  {k:<32} {human_bytes(v):>10}  {_flops(flops.get(k, 0)):>10} FLOPs" for v, k in top]
+        lines += [f"Note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def to_pandas(self, level: str = "op") -> Any:
+        """One row per op (``level='op'``) or per module call (``'module'``): saved bytes and
+        forward/backward FLOPs (ops also: type, module, output bytes)."""
+        import pandas as pd
+
+        if level == "module":
+            return pd.DataFrame(
+                [
+                    {
+                        "module": m,
+                        "saved_bytes": b,
+                        "forward_flops": self.flops_per_module[m],
+                        "backward_flops": 2 * self.flops_per_module[m],
+                    }
+                    for m, b in self.per_module.items()
+                ]
+            )
+        if level != "op":
+            raise ValueError(f"level must be 'op' or 'module', not {level!r}.")
+        rows = []
+        for e in self.history.layer_list:
+            if e.label in self.per_op:
+                flops = self.flops_per_op.get(e.label, 0)
+                rows.append(
+                    {
+                        "label": e.label,
+                        "layer_type": e.layer_type,
+                        "module": e.containing_module,
+                        "output_bytes": e.nbytes,
+                        "saved_bytes": self.per_op[e.label],
+                        "forward_flops": flops,
+                        "backward_flops": 2 * flops,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+
+def _flops(n: int) -> str:
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return str(n)
+
+
+__all__ = ["memory_report", "MemoryReport", "OPTIMIZER_STATES"]
