@@ -334,6 +334,8 @@ def test_a_parameter_flag_on_an_integer_tensor_is_a_file_error(saved):
         ("shape", {"t": "device", "v": "not a device"}, "malformed 'device' value"),
         ("call_frames", [[99, 1, 1]], "malformed 'call_frames'"),
         ("activation", {"t": "tensor", "k": 10**6}, "refers to tensor #1000000"),
+        ("gradient", "", "malformed 'gradient'"),
+        ("func_kwargs", [], "malformed 'func_kwargs'"),
     ],
 )
 def test_malformed_fields_name_the_layer(saved, field, value, problem):

@@ -113,6 +113,39 @@ ENTRY_CHECKS: Dict[str, Check] = {
     "branch_condition": _optional(_str),
 }
 
+
+def _tagged(*tags: str) -> Check:
+    return lambda v: v is None or (type(v) is dict and v.get("t") in tags)
+
+
+# the fields read when first used: their JSON form is checked when loading, their value when read
+# (an activation may be anything an ``activation_postfunc`` returned)
+LAZY_JSON_CHECKS: Dict[str, Check] = {
+    "activation": _any,
+    "gradient": _tagged("tensor", "meta"),
+    "func_args": lambda v: v is None or type(v) is list or _tagged("tuple")(v),
+    "func_kwargs": _tagged("dict"),
+    "rng_state": _tagged("tuple"),
+}
+
+
+def _rng_state(v: Any) -> bool:
+    return (
+        type(v) is tuple
+        and len(v) == 2
+        and isinstance(v[0], torch.Tensor)
+        and (v[1] is None or (type(v[1]) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v[1])))
+    )
+
+
+LAZY_CHECKS: Dict[str, Check] = {
+    "activation": _any,
+    "gradient": _optional(lambda v: isinstance(v, torch.Tensor)),
+    "func_args": _optional(lambda v: type(v) in (list, tuple)),
+    "func_kwargs": _optional(lambda v: type(v) is dict),
+    "rng_state": _optional(_rng_state),
+}
+
 # the history's own attributes (``vars(history)``) that loading and printing rely on
 HISTORY_CHECKS: Dict[str, Check] = {
     "model_name": _str,
@@ -158,4 +191,12 @@ def call_frames_ok(frames: Any, num_codes: int) -> bool:
     )
 
 
-__all__ = ["ENTRY_CHECKS", "HISTORY_CHECKS", "modules_ok", "pass_stats_ok", "call_frames_ok"]
+__all__ = [
+    "ENTRY_CHECKS",
+    "HISTORY_CHECKS",
+    "LAZY_CHECKS",
+    "LAZY_JSON_CHECKS",
+    "modules_ok",
+    "pass_stats_ok",
+    "call_frames_ok",
+]

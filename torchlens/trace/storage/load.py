@@ -13,7 +13,15 @@ from ..records.func_call import FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
 from .codec import Decoder, SavedCode, decode_code_table
 from .errors import HistoryFileError
-from .fields import ENTRY_CHECKS, HISTORY_CHECKS, call_frames_ok, modules_ok, pass_stats_ok
+from .fields import (
+    ENTRY_CHECKS,
+    HISTORY_CHECKS,
+    LAZY_CHECKS,
+    LAZY_JSON_CHECKS,
+    call_frames_ok,
+    modules_ok,
+    pass_stats_ok,
+)
 from .save import DERIVED_HISTORY, FORMAT, FORMAT_VERSION, INDEX_FILE
 from .shards import TensorStore, check_record, dtype_of, inside_folder
 
@@ -37,6 +45,10 @@ def _lazy_field(name: str) -> property:
         if pending and name in pending:
             try:
                 value = self._decoder.value(pending[name])
+                if not LAZY_CHECKS[name](value):
+                    raise HistoryFileError(
+                        self._decoder.where, f"a {type(value).__name__} where a tensor record belongs"
+                    )
             except HistoryFileError as error:  # name the layer and field, not only the shard's tensor id
                 raise HistoryFileError(
                     error.path,
@@ -287,6 +299,8 @@ def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode], lay
     pending: Dict[str, Any] = {}
     for name, data in values.items():
         if name in _LAZY_FIELDS:
+            if not LAZY_JSON_CHECKS[name](data):
+                raise HistoryFileError(decoder.where, f"{layer}: malformed '{name}' {str(data)[:60]!r}")
             _check_tensor_reference(data, decoder, f"{layer}: the {name}")
             pending[name] = data
         elif name == "call_frames":

@@ -205,7 +205,12 @@ def _is_shape(value: Any) -> bool:
 
 
 def dense_nbytes(record: Dict[str, Any], where: str) -> int:
-    """Bytes of a checked dense record's data (its shape times its dtype's size)."""
+    """Bytes of a checked dense record's data (its shape times its dtype's size).
+
+    Example:
+        >>> dense_nbytes({"dtype": "float16", "shape": [2, 3]}, "run/torchlens.json")
+        12
+    """
     numel = 1
     for n in record["shape"]:
         numel *= n
@@ -215,7 +220,15 @@ def dense_nbytes(record: Dict[str, Any], where: str) -> int:
 def check_record(record: Any, files: Dict[str, int], where: str) -> None:
     """A tensor index record is well formed, names a listed shard, and declares no more bytes
     than that shard holds: checked before any tensor is made, so a damaged index cannot make
-    the loader allocate beyond the files' size (``HistoryFileError`` naming ``where``)."""
+    the loader allocate beyond the files' size (``HistoryFileError`` naming ``where``).
+
+    Example:
+        >>> record = {"kind": "dense", "file": "t.safetensors", "name": "t0", "dtype": "float32", "shape": [1 << 30], "crc": 0}
+        >>> check_record(record, {"t.safetensors": 100}, "run/torchlens.json")
+        Traceback (most recent call last):
+        ...
+        torchlens.trace.storage.errors.HistoryFileError: run/torchlens.json: tensor 't0' is said to hold 4294967296 bytes, more than its file t.safetensors (100 bytes): the index is corrupted
+    """
     if not isinstance(record, dict) or record.get("kind") not in _KINDS:
         kind = record.get("kind") if isinstance(record, dict) else record
         raise HistoryFileError(where, f"unknown tensor kind {str(kind)[:40]!r} (written by a newer torchlens?)")
