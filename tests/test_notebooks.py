@@ -25,3 +25,152 @@ def test_notebook_runs(path):
 
 def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 3
+
+
+# ----- what Jupyter is given (no kernel needed) ---------------------------------------------
+
+
+def _unpacked(frame):
+    """The bundle packed into the inline page of an iframe's srcdoc: {"name", "data", "scripts"}."""
+    import base64
+    import gzip
+    import html
+    import json
+    import re
+
+    page = html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
+    packed = re.search(r'<script type="application/octet-stream" id="tl-packed">([^<]*)</script>', page).group(1)
+    return page, json.loads(gzip.decompress(base64.b64decode(packed)))
+
+
+def test_history_gives_jupyter_the_page_the_drawing_and_the_text():
+    import torch
+
+    import torchlens as tl
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    h = tl.log_forward_pass(model, torch.ones(1, 3), random_seed=0)
+    bundle = h._repr_mimebundle_()
+    assert bundle["text/plain"] == str(h)
+    assert bundle["image/svg+xml"] == h._repr_svg_() and "<svg" in bundle["image/svg+xml"]
+    frame = bundle["text/html"]
+    assert frame == h._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame and 'loading="lazy"' in frame
+    page, packed = _unpacked(frame)
+    assert packed["name"] == "TORCHLENS_GRAPH"
+    assert [op["label"] for op in packed["data"]["ops"]] == h.layer_labels
+    assert len(packed["scripts"]) >= 2 and "TORCHLENS_GRAPH" in "".join(packed["scripts"])
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
+    assert set(h._repr_mimebundle_(include=["text/plain"])) == {"text/plain"}
+    assert "text/html" not in h._repr_mimebundle_(exclude=["text/html"])
+
+
+def test_show_height_and_outside_a_notebook():
+    import torch
+
+    import torchlens as tl
+    from torchlens.trace.render.graph_page.inline import notebook_html
+
+    h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+    assert "height: 300px" in notebook_html(h, height=300)
+    with pytest.raises(ValueError, match="at least 100"):
+        notebook_html(h, height=20)
+    with pytest.raises(RuntimeError, match="to_html"):
+        h.show(height=300)
+
+
+def test_a_large_graph_has_no_inline_drawing_in_any_form():
+    """Past SVG_MAX_OPS the drawing is left out of the bundle, and _repr_svg_ agrees (Jupyter
+    would otherwise call it for the missing type and store a drawing larger than the page)."""
+    import torch
+
+    import torchlens as tl
+    from torchlens.trace.render.graph_page.inline import SVG_MAX_OPS
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            for _ in range(SVG_MAX_OPS // 2 + 1):
+                x = torch.relu(self.fc(x))
+            return x
+
+    h = tl.log_forward_pass(Deep(), torch.ones(1, 2), random_seed=0)
+    assert len(h) > SVG_MAX_OPS
+    bundle = h._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}
+    assert h._repr_svg_() is None
+
+
+@pytest.mark.slow
+def test_gpt2_inline_page_is_under_a_megabyte():
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    import torch
+
+    import torchlens as tl
+
+    config = transformers.GPT2Config(n_layer=12, n_embd=64, n_head=2, vocab_size=100)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    h = tl.log_forward_pass(model, torch.randint(0, 100, (1, 16)), random_seed=0)
+    stored = json.dumps(h._repr_mimebundle_())  # what the notebook file holds for the output
+    assert len(stored) <= 1_000_000, len(stored)
+    _, packed = _unpacked(h._repr_html_())
+    assert len(packed["data"]["ops"]) == len(h)  # every op is in it, nothing dropped to fit
+
+
+def test_entry_card_shows_statistics_histogram_neighbours_module_and_source():
+    import re
+
+    import torch
+
+    import torchlens as tl
+    from torchlens.web.stats import NUM_BINS, tensor_stats
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 64)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return torch.relu(y) * 2  # the source line of relu
+
+    h = tl.log_forward_pass(Net(), torch.randn(8, 3), random_seed=0)
+    entry = h["relu_1_2"]
+    card = entry._repr_html_()
+    rows = dict(re.findall(r"<th[^>]*>([^<]*)</th><td[^>]*>([^<]*)</td>", card))
+    stats = tensor_stats(entry.activation)
+    assert rows["shape"] == "(8, 64)" and rows["dtype"] == "float32" and rows["size"] == entry.tensor_size_text
+    assert float(rows["min"]) == pytest.approx(stats["min"], rel=1e-3)
+    assert float(rows["max"]) == pytest.approx(stats["max"], rel=1e-3)
+    assert float(rows["mean"]) == pytest.approx(stats["mean"], rel=1e-3)
+    assert float(rows["std"]) == pytest.approx(stats["std"], rel=1e-3)
+    assert rows["parents"] == "linear_1_1" and rows["children"] == ", ".join(entry.child_layers)
+    assert rows["module"] == "none (outside every module)"
+    assert "test_notebooks.py" in rows["source"] and "torch.relu(y) * 2" in rows["source"]
+    assert h["linear_1_1"]._repr_html_().count("fc") >= 1
+    assert re.search(r"<th[^>]*>module</th><td[^>]*>fc</td>", h["linear_1_1"]._repr_html_())
+    # the histogram: the bins of the shared statistics rule, tallest bar the fullest bin
+    hist = re.search(r'<svg data-role="histogram".*?</svg>', card).group(0)
+    heights = [float(x) for x in re.findall(r'<rect [^>]*height="([\d.]+)"', hist)]
+    assert len(heights) == NUM_BINS == len(stats["hist"])
+    assert heights.index(max(heights)) == stats["hist"].index(max(stats["hist"]))
+    assert [t for t in re.findall(r"<title>(\d+)</title>", hist)] == [str(c) for c in stats["hist"]]
+
+
+def test_entry_card_of_an_unsaved_entry_says_so():
+    import torch
+
+    import torchlens as tl
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    h = tl.log_forward_pass(
+        model, torch.ones(1, 3), layers_to_save=["relu_1_2"], keep_unsaved_layers=True, random_seed=0
+    )
+    card = h["linear_1_1"]._repr_html_()
+    assert "not saved" in card and 'data-role="histogram"' not in card
+    assert 'data-role="histogram"' in h["relu_1_2"]._repr_html_()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -116,6 +117,17 @@ def _make_init_fields() -> Callable:
 
 
 _init_fields = _make_init_fields()
+
+
+# The notebook card of an entry is drawn by trace/render/cards.py, a layer above records (it
+# imports records): it registers itself here when imported, and _repr_html_ imports it on first use.
+_CARD_PROVIDER = "torchlens.trace.render.cards"
+_CARD: List[Callable[[Any], str]] = []
+
+
+def provide_card(render: Callable[[Any], str]) -> None:
+    """Register ``render(entry) -> HTML`` as the notebook card of a ``TensorLogEntry``."""
+    _CARD[:] = [render]
 
 
 class TensorLogEntry:
@@ -356,6 +368,13 @@ class TensorLogEntry:
 
     def __repr__(self) -> str:
         return self.__str__()
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows an entry as a card: shape, dtype, statistics and a histogram of its
+        values, parents, children, module and source line (``print(entry)`` gives every field)."""
+        if not _CARD:
+            importlib.import_module(_CARD_PROVIDER)  # registers the card
+        return _CARD[0](self)
 
     def to_row(self) -> Dict[str, Any]:
         """One flat dict of the entry's metadata (what ``ModelHistory.to_pandas`` tabulates)."""

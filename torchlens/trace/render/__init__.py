@@ -15,6 +15,7 @@ Example:
 """
 
 from ..history.extensions import provide
+from . import cards  # noqa: F401  (registers the notebook card of an entry)
 from .graph_page import show, to_html
 from .graph_page.inline import inline_svg, mimebundle, notebook_html
 from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of
