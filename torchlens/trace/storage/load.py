@@ -250,6 +250,7 @@ def load_history(folder: str) -> ModelHistory:
     return history
 
 
+_REBUILT_FIELDS = ("module_passes", "lookup_keys")
 _REQUIRED_FIELDS = ("raw_index", "func_name", "layer_type", "kind", "label", "layer_label", "short_label")
 
 
@@ -303,6 +304,8 @@ def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode], lay
                 raise HistoryFileError(decoder.where, f"{layer}: malformed '{name}' {str(data)[:60]!r}")
             _check_tensor_reference(data, decoder, f"{layer}: the {name}")
             pending[name] = data
+        elif name in _REBUILT_FIELDS:
+            continue  # build_lookup sets them again from the history's own modules and keys
         elif name == "call_frames":
             if not call_frames_ok(data, len(codes)):
                 raise HistoryFileError(decoder.where, f"{layer}: malformed 'call_frames'")
