@@ -6,7 +6,9 @@ Needs torchvision, Playwright and ``/usr/bin/chromium``. Writes:
 
 - ``graph_page_resnet18``: ResNet-18 with ``layer1`` open (its two BasicBlocks unfolded, the
   first one open) and the details of its first convolution;
-- ``graph_page_gpt2``: a 12-layer GPT-2 with its blocks folded into one "x12" box.
+- ``graph_page_gpt2``: a 12-layer GPT-2 with its blocks folded into one "x12" box;
+- ``answer_nonfinite``: the page of a ``tl.find_nonfinite`` report, opened on the operation
+  that made the NaN (``answer_nonfinite()`` makes this one alone).
 """
 
 from __future__ import annotations
@@ -45,6 +47,48 @@ def _pages(folder: str) -> dict:
     return pages
 
 
+class _Block(torch.nn.Module):
+    """A residual block; ``root=True`` takes a square root of something that goes negative."""
+
+    def __init__(self, root: bool = False) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+        self.root = root
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(self.norm(x))
+        if self.root:
+            h = torch.sqrt(h - 0.5)  # NaN wherever h < 0.5
+        return x + torch.relu(h)
+
+
+def answer_nonfinite(outdir: str = "images") -> str:
+    """``answer_nonfinite.png``: the page of a ``find_nonfinite`` report of a small residual
+    net whose third block takes ``sqrt`` of negatives, opened on that ``sqrt``. Returns the path."""
+    from playwright.sync_api import sync_playwright
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 8), _Block(), _Block(), _Block(root=True), _Block(), torch.nn.Linear(8, 2)]
+    model = torch.nn.Sequential(*layers)
+    report = tl.find_nonfinite(model, torch.randn(2, 4))
+    folder = tempfile.mkdtemp()
+    page_path = os.path.join(folder, "answer_nonfinite.html")
+    report.to_html(page_path)
+    os.makedirs(outdir, exist_ok=True)
+    out = os.path.join(outdir, "answer_nonfinite.png")
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 760})
+        page.goto("file://" + page_path)
+        page.wait_for_selector('body[data-ready="1"]')
+        page.click('[data-role="fit"]')  # the whole pass in view, the producer still open and selected
+        page.wait_for_timeout(300)
+        page.screenshot(path=out)
+        browser.close()
+    return out
+
+
 def main(outdir: str = "images") -> None:
     from playwright.sync_api import sync_playwright
 
@@ -79,6 +123,8 @@ def main(outdir: str = "images") -> None:
             page.screenshot(path=os.path.join(outdir, "graph_page_gpt2.png"))
             written.append("graph_page_gpt2.png")
         browser.close()
+    answer_nonfinite(outdir)
+    written.append("answer_nonfinite.png")
     print(f"wrote {', '.join(written)} into {outdir}/")
 
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import TorchlensError
 from ..records.func_call import FuncCallLocation
+from .display import page_iframe
 
 
 class CompareError(TorchlensError, ValueError):
@@ -158,6 +159,71 @@ class Comparison:
         ``'rel_error'``, ``'cosine'``, ``'added'``) by the labels of side ``'a'`` or ``'b'``: what an overlay
         on the graph page of that side colours its nodes by."""
         return {(r.label_a if side == "a" else r.label_b): getattr(r, name) for r in self.rows}
+
+    def overlay(self, side: str = "b") -> Dict[str, Any]:
+        """The graph page's overlay for the pass of ``side``: each matched op's relative error
+        (``||a - b|| / ||b||``; for ``compare_precision``, the error it adds), on a log scale
+        from the tolerance up; ops compared exactly are 0 when equal, 1 when not.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> m = torch.nn.Linear(2, 2)
+            >>> cmp = tl.compare((m, torch.ones(1, 2)), (m, torch.ones(1, 2)))
+            >>> cmp.overlay()["name"], cmp.overlay()["values"]["linear_1_1"]
+            ('relative error', 0.0)
+        """
+        if side not in ("a", "b"):
+            raise CompareError(f"side must be 'a' or 'b', not {side!r}.")
+        added = getattr(self, "dtype", None) is not None  # compare_precision's result
+        values: Dict[str, Optional[float]] = {}
+        for r in self.rows:
+            value = r.added if added else r.rel_error
+            if value is None and r.exact:
+                value = 0.0 if r.within else 1.0
+            values[r.label_a if side == "a" else r.label_b] = value
+        positive = [v for v in values.values() if v is not None and v > 0 and v == v and v != float("inf")]
+        if added:
+            high = max(positive, default=1.0)
+            domain = (high * 1e-3, high)
+        else:
+            domain = (self.rtol, max(positive + [self.rtol * 10]))
+        first = self.first_divergence
+        if first is None:
+            caption = "every matched op is within tolerance"
+        else:
+            where = f" in module {first.module}" if first.module else ""
+            caption = f"first divergence: {first.label_a if side == 'a' else first.label_b}{where}"
+        return {
+            "values": values,
+            "name": "error added" if added else "relative error",
+            "scale": "sequential",
+            "log": True,
+            "domain": domain,
+            "caption": caption,
+        }
+
+    def to_html(self, path: Optional[str] = None, side: str = "b") -> str:
+        """The graph page of pass ``side`` (``'a'`` or ``'b'``) with each matched op coloured
+        by its relative error (``compare_precision``: the error it adds) and a legend, opened
+        on ``first_divergence``. Returns the HTML; writes it to ``path`` when given.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> m = torch.nn.Linear(2, 2)
+            >>> cmp = tl.compare((m, torch.ones(1, 2)), (m, torch.ones(1, 2) * 2))
+            >>> "relative error" in cmp.to_html(side="a")
+            True
+        """
+        history = self.history_a if side == "a" else self.history_b
+        if history is None:
+            raise CompareError(f"this comparison holds no history of {side!r} to draw.")
+        first = self.first_divergence
+        focus = None if first is None else (first.label_a if side == "a" else first.label_b)
+        return history.to_html(path, overlay=self.overlay(side), focus=focus)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the origin(s) of divergence, then the graph page of ``b`` opened there."""
+        return page_iframe(self.to_html(), "\n".join([self.header()] + self.story()))
 
     def to_pandas(self):
         """One row per matched op (columns as in ``ComparedOp.to_row``)."""

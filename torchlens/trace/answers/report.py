@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -11,8 +10,11 @@ import torch
 
 from ...errors import TorchlensError
 from ..records.func_call import FuncCallLocation
+from .display import page_iframe
 
 PHASES = ("input", "parameter", "forward", "loss", "backward")
+# the graph page's colours (worst first: a closed module shows the worst inside)
+CATEGORY_COLORS = (("producer", "#d7301f"), ("first NaN", "#7a0177"), ("propagated", "#fdae6b"), ("finite", "#d9f0d3"))
 
 
 class NonfiniteError(TorchlensError, ValueError):
@@ -138,7 +140,62 @@ class NonfiniteReport:
         return f"<NonfiniteReport found={self.found} phase={self.phase!r} label={self.label!r} kind={self.kind!r}>"
 
     def _repr_html_(self) -> str:
-        return f"<pre>{html.escape(_story(self))}</pre>"
+        """In a notebook: the story, then the graph page opened on the producer."""
+        return page_iframe(self.to_html(), _story(self))
+
+    def overlay(self) -> Dict[str, Any]:
+        """The graph page's overlay: each layer 'producer', 'propagated' or 'finite' (backward:
+        by its gradient); layers that hold no floating values have none.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> report = tl.find_nonfinite(torch.nn.Linear(2, 2), torch.ones(1, 2), backward=False)
+            >>> sorted(set(report.overlay()["values"].values()))
+            ['finite']
+        """
+        backward = self.phase == "backward"
+        flags = self.gradient_finite if backward else self.finite
+        producers = {self.label} if self.label else set()
+        if self.phase == "parameter" and self.history is not None:  # the ops that read it
+            producers = {e.label for e in self.history.layer_list if self.label in (e.param_addresses or ())}
+        values: Dict[str, str] = {}
+        for label, finite in flags.items():
+            if label in producers:
+                values[label] = "producer"
+            elif finite is not None:
+                values[label] = "finite" if finite else "propagated"
+        if self.first_nan is not None and self.first_nan.label in values:
+            values[self.first_nan.label] = "first NaN"
+        caption = _story(self).split("\n")[0]
+        return {
+            "values": values,
+            "name": "non-finite gradient (backward)" if backward else "non-finite values",
+            "scale": "categorical",
+            "colors": dict(CATEGORY_COLORS),
+            "caption": caption if len(caption) <= 200 else caption[:197] + "...",
+        }
+
+    def to_html(self, path: Optional[str] = None) -> str:
+        """The graph page of ``history`` with each node coloured producer / propagated /
+        finite and a legend, opened on the producer (its modules open, its parents and source
+        line in the details panel). Returns the HTML; writes it to ``path`` when given.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> report = tl.find_nonfinite(torch.nn.Linear(2, 2), torch.ones(1, 2))
+            >>> "non-finite values" in report.to_html()
+            True
+        """
+        if self.history is None:
+            raise NonfiniteError("this report has no history to draw; it comes from find_nonfinite or first_nonfinite.")
+        labels = {e.label for e in self.history.layer_list}
+        overlay = self.overlay()
+        focus = (
+            self.label
+            if self.label in labels
+            else next((k for k, v in overlay["values"].items() if v == "producer"), None)
+        )
+        return self.history.to_html(path, overlay=overlay, focus=focus)
 
     def to_pandas(self) -> Any:
         """One row per layer: label, forward flag, gradient flag, and its role in the answer

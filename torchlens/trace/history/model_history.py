@@ -375,10 +375,13 @@ class ModelHistory:
         the drawing while small (``image/svg+xml``) and the summary (``text/plain``)."""
         return extension("mimebundle")(self, include, exclude)
 
-    def to_html(self, path: Optional[str] = None) -> str:
+    def to_html(self, path: Optional[str] = None, overlay: Any = None, focus: Optional[str] = None) -> str:
         """The interactive graph page: one self-contained HTML file (no server, no network) with
         every operation, modules that open and close, folded repeated blocks, search and details.
-        Returns the HTML text, and writes it to ``path`` when given.
+        Returns the HTML text, and writes it to ``path`` when given. ``overlay``: a value per
+        label (``{label: number or category}``, or ``{"values": {...}, "name": ..., "scale":
+        "sequential" | "diverging" | "categorical", "log": ..., "colors": ...}``) colouring the
+        nodes, with a legend; ``focus``: the label the page opens on (modules open, details shown).
 
         Example:
             >>> import torch, torchlens as tl
@@ -386,7 +389,7 @@ class ModelHistory:
             >>> h.to_html().startswith("<!doctype html>")
             True
         """
-        return extension("to_html")(self, path)
+        return extension("to_html")(self, path, overlay=overlay, focus=focus)
 
     def show(self, height: int = 640) -> Any:
         """Show the interactive graph page inline in Jupyter, ``height`` pixels tall and as wide as

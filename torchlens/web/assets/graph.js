@@ -8,7 +8,12 @@
  * run, which also has data-repeat="<n>") data-module="<address>"; the search box is
  * data-role="search", the side panel data-role="details"; a drawn edge has
  * data-edge="<tail>><head>", each end named by its data-label or data-module. Timings of every
- * re-layout are kept in window.__torchlensGraph.timings. */
+ * re-layout are kept in window.__torchlensGraph.timings.
+ *
+ * An overlay (DATA.overlay, from graph_page/overlay.py) fills each node that has a value with
+ * its colour (data-overlay="<value text>"), marks a closed module with the colour of the worst
+ * value inside, and shows a legend (data-role="legend"); DATA.focus names the operation the
+ * page opens on: its modules open, it is selected and centred, its details shown. */
 (function () {
   "use strict";
 
@@ -96,15 +101,24 @@
       const node = model.view.nodes[it.node], op = DATA.ops[node.op];
       const attrs = { class: `item op k-${op.kind}${op.inside ? " inside" : ""}`, "data-label": it.label, "data-id": it.id, "data-type": op.type };
       if (node.passes > 1) attrs["data-passes"] = node.passes;
+      const paint = overlayOf(node.label);
+      if (paint) attrs["data-overlay"] = paint.text;
       const g = UI.svgEl("g", attrs, parent);
+      let shape;
       if (op.kind === "untraced") {
         const { x, y, w, h } = it, c = 8;
-        UI.svgEl("polygon", { points: `${x + c},${y} ${x + w - c},${y} ${x + w},${y + h / 2} ${x + w - c},${y + h} ${x + c},${y + h} ${x},${y + h / 2}` }, g);
+        shape = UI.svgEl("polygon", { points: `${x + c},${y} ${x + w - c},${y} ${x + w},${y + h / 2} ${x + w - c},${y + h} ${x + c},${y + h} ${x},${y + h / 2}` }, g);
       } else {
-        UI.svgEl("rect", { x: it.x, y: it.y, width: it.w, height: it.h, rx: op.kind === "input" || op.kind === "output" ? 12 : 5 }, g);
+        shape = UI.svgEl("rect", { x: it.x, y: it.y, width: it.w, height: it.h, rx: op.kind === "input" || op.kind === "output" ? 12 : 5 }, g);
       }
-      UI.svgEl("text", { class: "l1", x: cx, y: it.y + 12 }, g).textContent = it.label + (node.passes > 1 ? ` ×${node.passes}` : "");
-      UI.svgEl("text", { class: "l2", x: cx, y: it.y + 25 }, g).textContent = it.line2;
+      const l1 = UI.svgEl("text", { class: "l1", x: cx, y: it.y + 12 }, g);
+      l1.textContent = it.label + (node.passes > 1 ? ` ×${node.passes}` : "");
+      const l2 = UI.svgEl("text", { class: "l2", x: cx, y: it.y + 25 }, g);
+      l2.textContent = it.line2;
+      if (paint) {  // inline style: above the kind's CSS fill, below nothing
+        shape.style.fill = paint.fill;
+        l1.style.fill = l2.style.fill = paint.ink;
+      }
       return g;
     }
     const m = model.view.modules[it.cid];
@@ -115,6 +129,8 @@
       attrs["data-repeat"] = it.count;
       attrs["data-members"] = it.members.map((c) => model.view.modules[c].address).join(" ");
     }
+    const worst = worstInside(it.kind === "fold" ? it.members : [it.cid]);
+    if (worst) attrs["data-overlay"] = worst.text;
     const g = UI.svgEl("g", attrs, parent);
     if (it.kind === "fold") {
       UI.svgEl("rect", { class: "behind", x: it.x + 6, y: it.y + 6, width: it.w - 6, height: it.h - 6, rx: 6 }, g);
@@ -127,7 +143,44 @@
       UI.svgEl("text", { class: "l1", x: cx, y: it.y + 13 }, g).textContent = it.title;
       UI.svgEl("text", { class: "l2", x: cx, y: it.y + 28 }, g).textContent = it.line2;
     }
+    if (worst) UI.svgEl("circle", { class: "ov-dot", cx: it.x + it.w - (it.kind === "fold" ? 14 : 8), cy: it.y + 8, r: 5, style: `fill: ${worst.fill}` }, g);
     return g;
+  }
+
+  // ----- overlay -------------------------------------------------------------------------------
+  function overlayOf(label) { return DATA.overlay ? DATA.overlay.nodes[label] || null : null; }
+
+  /** The paint of the worst value among the nodes of these containers (null: none has one). */
+  function worstInside(cids) {
+    if (!DATA.overlay) return null;
+    let worst = null;
+    for (const c of cids) {
+      for (const n of model.nodesIn[model.mode][c] || []) {
+        const p = overlayOf(model.view.nodes[n].label);
+        if (p && (!worst || p.severity > worst.severity)) worst = p;
+      }
+    }
+    return worst;
+  }
+
+  function drawLegend() {
+    const box = $("legend"), ov = DATA.overlay;
+    if (!ov) return;
+    box.hidden = false;
+    const title = document.createElement("div");
+    title.className = "legend-title";
+    title.textContent = ov.name;
+    box.appendChild(title);
+    if (ov.caption) box.appendChild(Object.assign(document.createElement("div"), { className: "legend-caption", textContent: ov.caption }));
+    for (const entry of ov.legend) {
+      const row = document.createElement("div");
+      row.className = "legend-row";
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = entry.color;
+      row.append(swatch, entry.text);
+      box.appendChild(row);
+    }
   }
 
   function fit() {
@@ -267,6 +320,14 @@
     select(n, true);
   }
 
+  /** Open the page on one operation: its modules opened (no undo step: it is the start). */
+  function focusOn(label) {
+    const n = nodeOfLabel(label);
+    if (n === undefined) return;
+    if (model.reveal({ node: n }).length) render(`focus ${label}`);
+    select(n, true);
+  }
+
   function showDetails(n) {
     const panel = $("details");
     const node = model.view.nodes[n], op = DATA.ops[node.op];
@@ -290,11 +351,18 @@
     if (op.inplace) rows.push(["in-place", "yes"]);
     if (op.inside) rows.push(["created", "inside the model"]);
     if (op.note) rows.push(["note", op.note]);
+    const paint = overlayOf(node.label);
+    if (paint) rows.unshift([DATA.overlay.name, paint.text]);
+    const line = sourceLine(op);
+    if (line) rows.push(["source", line]);
     const table = document.createElement("table");
     for (const [k, v] of rows) { const tr = table.insertRow(); const a = tr.insertCell(); a.className = "key"; a.textContent = k; tr.insertCell().textContent = v; }
     panel.appendChild(table);
     if (op.stats && op.stats.min !== undefined) panel.appendChild(statsBlock(op.stats, node.passes > 1 ? "activation (pass 1)" : "activation"));
-    else section(panel, "activation").after(Object.assign(document.createElement("div"), { textContent: "not saved" }));
+    else {  // saved but with no finite value has no range: say so, not "not saved"
+      const text = op.stats && op.stats.n ? `no finite value (${op.stats.nonfinite.toLocaleString()} of ${op.stats.n.toLocaleString()} NaN/inf)` : "not saved";
+      section(panel, "activation").after(Object.assign(document.createElement("div"), { textContent: text }));
+    }
     links(panel, "parents", op.parents);
     links(panel, "children", op.children);
     const frames = op.stack || [];
@@ -313,6 +381,16 @@
       }
       panel.append(head, pre);
     }
+  }
+
+  /** "file.py:12  code" of the innermost frame of the call stack (the line that called it). */
+  function sourceLine(op) {
+    const stack = op.stack || [];
+    if (!stack.length) return null;
+    const f = DATA.frames[stack[stack.length - 1]];
+    const here = (f.code || []).find((l) => l.startsWith("--->"));
+    const code = here ? here.replace(/^--->\s*(\d+\s*[:|]?)?\s*/, "").split("  #")[0].trim() : "";  // without a trailing comment
+    return `${f.file.split("/").pop()}:${f.line}${code ? "  " + code : ""}`;
   }
 
   function section(panel, title) {
@@ -380,6 +458,8 @@
       if (op.modules && op.modules.length) rows.push(["module", op.modules[op.modules.length - 1]]);
       if (op.elapsed !== null && op.elapsed !== undefined) rows.push(["time", `${(op.elapsed * 1000).toFixed(3)} ms`]);
       if (node.passes > 1) rows.push(["passes", String(node.passes)]);
+      const paint = overlayOf(node.label);
+      if (paint) rows.unshift([DATA.overlay.name, paint.text]);
       if (op.stats && op.stats.min !== undefined) rows.push(["range", `${UI.formatNumber(op.stats.min)} … ${UI.formatNumber(op.stats.max)}`], ["mean ± std", `${UI.formatNumber(op.stats.mean)} ± ${UI.formatNumber(op.stats.std)}`]);
       return [it.label, rows];
     }
@@ -528,6 +608,8 @@
     chooseStartDepth();
     render("start");
     fit();
+    drawLegend();
+    if (DATA.focus) focusOn(DATA.focus);
     document.body.dataset.ready = "1";
   }
 

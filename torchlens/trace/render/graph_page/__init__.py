@@ -12,6 +12,17 @@ Example:
 from ....web.stats import tensor_stats
 from .data import page_data
 from .inline import mimebundle, notebook_html, show
+from .overlay import Overlay, OverlayError
 from .page import iframe_html, to_html
 
-__all__ = ["page_data", "tensor_stats", "to_html", "show", "iframe_html", "notebook_html", "mimebundle"]
+__all__ = [
+    "Overlay",
+    "OverlayError",
+    "page_data",
+    "tensor_stats",
+    "to_html",
+    "show",
+    "iframe_html",
+    "notebook_html",
+    "mimebundle",
+]

@@ -40,6 +40,7 @@ from ....web.stats import tensor_stats
 from ...records.tensor_log import TensorLogEntry
 from ..groups import TensorGroup, tensor_groups
 from ..style import COMMUTATIVE_TYPES, passes_text, positions_text
+from .overlay import Overlay, OverlayError
 
 SOURCE_CONTEXT = 2
 
@@ -298,8 +299,10 @@ def _summary(history: Any) -> Dict[str, Any]:
     }
 
 
-def page_data(history: Any) -> Dict[str, Any]:
-    """Everything the graph page shows for ``history``, as JSON-ready data (see the module doc).
+def page_data(history: Any, overlay: Any = None, focus: Optional[str] = None) -> Dict[str, Any]:
+    """Everything the graph page shows for ``history``, as JSON-ready data (see the module doc);
+    with ``overlay`` (see ``overlay.Overlay``) the colour of each node and the legend, with
+    ``focus`` the label of the operation the page opens on (its modules open, its details shown).
 
     Example:
         >>> import torch, torchlens as tl
@@ -311,12 +314,20 @@ def page_data(history: Any) -> Dict[str, Any]:
     entries = list(history.layer_list)
     frames = _Frames()
     ops = [_op_dict(e, frames) for e in entries]
+    layer_of = {e.label: e.layer_label for e in entries}
+    if focus is not None and focus not in layer_of and focus not in set(layer_of.values()):
+        raise OverlayError(
+            f"focus {focus!r} is not an operation of this history; give a label such as {entries[-1].label!r} "
+            "(history.layer_labels lists them)."
+        )
     return {
         "model": history.model_name,
         "summary": _summary(history),
         "ops": ops,
         "frames": frames.rows,
         "views": {"unrolled": _unrolled_view(history, entries), "rolled": _rolled_view(history, entries)},
+        "overlay": None if overlay is None else Overlay.of(overlay).page_spec(layer_of),
+        "focus": focus,
     }
 
 

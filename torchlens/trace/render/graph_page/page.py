@@ -11,8 +11,9 @@ from ....web.embed import inline_page
 from .data import page_data
 
 
-def to_html(history: Any, path: Optional[str] = None) -> str:
-    """The page as HTML text; with ``path`` also written there (``.html`` is not added).
+def to_html(history: Any, path: Optional[str] = None, overlay: Any = None, focus: Optional[str] = None) -> str:
+    """The page as HTML text; with ``path`` also written there (``.html`` is not added); with
+    ``overlay`` nodes coloured by a value per label, with ``focus`` opened on that operation.
 
     Example:
         >>> import torch, torchlens as tl
@@ -22,7 +23,7 @@ def to_html(history: Any, path: Optional[str] = None) -> str:
         >>> page.startswith("<!doctype html>") and "linear_1_1" in page and "/assets/" not in page
         True
     """
-    page = inline_page("graph.html", page_data(history), "TORCHLENS_GRAPH")
+    page = inline_page("graph.html", page_data(history, overlay, focus), "TORCHLENS_GRAPH")
     page = page.replace(
         "<title>torchlens graph</title>", f"<title>{_html.escape(history.model_name)} · torchlens graph</title>"
     )
