@@ -220,3 +220,27 @@ def test_answers_in_a_notebook_are_their_page():
     model = Net()
     cmp = tl.compare((model, torch.ones(2, 4)), (model, torch.ones(2, 4)))
     assert "<iframe srcdoc=" in cmp._repr_html_() and "Every matched op is within tolerance" in cmp._repr_html_()
+
+
+def test_a_nan_parameter_marks_the_ops_that_read_it():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    report = tl.find_nonfinite(model, torch.ones(1, 2))
+    assert report.phase == "parameter" and report.label == "0.weight"
+    reader = next(e.label for e in report.history.layer_list if "0.weight" in (e.param_addresses or ()))
+    values = report.overlay()["values"]
+    assert values[reader] == "producer" and list(values.values()).count("producer") == 1
+    assert page_data(report.history, report.overlay(), reader)["focus"] == reader
+    assert f'"focus":"{reader}"' in report.to_html().replace(" ", "")
+
+
+def test_precision_page_colours_the_error_added():
+    torch.manual_seed(0)
+    cmp = tl.compare_precision(torch.nn.Softmax(-1), torch.randn(2, 8) * 10, dtype=torch.float16)
+    overlay = cmp.overlay()
+    assert overlay["name"] == "error added" and overlay["log"]
+    assert overlay["values"] == {r.label_b: r.added for r in cmp.rows}
+    worst = max(cmp.rows, key=lambda r: r.added or 0)
+    nodes = page_data(cmp.history_b, overlay)["overlay"]["nodes"]
+    assert nodes[worst.label_b]["fill"] == SEQUENTIAL[-1]
