@@ -191,13 +191,17 @@ def test_meta_model_gives_the_numbers_of_the_same_model_with_weights():
     assert not any("attention" in note for note in real.notes + meta.notes)
 
 
-def test_sdpa_on_meta_is_noted():
-    """On meta torch runs scaled_dot_product_attention by its math path, which saves the
-    attention probabilities; a GPU's fused kernels would not: the report says so."""
-    ids = torch.zeros(1, 16, dtype=torch.long, device="meta")
-    mem = tl.memory_report(_llama(True, attention="sdpa"), ids)
-    assert any("scaled_dot_product_attention" in note and "math" in note for note in mem.notes)
-    assert "scaled_dot_product_attention" in str(mem)
+def test_attention_on_meta_counts_as_the_fused_kernel_does():
+    """On meta, torch would run scaled_dot_product_attention by its math path, which keeps the
+    attention probabilities; the report counts what the fused kernel (here the CPU's) keeps."""
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    real = tl.memory_report(_llama(False, attention="sdpa"), ids)
+    meta = tl.memory_report(_llama(True, attention="sdpa"), ids.to("meta"))
+    assert any("scaleddotproductattention" in label for label in meta.per_op)
+    assert meta.per_op == real.per_op and meta.flops_per_op == real.flops_per_op
+    assert any("scaled_dot_product_attention" in note and "fused" in note for note in meta.notes)
+    assert not any("scaled_dot_product_attention" in note for note in real.notes)
+    assert "scaled_dot_product_attention" in str(meta)
 
 
 def _allocated() -> int:

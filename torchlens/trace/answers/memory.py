@@ -31,6 +31,7 @@ from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
 from ..postprocess import build_history
 from ..records.format import human_bytes
+from .attention import FusedAttention
 from .flops import OpFlops
 
 # optimizer -> state tensors per parameter element, each kept in float32 (see memory_report)
@@ -104,7 +105,8 @@ def memory_report(
 class _SavedTensors(PassObserver):
     """During the pass: which storages autograd saves, first by which op (raw index), and FLOPs."""
 
-    def __init__(self, excluded: Dict[int, str]) -> None:
+    def __init__(self, excluded: Dict[int, str], on_meta: bool) -> None:
+        self.on_meta = on_meta
         self.excluded = excluded  # storage key -> 'param' / 'buffer': counted elsewhere
         self.saved: Dict[int, Tuple[int, int]] = {}  # storage key -> (raw index, bytes)
         self.held: List[Any] = []  # saved storages kept alive, so no key is reused in the pass
@@ -113,10 +115,13 @@ class _SavedTensors(PassObserver):
 
     def pass_started(self, records: PassRecords) -> None:
         self.tracer = ops.ACTIVE.tracer
-        for context in (
+        contexts = [
             torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack),
             OpFlops(self.flops, self.where, self.tracer),
-        ):
+        ]
+        if self.on_meta:  # attention as a GPU's fused kernels keep it, not as meta's math path (attention.py)
+            contexts.append(FusedAttention(self.tracer))
+        for context in contexts:
             context.__enter__()
             self.contexts.append(context)
 
@@ -164,7 +169,7 @@ def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: str) -> "Me
     inputs = [t for _, t in tensors_in_call(args, kwargs)]
     input_keys = {_storage_of(t)[0] for t in inputs}
     on_meta = any(t.is_meta for t in [*params, *buffers, *inputs])
-    observer = _SavedTensors(excluded)
+    observer = _SavedTensors(excluded, on_meta)
     snapshot = BufferSnapshot(model)
     try:
         result = run_pass(model, args, kwargs, SavePlan(), random_seed=0, observer=observer)
@@ -210,9 +215,9 @@ def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: str) -> "Me
 
 
 _SDPA_ON_META = (
-    "On meta, torch runs scaled_dot_product_attention by its math path, which saves the attention probabilities "
-    "(batch x heads x seq x seq) for backward; on a GPU the fused kernels (flash, memory-efficient) save only q, k, v, "
-    "the output and a logsumexp, so saved_for_backward here is what eager attention needs, more than fused attention's."
+    "On meta, scaled_dot_product_attention was counted as a fused kernel (flash, memory-efficient) keeps it: q, k, v, "
+    "the output and a logsumexp (torch's math path, which meta would run, also keeps the batch x heads x seq x seq "
+    "attention probabilities). For eager attention, build the model with attn_implementation='eager'."
 )
 
 
