@@ -69,7 +69,7 @@ def _fused(
             ~attn_mask, float("-inf")
         )
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+        query, key, value, dropout_p=dropout_p, is_causal=is_causal, attn_mask=attn_mask, scale=scale
     )
     return out
 
