@@ -19,6 +19,7 @@
 
   const UI = window.TorchlensUI;
   const { GraphModel, smoothPath, shapeText } = window.TorchlensGraphView;
+  const Overlay = window.TorchlensGraphOverlay;
   const DATA = window.TORCHLENS_GRAPH;
   const $ = (role) => document.querySelector(`[data-role="${role}"]`);
   const svg = $("graph-svg");
@@ -147,41 +148,11 @@
     return g;
   }
 
-  // ----- overlay -------------------------------------------------------------------------------
-  function overlayOf(label) { return DATA.overlay ? DATA.overlay.nodes[label] || null : null; }
+  // ----- overlay (graph_overlay.js) ------------------------------------------------------------
+  const overlayOf = (label) => Overlay.paintOf(DATA, label);
+  const worstInside = (cids) => Overlay.worstInside(DATA, model, cids);
+  const drawLegend = () => Overlay.drawLegend($("legend"), DATA.overlay);
 
-  /** The paint of the worst value among the nodes of these containers (null: none has one). */
-  function worstInside(cids) {
-    if (!DATA.overlay) return null;
-    let worst = null;
-    for (const c of cids) {
-      for (const n of model.nodesIn[model.mode][c] || []) {
-        const p = overlayOf(model.view.nodes[n].label);
-        if (p && (!worst || p.severity > worst.severity)) worst = p;
-      }
-    }
-    return worst;
-  }
-
-  function drawLegend() {
-    const box = $("legend"), ov = DATA.overlay;
-    if (!ov) return;
-    box.hidden = false;
-    const title = document.createElement("div");
-    title.className = "legend-title";
-    title.textContent = ov.name;
-    box.appendChild(title);
-    if (ov.caption) box.appendChild(Object.assign(document.createElement("div"), { className: "legend-caption", textContent: ov.caption }));
-    for (const entry of ov.legend) {
-      const row = document.createElement("div");
-      row.className = "legend-row";
-      const swatch = document.createElement("span");
-      swatch.className = "swatch";
-      swatch.style.background = entry.color;
-      row.append(swatch, entry.text);
-      box.appendChild(row);
-    }
-  }
 
   function fit() {
     if (state.size) view2d.fit(state.size.width, state.size.height, { minK: 0.15, maxK: 1.3 });
