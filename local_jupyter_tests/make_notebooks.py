@@ -1,6 +1,7 @@
 """Writes the notebooks in this folder: python local_jupyter_tests/make_notebooks.py (from the repository root)."""
 import nbformat as nbf
 
+
 def nb(cells):
     book = nbf.v4.new_notebook()
     book.cells = [nbf.v4.new_markdown_cell(c[1]) if c[0] == "md" else nbf.v4.new_code_cell(c[1]) for c in cells]
@@ -34,5 +35,14 @@ validate = nb([
     ("code", "frame = history.to_pandas()\nassert frame['has_gradient'].sum() > len(frame) // 2\nframe[['label', 'shape', 'grad_shape']].head()"),
 ])
 
-for name, book in [("01_trace_and_index", trace), ("02_recurrent_and_drawing", recurrent), ("03_validate_and_gradients", validate)]:
+inline = nb([
+    ("md", "# Both pages inline\nThe interactive graph of a history, the card of one entry and the explorer of a watched run, inside the notebook: no server, no network."),
+    ("code", "import torch, torchvision\nimport torchlens as tl\n\nresnet = torchvision.models.resnet18(weights=None)\nhistory = tl.log_forward_pass(resnet, torch.rand(1, 3, 64, 64), random_seed=0)\nhistory"),
+    ("code", "history['layer1.0.conv1']"),
+    ("code", "history.show(height=420);"),
+    ("md", "A watched training run: its explorer so far."),
+    ("code", "import tempfile\n\nmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nw = tl.watch(model, run_dir=tempfile.mkdtemp(), backend=None, verbose=False)\nfor step in range(4):\n    optimizer.zero_grad()\n    model(torch.randn(16, 4)).pow(2).mean().backward()\n    optimizer.step()\nw.close()\nw"),
+])
+
+for name, book in [("01_trace_and_index", trace), ("02_recurrent_and_drawing", recurrent), ("03_validate_and_gradients", validate), ("04_inline_pages", inline)]:
     nbf.write(book, f"local_jupyter_tests/{name}.ipynb")

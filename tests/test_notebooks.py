@@ -24,7 +24,68 @@ def test_notebook_runs(path):
 
 
 def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 3
+    assert len(NOTEBOOKS) >= 4
+
+
+@pytest.mark.slow
+def test_inline_pages_work_in_the_notebook_as_html(browser, tmp_path):
+    """04_inline_pages executed, converted to HTML with nbconvert and opened in Chromium with
+    every request that would leave the machine failed: the inline ResNet-18 graph opens
+    layer1 on a click, the entry card shows its histogram, the watch's explorer draws its
+    modules, and no request other than file:/data:/about: was made."""
+    nbconvert = pytest.importorskip("nbconvert")
+    from torchlens.web.stats import NUM_BINS
+
+    path = next(p for p in NOTEBOOKS if p.stem == "04_inline_pages")
+    book = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    outputs = [o for cell in book.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    graph = outputs[0]["data"]  # the history as the last expression: every form of it
+    assert {"text/plain", "text/html", "image/svg+xml"} <= set(graph)
+    page = tmp_path / "inline.html"
+    # nbconvert's own template loads require.js and MathJax from a CDN; the notebook needs neither
+    exporter = nbconvert.HTMLExporter(require_js_url="", mathjax_url="")
+    page.write_text(exporter.from_notebook_node(book)[0], encoding="utf-8")
+
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    context.set_default_timeout(30_000)
+    outside, problems = [], []
+
+    def route(r):
+        if r.request.url.startswith(("file:", "data:", "about:")):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    try:
+        context.route("**/*", route)
+        tab = context.new_page()
+        tab.on("pageerror", lambda e: problems.append(str(e)))
+        tab.goto(page.as_uri())
+        frames = tab.locator("iframe")
+        assert frames.count() == 3  # the history, history.show(), the watch
+        inner = frames.nth(0).element_handle().content_frame()
+        inner.wait_for_selector('body[data-ready="1"]')
+        inner.click('[data-role="fit"]')
+        inner.click('[data-module="layer1"]')
+        inner.wait_for_selector('[data-box="layer1"]')
+        assert inner.locator('[data-module="layer1.0"][data-repeat="2"]').count() == 1
+        card = tab.locator(".torchlens-card[data-label]").first
+        bars = card.locator('svg[data-role="histogram"] rect')
+        assert bars.count() == NUM_BINS and card.locator("svg").bounding_box()["height"] > 20
+        assert "layer1.0.conv1" in card.inner_text()
+        frames.nth(2).scroll_into_view_if_needed()
+        explorer = frames.nth(2).element_handle().content_frame()
+        explorer.wait_for_selector('[data-node="0:1"]')
+        assert "4 logged steps" in explorer.inner_text("body")
+        tab.wait_for_timeout(300)  # late requests, if any
+        assert outside == [] and problems == []
+    finally:
+        context.close()
 
 
 # ----- what Jupyter is given (no kernel needed) ---------------------------------------------

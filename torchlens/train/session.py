@@ -164,6 +164,27 @@ class Watch:
         state = "closed" if self.closed else f"{self.steps_logged} steps logged"
         return f"<torchlens watch of {type(self.model).__name__}: {state}, run_dir={self.run_dir!r}>"
 
+    def _repr_html_(self) -> str:
+        """Jupyter shows a watch as its explorer, inline (see ``show``)."""
+        from .serve.export import notebook_html
+
+        return notebook_html(self.run_dir)
+
+    def show(self, height: int = 640) -> Any:
+        """Show the explorer inline in Jupyter, ``height`` pixels tall: a snapshot of the steps
+        written so far (``torchlens.train.serve.export.notebook_html``; run it again for newer ones).
+
+        Example:
+            >>> import tempfile, torch, torchlens as tl
+            >>> model = torch.nn.Linear(2, 2)
+            >>> with tl.watch(model, run_dir=tempfile.mkdtemp(), backend=None, verbose=False) as w:
+            ...     model(torch.ones(1, 2)).sum().backward()
+            >>> w.show(height=500)  # doctest: +SKIP
+        """
+        from .serve.export import show_inline
+
+        return show_inline(self.run_dir, height)
+
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         if self._tracing is not None:

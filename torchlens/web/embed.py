@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
 import json
 import os
 import re
@@ -126,4 +127,20 @@ def packed_page(template: str, data: Any, global_name: str) -> str:
     return _JS.sub(script, page)
 
 
-__all__ = ["ASSETS_DIR", "read_asset", "inline_script", "inline_page", "packed_page"]
+def srcdoc_frame(page: str, height: int = 640) -> str:
+    """``page`` in an ``<iframe srcdoc>`` as wide as the notebook cell and ``height`` pixels tall:
+    sandboxed (its scripts run, isolated from the notebook's page, styles and ids) and lazy.
+
+    Example:
+        >>> srcdoc_frame("<p>a & b</p>", height=100)[:80]
+        '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 100%; height: 100px;'
+    """
+    if int(height) < 100:
+        raise ValueError(f"height={height!r} is too small to show the page; give at least 100 (pixels).")
+    return (
+        f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
+        f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>'
+    )
+
+
+__all__ = ["ASSETS_DIR", "read_asset", "inline_script", "inline_page", "packed_page", "srcdoc_frame"]

@@ -71,7 +71,9 @@
     if (state.view) hash.set("view", state.view);
     if (state.panels.length) hash.set("panels", state.panels.join("|"));
     const text = hash.toString();
-    history.replaceState(null, "", text ? `#${text}` : location.pathname + location.search);
+    try {
+      history.replaceState(null, "", text ? `#${text}` : location.pathname + location.search);
+    } catch (e) { /* embedded in a notebook (iframe srcdoc): the page has no URL of its own to keep the view in */ }
     try { localStorage.setItem(storageKey(), JSON.stringify({ view: state.view, panels: state.panels })); } catch (e) { /* private mode */ }
   }
 

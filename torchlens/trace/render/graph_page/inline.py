@@ -17,9 +17,8 @@ from __future__ import annotations
 import html as _html
 from typing import Any, Dict, Optional
 
-from ....web.embed import packed_page
+from ....web.embed import packed_page, srcdoc_frame
 from .data import page_data
-from .page import iframe_html
 
 DEFAULT_HEIGHT = 640
 # The SVG drawing rides along for renderers without JavaScript (GitHub, nbconvert to PDF) only
@@ -39,9 +38,7 @@ def notebook_page(history: Any, **options: Any) -> str:
 
 def notebook_html(history: Any, height: int = DEFAULT_HEIGHT, **options: Any) -> str:
     """The HTML of the inline graph page of ``history`` (an iframe; see the module doc)."""
-    if int(height) < 100:
-        raise ValueError(f"height={height!r} is too small to show the graph; give at least 100 (pixels).")
-    return iframe_html(notebook_page(history, **options), int(height))
+    return srcdoc_frame(notebook_page(history, **options), height)
 
 
 def inline_svg(history: Any) -> Optional[str]:

@@ -7,7 +7,7 @@ import html as _html
 import os
 from typing import Any, Optional
 
-from ....web.embed import inline_page
+from ....web.embed import inline_page, srcdoc_frame
 from .data import page_data
 
 
@@ -42,10 +42,7 @@ def iframe_html(page: str, height: int = 640) -> str:
         >>> iframe_html("<p>a & b</p>", height=100)[:80]
         '<iframe srcdoc="&lt;p&gt;a &amp; b&lt;/p&gt;" style="width: 100%; height: 100px;'
     """
-    return (
-        f'<iframe srcdoc="{_html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
-        f'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>'
-    )
+    return srcdoc_frame(page, height)
 
 
 __all__ = ["to_html", "iframe_html"]
