@@ -415,3 +415,13 @@ def test_a_pipe_in_place_of_a_file_is_refused_not_waited_on(saved, name):
     assert done.returncode != 0 and "HistoryFileError" in done.stderr and "not a regular file" in done.stderr, (
         done.stderr[-2000:]
     )
+
+
+def test_a_malformed_generator_state_is_a_file_error_when_replayed(saved):
+    document = _index(saved)
+    _set_field(document, "relu_1_2", "rng_state", {"t": "tuple", "v": [1, None]})
+    _write(saved, document)
+    loaded = tl.load(saved)
+    assert validate_history(loaded) is False  # that layer's replay fails with the reason; nothing else raises
+    with pytest.raises(tl.HistoryFileError, match="the rng_state of layer relu_1_2 cannot be read: a tuple"):
+        loaded["relu_1_2"].rng_state

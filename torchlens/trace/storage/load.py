@@ -47,7 +47,7 @@ def _lazy_field(name: str) -> property:
                 value = self._decoder.value(pending[name])
                 if not LAZY_CHECKS[name](value):
                     raise HistoryFileError(
-                        self._decoder.where, f"a {type(value).__name__} where a tensor record belongs"
+                        self._decoder.where, f"a {type(value).__name__}, which this field never holds"
                     )
             except HistoryFileError as error:  # name the layer and field, not only the shard's tensor id
                 raise HistoryFileError(
