@@ -235,3 +235,36 @@ def test_entry_card_of_an_unsaved_entry_says_so():
     card = h["linear_1_1"]._repr_html_()
     assert "not saved" in card and 'data-role="histogram"' not in card
     assert 'data-role="histogram"' in h["relu_1_2"]._repr_html_()
+
+
+def test_ten_inline_graphs_lay_out_only_when_on_screen(browser, tmp_path):
+    """A notebook of ten graphs stays responsive: a graph scrolled out of view is not unpacked
+    nor laid out until it comes into view."""
+    import torch
+
+    import torchlens as tl
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    frame = tl.log_forward_pass(model, torch.ones(1, 3), random_seed=0)._repr_html_()
+    gap = '<div style="height: 1500px"></div>'
+    host = tmp_path / "ten.html"
+    host.write_text(f"<!doctype html><html><body>{gap.join([frame] * 10)}</body></html>", encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1000, "height": 800})
+    context.set_default_timeout(20_000)
+    try:
+        tab = context.new_page()
+        tab.goto(host.as_uri())
+        frames = [tab.locator("iframe").nth(i) for i in range(10)]
+        first = frames[0].element_handle().content_frame()
+        first.wait_for_selector('body[data-ready="1"]')
+        tab.wait_for_timeout(500)
+        ready = [
+            f.element_handle().content_frame() is not None
+            and f.element_handle().content_frame().evaluate("document.body.dataset.ready || ''") == "1"
+            for f in frames
+        ]
+        assert ready[0] and not any(ready[2:]), ready  # only what is on screen (and next to it)
+        frames[7].scroll_into_view_if_needed()
+        frames[7].element_handle().content_frame().wait_for_selector('body[data-ready="1"]')
+    finally:
+        context.close()
