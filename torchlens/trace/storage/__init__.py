@@ -26,9 +26,12 @@ def load(path: Union[str, "os.PathLike[str]"]) -> ModelHistory:
     """Open a history saved with ``history.save(path)`` (or traced with ``save_to=path``).
 
     Opening reads only ``torchlens.json``: activations, gradients and saved function arguments
-    are read (memory-mapped) when first used, so a large history opens at once. Nothing in the
-    folder is executed. A missing, truncated or corrupted file, or a format newer than this
-    torchlens reads, raises ``HistoryFileError`` naming the file.
+    are read (memory-mapped) when first used, so a large history opens at once. The folder is
+    treated as untrusted input: only files inside it are read, nothing in it is executed, and a
+    loaded history calls (in validation, ``rerun``) only operations torchlens traces; any other
+    function it names is kept as an unavailable function. A missing, truncated, corrupted or
+    edited file, or a format newer than this torchlens reads, raises ``HistoryFileError``
+    naming the file and, where it is one layer's, the layer.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
