@@ -251,3 +251,23 @@ def test_saved_for_backward_matches_the_allocator(kind):
     expected = mem.saved_for_backward - mem.saved_inputs  # the input exists in both passes
     assert expected > 4 * 2**20
     assert _held_by_graph(model, x) == pytest.approx(expected, rel=0.15)
+
+
+def test_meta_llama_flops_are_the_planning_formula():
+    """Forward FLOPs of a meta LLaMA: 2 x tokens x the weights of its linear layers, plus
+    attention's two matmuls (4 x batch x heads x seq^2 x head_dim per layer, as torch counts)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+        vocab_size=2000,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    batch, seq = 2, 64
+    mem = tl.memory_report(model, torch.zeros(batch, seq, dtype=torch.long, device="meta"), optimizer="adamw")
+    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    attention = 4 * batch * 8 * seq * seq * (256 // 8) * 3
+    assert mem.forward_flops == 2 * batch * seq * linear_weights + attention
+    n = sum(p.numel() for p in model.parameters())
+    assert (mem.params, mem.grads, mem.optimizer_state) == (2 * n, 2 * n, 8 * n)
+    assert all(p.is_meta for p in model.parameters())

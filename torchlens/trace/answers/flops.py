@@ -5,13 +5,15 @@ is run, and if ``torch.utils.flop_counter`` has a formula for it (matmuls, convo
 attention: the same table ``FlopCounterMode`` uses) its FLOPs are added to the op the tracer is
 running. An operator without a formula is decomposed first, as ``FlopCounterMode`` does, so a
 composite one is counted through its parts. Shapes are all the formulas read, so it works on
-meta tensors. Element-wise ops count 0, as in torch.
+meta tensors. Element-wise ops count 0, as in torch. One addition: torch's CPU flash-attention
+operator, which its table lacks, is counted by the formula of the GPU one.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -32,7 +34,13 @@ class OpFlops(TorchDispatchMode):
         self.tracer = tracer  # paused while an operator runs here: its parts are no ops of the model
         from torch.utils.flop_counter import flop_registry  # loaded on first use only
 
-        self.registry = flop_registry
+        aten = torch.ops.aten
+        self.registry = dict(flop_registry)
+        # torch's table lacks the CPU flash operator (what the CPU, and memory_report on meta, run):
+        # it takes the GPU flash operator's formula (same leading q, k, v), so attention counts the same
+        self.registry.setdefault(
+            aten._scaled_dot_product_flash_attention_for_cpu, flop_registry[aten._scaled_dot_product_flash_attention]
+        )
         self.counts = counts
         self.where = where
 
