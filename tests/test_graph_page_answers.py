@@ -244,3 +244,9 @@ def test_precision_page_colours_the_error_added():
     worst = max(cmp.rows, key=lambda r: r.added or 0)
     nodes = page_data(cmp.history_b, overlay)["overlay"]["nodes"]
     assert nodes[worst.label_b]["fill"] == SEQUENTIAL[-1]
+
+
+def test_an_answer_without_a_history_shows_its_story():
+    report = tl.find_nonfinite(torch.nn.Linear(2, 2), torch.ones(1, 2))
+    report.history = None
+    assert report._repr_html_() == f"<pre>{report}</pre>"

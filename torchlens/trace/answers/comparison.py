@@ -223,7 +223,8 @@ class Comparison:
 
     def _repr_html_(self) -> str:
         """In a notebook: the origin(s) of divergence, then the graph page of ``b`` opened there."""
-        return page_iframe(self.to_html(), "\n".join([self.header()] + self.story()))
+        story = "\n".join([self.header()] + self.story())
+        return page_iframe(None if self.history_b is None else self.to_html(), story)
 
     def to_pandas(self):
         """One row per matched op (columns as in ``ComparedOp.to_row``)."""

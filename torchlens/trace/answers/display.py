@@ -9,12 +9,15 @@ Example:
 from __future__ import annotations
 
 import html
+from typing import Optional
 
 HEIGHT = 600
 
 
-def page_iframe(page: str, story: str, height: int = HEIGHT) -> str:
-    """``story`` as preformatted text, then ``page`` in an iframe ``height`` pixels high."""
+def page_iframe(page: Optional[str], story: str, height: int = HEIGHT) -> str:
+    """``story`` as preformatted text, then ``page`` (if any) in an iframe ``height`` pixels high."""
+    if page is None:
+        return f"<pre>{html.escape(story)}</pre>"
     return (
         f"<pre>{html.escape(story)}</pre>"
         f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '

@@ -141,6 +141,8 @@ class NonfiniteReport:
 
     def _repr_html_(self) -> str:
         """In a notebook: the story, then the graph page opened on the producer."""
+        if self.history is None:  # nothing to draw: the story alone
+            return page_iframe(None, _story(self))
         return page_iframe(self.to_html(), _story(self))
 
     def overlay(self) -> Dict[str, Any]:
