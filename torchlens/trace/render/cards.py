@@ -51,7 +51,7 @@ def histogram_svg(counts: List[int], lo: float, hi: float) -> str:
         )
     label_y = HIST_HEIGHT + 12
     return (
-        f'<svg data-role="histogram" xmlns="http://www.w3.org/2000/svg" width="{HIST_WIDTH}" '
+        f'<svg data-role="histogram" xmlns="http://www.w3.org/2000/svg" style="display: block; margin: 0;" width="{HIST_WIDTH}" '
         f'height="{label_y + 2}" viewBox="0 0 {HIST_WIDTH} {label_y + 2}" font-size="10" font-family="sans-serif">'
         + "".join(bars)
         + f'<line x1="0" x2="{HIST_WIDTH}" y1="{HIST_HEIGHT}" y2="{HIST_HEIGHT}" stroke="#999" stroke-width="0.5"/>'
@@ -120,7 +120,7 @@ def entry_card_html(entry: Any) -> str:
     title = f"{entry.label} · {entry.func_name if entry.func is not None else entry.kind}"
     return (
         f'<div class="torchlens-card" data-label="{html.escape(entry.label, quote=True)}" style="font: 12px/1.4 '
-        'sans-serif; border: 1px solid #ddd; border-radius: 4px; padding: 8px 10px; max-width: 640px;">'
+        'sans-serif; border: 1px solid #ddd; border-radius: 4px; padding: 8px 10px; width: fit-content; max-width: 100%;">'
         f'<div style="font-weight: bold; margin-bottom: 4px;">{html.escape(title)}</div>'
         f'<table style="border-collapse: collapse; font-size: 12px;">{table}</table>{hist}</div>'
     )
