@@ -268,3 +268,27 @@ def test_ten_inline_graphs_lay_out_only_when_on_screen(browser, tmp_path):
         frames[7].element_handle().content_frame().wait_for_selector('body[data-ready="1"]')
     finally:
         context.close()
+
+
+def test_watch_shows_its_explorer_snapshot_inline(tmp_path):
+    import torch
+
+    import torchlens as tl
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
+    try:
+        _, before = _unpacked(w._repr_html_())  # nothing written yet: still a page
+        assert before["name"] == "TORCHLENS_EXPORT" and before["data"]["call_series"] == {}
+        for _ in range(3):
+            model(torch.randn(5, 4)).sum().backward()
+        _, packed = _unpacked(w._repr_html_())
+        summary = packed["data"]["summary"]
+        assert summary["model"] == "Sequential" and {"0:1", "2:1"} <= set(summary["calls"])
+        assert summary["steps"] == [0, 1] and summary["status"] == "running"  # step 2: written at the next or close()
+        with pytest.raises(RuntimeError, match="torchlens explore"):
+            w.show(height=300)
+    finally:
+        w.close()
+    _, after = _unpacked(w._repr_html_())  # a closed watch still shows its run
+    assert after["data"]["summary"]["steps"] == [0, 1, 2] and after["data"]["summary"]["status"] == "finished"
