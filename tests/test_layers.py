@@ -25,10 +25,11 @@ PACKAGE = pathlib.Path(torchlens.__file__).parent
 ALLOWED: Dict[str, Set[str]] = {
     "version": set(),
     "errors": set(),
+    "machine": set(),
     "web": {"errors"},
     "trace": set(),  # trace/__init__.py
     "trace.records": {"errors"},
-    "trace.capture": {"trace.records", "errors"},
+    "trace.capture": {"trace.records", "errors", "machine"},
     "trace.history": {"trace.records", "errors"},
     "trace.observe": {"trace.capture", "trace.records"},
     "trace.postprocess": {"trace.records", "trace.capture", "trace.history"},
@@ -72,7 +73,7 @@ ALLOWED: Dict[str, Set[str]] = {
     },
     "trace.show": {"trace.api", "trace.render"},
     "train": {"trace.observe", "trace.history", "web", "errors", "version"},
-    "cli": {"face", "trace.api", "trace.render", "train", "errors"},
+    "cli": {"machine", "face", "trace.api", "trace.render", "train", "errors"},
     "__main__": {"cli"},
     "examples": {"face", "trace.render", "train"},
     "face": set(),  # filled below: the face may import everything

@@ -77,6 +77,9 @@ def test_source_text_survives_the_model_file(tmp_path):
     again = pickle.loads(data)
     assert [[repr(location) for location in e.func_call_stack] for e in again] == before
     assert again["mul_1_1"].func_call_stack[-1].code_line == "y = x * 3  # the line to find"
+    # saved after the file is gone, the history keeps the text it carried (it was saved empty)
+    loaded = tl.load(again.save(str(tmp_path / "saved")))
+    assert loaded["mul_1_1"].func_call_stack[-1].code_line == "y = x * 3  # the line to find"
 
 
 def test_deepcopy_is_independent_of_the_original():

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .errors import TorchlensError
+from .machine import available_memory
 
 
 class CliError(TorchlensError):
@@ -145,23 +146,6 @@ def _hf_model(name: str, config: Dict[str, Any]) -> nn.Module:
 
     _check_size(f"hf:{name}", build, chosen)
     return build()
-
-
-def available_memory() -> Optional[int]:
-    """Bytes of memory free for a new model (``MemAvailable`` of /proc/meminfo, else psutil's),
-    or None where that cannot be told."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)
 
 
 def _check_size(what: str, build: Any, config: Dict[str, Any]) -> None:

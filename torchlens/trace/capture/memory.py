@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
+from ...machine import available_memory
 from ..records.format import human_bytes
 from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
@@ -53,18 +54,7 @@ def free_memory(device: torch.device) -> Optional[int]:
             return None
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)
+    return available_memory()
 
 
 def _ways_out() -> str:

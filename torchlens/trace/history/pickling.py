@@ -6,7 +6,7 @@ an autograd graph (``copy.deepcopy`` refuses non-leaf tensors), and, for a loade
 tensor files. ``ModelHistory.__reduce_ex__`` therefore pickles its state with ``HistoryPickler``,
 into bytes, at pickling time only:
 
-- a code object becomes a ``PortableCode``: file, function, first line and the source text of
+- a code object becomes a ``DetachedCode`` (records/func_call.py): file, function, first line and the source text of
   the function (``func_call_stack`` reads it, so source stays readable where the file is not);
 - an entry of a loaded history becomes a plain ``TensorLogEntry`` with every field read now;
 - tensors are pickled by torch (their values; an autograd graph is not kept).
@@ -28,8 +28,9 @@ import io
 import linecache
 import pickle
 import types
-from typing import Any, Dict, Tuple
+from typing import Any, Tuple
 
+from ..records.func_call import DetachedCode
 from ..records.tensor_log import TensorLogEntry
 
 SOURCE_CONTEXT = 10  # lines kept on each side of a function's own lines
@@ -37,34 +38,17 @@ _DROPPED = ("_rolled", "_store")  # derived again on use / open files of a loade
 _ENTRY_FIELDS = tuple(name for name in TensorLogEntry.__slots__ if name != "__weakref__")
 
 
-class PortableCode:
-    """What an unpickled history knows of a code object: file, function, first line and the
-    source lines around the function, as they were when it was pickled."""
-
-    __slots__ = ("co_filename", "co_name", "co_qualname", "co_firstlineno", "source")
-
-    def __init__(self, filename: str, name: str, qualname: str, firstlineno: int, source: Dict[int, str]) -> None:
-        self.co_filename = filename
-        self.co_name = name
-        self.co_qualname = qualname
-        self.co_firstlineno = firstlineno
-        self.source = source
-
-    @classmethod
-    def reduce(cls, code: types.CodeType) -> Tuple[Any, tuple]:
-        """The pickle reduction of ``code`` to a ``PortableCode`` (its source read now)."""
-        numbers = [line for _, line in dis.findlinestarts(code) if line is not None] or [code.co_firstlineno]
-        first = max(1, min(numbers + [code.co_firstlineno]) - SOURCE_CONTEXT)
-        source = {}
-        for n in range(first, max(numbers) + SOURCE_CONTEXT + 1):
-            text = linecache.getline(code.co_filename, n)
-            if text:
-                source[n] = text
-        qualname = getattr(code, "co_qualname", code.co_name)  # Python >= 3.11
-        return cls, (code.co_filename, code.co_name, qualname, code.co_firstlineno, source)
-
-    def __repr__(self) -> str:
-        return f"<pickled code {self.co_qualname} at {self.co_filename}:{self.co_firstlineno}>"
+def _detached(code: types.CodeType) -> Tuple[Any, tuple]:
+    """The pickle reduction of ``code`` to a ``DetachedCode`` (its source read now)."""
+    numbers = [line for _, line in dis.findlinestarts(code) if line is not None] or [code.co_firstlineno]
+    first = max(1, min(numbers + [code.co_firstlineno]) - SOURCE_CONTEXT)
+    source = {}
+    for n in range(first, max(numbers) + SOURCE_CONTEXT + 1):
+        text = linecache.getline(code.co_filename, n)
+        if text:
+            source[n] = text
+    qualname = getattr(code, "co_qualname", code.co_name)  # Python >= 3.11
+    return DetachedCode, (code.co_filename, code.co_name, qualname, code.co_firstlineno, source)
 
 
 class HistoryPickler(pickle.Pickler):
@@ -72,7 +56,7 @@ class HistoryPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.CodeType:
-            return PortableCode.reduce(obj)
+            return _detached(obj)
         if isinstance(obj, TensorLogEntry) and type(obj) is not TensorLogEntry:
             # a loaded entry reads its tensors from open files: pickle its values as a plain entry
             fields = {name: getattr(obj, name) for name in _ENTRY_FIELDS}
@@ -101,4 +85,4 @@ def loads_history(data: bytes) -> Any:
     return history
 
 
-__all__ = ["PortableCode", "HistoryPickler", "dumps_history", "loads_history"]
+__all__ = ["HistoryPickler", "dumps_history", "loads_history"]

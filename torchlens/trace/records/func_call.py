@@ -5,7 +5,25 @@ from __future__ import annotations
 import linecache
 import textwrap
 import types
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+
+class DetachedCode:
+    """What a history keeps of a code object once it leaves the process that ran it (saved to a
+    folder or pickled): file, function, first line, and the source lines around its call sites,
+    so ``func_call_stack`` reads the same text later, even when the file has changed or gone."""
+
+    __slots__ = ("co_filename", "co_name", "co_qualname", "co_firstlineno", "source")
+
+    def __init__(self, filename: str, name: str, qualname: str, firstlineno: int, source: Dict[int, str]) -> None:
+        self.co_filename = filename
+        self.co_name = name
+        self.co_qualname = qualname
+        self.co_firstlineno = firstlineno
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"<code {self.co_qualname} at {self.co_filename}:{self.co_firstlineno}>"
 
 
 class FuncCallLocation:

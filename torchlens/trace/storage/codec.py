@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..records.func_call import DetachedCode
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from .allowlist import Refused, replayable_function, resolve_name
 from .errors import HistoryFileError, UnreplayableFunctionError
@@ -396,23 +397,6 @@ def _hashable(key: Any) -> Any:
 
 
 # ----- call stacks: code objects are stored as (file, function, line) plus source text -----------
-class SavedCode:
-    """What a loaded history knows of a code object: its file and function, and the source
-    lines stored at save time (read by ``func_call_stack``)."""
-
-    __slots__ = ("co_filename", "co_name", "co_qualname", "co_firstlineno", "source")
-
-    def __init__(self, filename: str, name: str, qualname: str, firstlineno: int, source: Dict[int, str]) -> None:
-        self.co_filename = filename
-        self.co_name = name
-        self.co_qualname = qualname
-        self.co_firstlineno = firstlineno
-        self.source = source
-
-    def __repr__(self) -> str:
-        return f"<saved code {self.co_qualname} at {self.co_filename}:{self.co_firstlineno}>"
-
-
 SOURCE_CONTEXT = 10  # lines kept on each side of every call site
 
 
@@ -441,17 +425,17 @@ def encode_frames(
                 if n not in lines:
                     lines[n] = (
                         getattr(code, "source", {}).get(n, "")
-                        if isinstance(code, SavedCode)
+                        if isinstance(code, DetachedCode)
                         else linecache.getline(code.co_filename, n)
                     )
         out.append([number, line, lasti])
     return out
 
 
-def decode_code_table(table: List[Dict[str, Any]], sources: Dict[str, Dict[str, str]]) -> List[SavedCode]:
+def decode_code_table(table: List[Dict[str, Any]], sources: Dict[str, Dict[str, str]]) -> List[DetachedCode]:
     by_file = {f: {int(n): text for n, text in lines.items()} for f, lines in sources.items()}
     return [
-        SavedCode(
+        DetachedCode(
             c["file"],
             c["name"],
             c.get("qualname", c["name"]),
@@ -467,7 +451,6 @@ __all__ = [
     "Decoder",
     "Unsaved",
     "UnavailableFunction",
-    "SavedCode",
     "function_name",
     "resolve_function",
     "encode_frames",

@@ -9,9 +9,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..history.model_history import ModelHistory, ModuleInfo, PassStats
-from ..records.func_call import FuncCallLocation
+from ..records.func_call import DetachedCode, FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
-from .codec import Decoder, SavedCode, decode_code_table
+from .codec import Decoder, decode_code_table
 from .errors import HistoryFileError
 from .fields import (
     ENTRY_CHECKS,
@@ -34,7 +34,7 @@ class SavedCallLocation(FuncCallLocation):
     __slots__ = ()
 
     def _line(self, number: int) -> str:
-        return self.code.source.get(number, "") if isinstance(self.code, SavedCode) else super()._line(number)
+        return self.code.source.get(number, "") if isinstance(self.code, DetachedCode) else super()._line(number)
 
 
 def _lazy_field(name: str) -> property:
@@ -269,7 +269,7 @@ def _entry_fields(fields: List[Any], where: str) -> List[str]:
     return fields
 
 
-def _code_table(document: Dict[str, Any], where: str) -> List[SavedCode]:
+def _code_table(document: Dict[str, Any], where: str) -> List[DetachedCode]:
     table, sources = document["codes"], document["sources"]
     ok = all(
         type(c) is dict
@@ -289,7 +289,7 @@ def _code_table(document: Dict[str, Any], where: str) -> List[SavedCode]:
     return decode_code_table(table, sources)
 
 
-def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[SavedCode], layer: str) -> TensorLogEntry:
+def _entry(values: Dict[str, Any], decoder: Decoder, codes: List[DetachedCode], layer: str) -> TensorLogEntry:
     for name in ("raw_index", "kind", "layer_type", "func_name"):
         if not ENTRY_CHECKS[name](values[name]):
             raise HistoryFileError(decoder.where, f"{layer}: malformed '{name}' {str(values[name])[:60]!r}")
