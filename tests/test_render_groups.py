@@ -108,7 +108,11 @@ def test_a_cache_passed_in_is_one_input_node():
     assert len(inputs) == 4
     source = build_dot(h).source
     assert f"input.{name} (4 tensors)" in source and "\tinput_1_0 [" in source  # the token ids stay a node
-    heads = {line.split(" -> ")[1].split(" [")[0].strip() for line in source.splitlines() if f'"group.input.{name}" ->' in line}
+    heads = {
+        line.split(" -> ")[1].split(" [")[0].strip()
+        for line in source.splitlines()
+        if f'"group.input.{name}" ->' in line
+    }
     assert heads == {c for e in inputs for c in e.child_layers}  # each past key/value feeds its cat
     groups = [m for m in page_data(h)["views"]["unrolled"]["modules"].values() if m.get("group") == "input"]
     assert [(g["address"], g["type"]) for g in groups] == [(f"input.{name}", "4 tensors")]
