@@ -115,7 +115,7 @@ class _SavedTensors(PassObserver):
 
     def pass_started(self, records: PassRecords) -> None:
         self.tracer = ops.ACTIVE.tracer
-        contexts = [
+        contexts: List[Any] = [
             torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack),
             OpFlops(self.flops, self.where, self.tracer),
         ]
