@@ -46,8 +46,6 @@ from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
 from .trace.records.meta import MetaDeviceError
 from .trace.records.tensor_log import TensorLogEntry
-from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
-from .trace.validate import validate_history
 from .version import __version__
 
 # Public names whose layers load on first use: drawing, rerunning and the training explorer
@@ -57,6 +55,8 @@ _LAZY = {
     "GraphvizNotFoundError": "torchlens.trace.render",
     "show_model_graph": "torchlens.trace.show",
     "RerunError": "torchlens.trace.rerun",
+    "validate_history": "torchlens.trace.validate",
+    **{name: "torchlens.trace.storage" for name in ("load", "HistoryFileError", "UnsavedValuesWarning")},
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
     **{name: "torchlens.trace.answers" for name in ("compare", "compare_precision", "Comparison", "CompareError")},
     **{name: "torchlens.trace.answers" for name in ("memory_report", "MemoryReport")},
@@ -78,6 +78,8 @@ if TYPE_CHECKING:
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
+    from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
+    from .trace.validate import validate_history
     from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
 
 

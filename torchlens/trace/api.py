@@ -24,8 +24,13 @@ from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
-from .storage.stream import StreamedSave
-from .validate import validate_history
+
+
+def _streamed_save(path: Any, save_gradients: bool) -> Any:
+    """``save_to=``: activations written to a folder as they are made (storage loads on first use)."""
+    from .storage.stream import StreamedSave
+
+    return StreamedSave(path, save_gradients)
 
 
 def log_forward_pass(
@@ -124,7 +129,7 @@ def log_forward_pass(
 
     interventions = check_intervene(intervene) if intervene is not None else None
     stream = (
-        StreamedSave(save_to, save_gradients) if save_to is not None else None
+        _streamed_save(save_to, save_gradients) if save_to is not None else None
     )  # before the pass: bad paths fail now
 
     # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
@@ -299,6 +304,8 @@ def validate_model_activations(
             detach_saved_tensors=True,
             random_seed=seed,
         )
+        from .validate import validate_history  # loaded on first use: import torchlens stays light
+
         return validate_history(history, expected, verbose)
     finally:
         buffers.restore()
