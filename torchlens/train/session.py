@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import random
-import re
 import sys
-import time
 import warnings
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -25,7 +22,7 @@ from ..web.stats import NUM_BINS, histograms
 from .calls import trace_calls
 from .recorder import ModelHook, StepRecorder
 from .sampling import Sampler
-from .store import KINDS, RunWriter
+from .store import KINDS, RunWriter, new_run_dir
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
@@ -106,7 +103,7 @@ class Watch:
                 from .backends import WandbBackend
 
                 self.backends.append(WandbBackend(html_every=wandb_html_every))
-            self.run_dir = _prepare_run_dir(run_dir, type(model).__name__)
+            self.run_dir = new_run_dir(run_dir, type(model).__name__)
             self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
             if "tensorboard" in backends:
                 from .backends import TensorboardBackend
@@ -389,33 +386,6 @@ class _Inactive:
 
     def __exit__(self, *exc: Any) -> None:
         pass
-
-
-def _prepare_run_dir(run_dir: Optional[str], model_name: str) -> str:
-    if run_dir is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = os.path.join(os.getcwd(), "torchlens_runs", f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', model_name)}")
-        run_dir, k = base, 1
-        while os.path.exists(run_dir):
-            k += 1
-            run_dir = f"{base}-{k}"
-    run_dir = os.path.abspath(run_dir)
-    if os.path.exists(os.path.join(run_dir, "run.db")):
-        raise FileExistsError(
-            f"torchlens.train: {run_dir} already holds a run. Pass a new run_dir (or none for "
-            "a fresh folder under ./torchlens_runs/)."
-        )
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, ".write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as error:
-        raise PermissionError(
-            f"torchlens.train: cannot write the run folder {run_dir} ({error.strerror}). Pass a writable run_dir."
-        ) from None
-    return run_dir
 
 
 def _is_nonzero_rank() -> bool:

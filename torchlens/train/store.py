@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -284,4 +285,33 @@ def _nan(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
 
 
-__all__ = ["RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "HEARTBEAT_S"]
+def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
+    """The folder a new run is written to: ``run_dir``, or a fresh one under ./torchlens_runs/;
+    refused when it already holds a run or cannot be written."""
+    if run_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = os.path.join(os.getcwd(), "torchlens_runs", f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', model_name)}")
+        run_dir, k = base, 1
+        while os.path.exists(run_dir):
+            k += 1
+            run_dir = f"{base}-{k}"
+    run_dir = os.path.abspath(run_dir)
+    if os.path.exists(os.path.join(run_dir, "run.db")):
+        raise FileExistsError(
+            f"torchlens.train: {run_dir} already holds a run. Pass a new run_dir (or none for "
+            "a fresh folder under ./torchlens_runs/)."
+        )
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise PermissionError(
+            f"torchlens.train: cannot write the run folder {run_dir} ({error.strerror}). Pass a writable run_dir."
+        ) from None
+    return run_dir
+
+
+__all__ = ["new_run_dir", "RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "HEARTBEAT_S"]
