@@ -520,3 +520,25 @@ def test_tensor_class_creations_replay_after_saving_and_loading(tmp_path):
     made = [e for e in loaded if e.func_name in ("Tensor", "FloatTensor", "LongTensor")]
     assert len(made) == 4 and all(callable(e.func) and e.func.__name__.startswith("torch_") for e in made)
     assert validate_history(loaded, verbose=True)
+
+
+class _WritesAParameterViewWithoutGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight[:, 0].mul_(2)  # a view made under no_grad, written in place
+        return self.lin(x)
+
+
+def test_a_view_written_in_place_under_no_grad_is_traced():
+    """Reading grad_fn of such a view raises in torch; the tracer used to fail on it."""
+    torch.manual_seed(0)
+    model, x = _WritesAParameterViewWithoutGrad(), torch.ones(1, 3)
+    h = tl.log_forward_pass(model, x)
+    torch.manual_seed(0)
+    expected = _WritesAParameterViewWithoutGrad()(x)
+    assert [e.layer_type for e in h] == ["input", "linear", "output"]
+    assert torch.allclose(h["output"].activation, expected)

@@ -56,6 +56,15 @@ def run_kernel_call(func: Callable, args: tuple, kwargs: dict) -> Any:
         tracer.paused = False
 
 
+def grad_fn_of(tensor: torch.Tensor) -> Any:
+    """``tensor.grad_fn``, or None where torch refuses to give it: reading it raises for a view
+    made under ``no_grad`` whose base was then written in place (``w[:, 0].mul_(2)``)."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
+
+
 def rng_state() -> tuple:
     """The random number generators' state, so a random operation can be replayed exactly."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -73,4 +82,4 @@ def raise_site(error: BaseException) -> str:
     return f", raised at {code.co_filename}:{tb.tb_lineno} in {code.co_name}()"
 
 
-__all__ = ["KERNEL_FILES", "run_kernel_call", "rng_state", "raise_site"]
+__all__ = ["KERNEL_FILES", "run_kernel_call", "rng_state", "raise_site", "grad_fn_of"]

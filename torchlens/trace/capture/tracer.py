@@ -61,7 +61,7 @@ from .ops import OpInfo
 from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, dotted, head, is_out_position, matching_parents
 from .preexisting import PassStart
 from .save_plan import SavePlan
-from .sites import KERNEL_FILES, raise_site, run_kernel_call
+from .sites import KERNEL_FILES, grad_fn_of, raise_site, run_kernel_call
 from .sites import rng_state as rng_state_now
 from .unwrap import scripted_output
 
@@ -387,7 +387,7 @@ class Tracer:
         made it. It becomes an ``untraced`` node, so the gap is visible (and validation fails
         naming it) instead of its consumer silently losing a parent. ``parents``: what it is
         known to come from (a TorchScript submodule's inputs), with ``reason``."""
-        grad_fn = tensor.grad_fn
+        grad_fn = grad_fn_of(tensor)
         if not reason and grad_fn is not None:
             reason = f"its grad_fn {type(grad_fn).__name__} was made by an operation torchlens did not log"
         elif not reason:
@@ -459,7 +459,7 @@ class Tracer:
             e.nbytes = tensor.nelement() * tensor.element_size()
         except Exception:  # sparse or otherwise unusual layouts
             e.nbytes = 0
-        grad_fn = tensor.grad_fn
+        grad_fn = grad_fn_of(tensor)
         e.grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
 
     def _describe_call(self, name: str) -> str:
