@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
 
@@ -33,6 +33,9 @@ from . import style as st
 from .fans import Junction
 from .groups import TensorGroup
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
+
+if TYPE_CHECKING:
+    from ..history.model_history import ModelHistory
 
 AttrValue = Union[str, int, float, Callable[..., Any]]
 AttrOverrides = Optional[Mapping[str, AttrValue]]
@@ -56,7 +59,7 @@ class GraphvizNotFoundError(TorchlensError, RuntimeError):
     call that also traced (so the traced history is not lost).
     """
 
-    def __init__(self, message: str = INSTALL_HELP, history: Any = None) -> None:
+    def __init__(self, message: str = INSTALL_HELP, history: "ModelHistory" = None) -> None:
         super().__init__(message)
         self.history = history
 
@@ -166,7 +169,7 @@ def _overrides(overrides: AttrOverrides, *args: Any) -> Dict[str, str]:
     return out
 
 
-def _title(history: Any, structure: GraphStructure) -> str:
+def _title(history: "ModelHistory", structure: GraphStructure) -> str:
     num = len(history.layer_list)
     tensor_bytes = sum(e.nbytes or 0 for e in history.layer_list)
     params = {a: n for node in structure.nodes.values() for a, n in _param_numels(node)}
@@ -275,7 +278,7 @@ def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: s
 
 
 def build_dot(
-    history: Any,
+    history: "ModelHistory",
     vis_mode: str = "unrolled",
     vis_nesting_depth: Optional[int] = None,
     vis_direction: Optional[str] = None,
@@ -358,7 +361,7 @@ def build_dot(
     return dot
 
 
-def backward_edges(history: Any) -> List[ExtraEdge]:
+def backward_edges(history: "ModelHistory") -> List[ExtraEdge]:
     """Child -> parent edges along which the gradient flowed (both ends have a gradient)."""
     edges: List[ExtraEdge] = []
     for entry in history.layer_list:
@@ -451,7 +454,7 @@ def display_svg(svg: str) -> None:
     display(SVG(svg))
 
 
-def svg_of(history: Any, **options: Any) -> str:
+def svg_of(history: "ModelHistory", **options: Any) -> str:
     """The drawing as SVG text (for ``_repr_svg_`` in notebooks); options as for ``build_dot``.
 
     Example:
@@ -464,7 +467,7 @@ def svg_of(history: Any, **options: Any) -> str:
 
 
 def render_graph(
-    history: Any,
+    history: "ModelHistory",
     vis_mode: str = "unrolled",
     vis_nesting_depth: Optional[int] = None,
     vis_direction: Optional[str] = None,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -34,6 +34,9 @@ from ..records.tensor_log import TensorLogEntry
 from .fans import Junction, group_wide_fans
 from .groups import TensorGroup, tensor_groups
 from .style import COMMUTATIVE_TYPES, passes_text, positions_text
+
+if TYPE_CHECKING:
+    from ..history.model_history import ModelHistory
 
 ClusterKey = Tuple[Tuple[str, Optional[int]], ...]  # ((address, pass or None), ...) outermost first
 ExtraEdge = Tuple[str, str, Mapping[str, str]]  # (tail label, head label, graphviz attributes)
@@ -154,7 +157,7 @@ def _chain(item: Union[TensorLogEntry, RolledLayer], rolled: bool) -> ClusterKey
 
 
 class _Builder:
-    def __init__(self, history: Any, rolled: bool, depth: Optional[int]) -> None:
+    def __init__(self, history: "ModelHistory", rolled: bool, depth: Optional[int]) -> None:
         self.history = history
         self.rolled = rolled
         self.depth = depth
@@ -377,7 +380,7 @@ def _common_prefix(a: ClusterKey, b: ClusterKey) -> ClusterKey:
 
 
 def build_structure(
-    history: Any,
+    history: "ModelHistory",
     vis_mode: str = "unrolled",
     vis_nesting_depth: Optional[int] = None,
     extra_edges: Optional[Iterable[ExtraEdge]] = None,

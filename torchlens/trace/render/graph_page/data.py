@@ -34,13 +34,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ....web.stats import tensor_stats
 from ...records.tensor_log import TensorLogEntry
 from ..groups import TensorGroup, tensor_groups
 from ..style import COMMUTATIVE_TYPES, passes_text, positions_text
 from .overlay import Overlay, OverlayError
+
+if TYPE_CHECKING:
+    from ...history.model_history import ModelHistory
 
 SOURCE_CONTEXT = 2
 
@@ -127,7 +130,7 @@ def _position_text(entry: TensorLogEntry, parent: str) -> str:
 class _ViewBuilder:
     """Module containers of one view, their ordered items, single-operation modules and folds."""
 
-    def __init__(self, history: Any) -> None:
+    def __init__(self, history: "ModelHistory") -> None:
         self.history = history
         self.modules: Dict[str, Dict[str, Any]] = {"": self._container("", None, None, None)}
 
@@ -219,7 +222,7 @@ class _ViewBuilder:
         return out
 
 
-def _unrolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
+def _unrolled_view(history: "ModelHistory", entries: List[TensorLogEntry]) -> Dict[str, Any]:
     index = {e.label: i for i, e in enumerate(entries)}
     builder = _ViewBuilder(history)
     groups = tensor_groups(entries)
@@ -241,7 +244,7 @@ def _unrolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any
     return {"nodes": nodes, "edges": edges, "modules": builder.modules}
 
 
-def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
+def _rolled_view(history: "ModelHistory", entries: List[TensorLogEntry]) -> Dict[str, Any]:
     op_index = {e.label: i for i, e in enumerate(entries)}
     layers: Dict[str, List[TensorLogEntry]] = {}
     for e in entries:
@@ -286,7 +289,7 @@ def _rolled_view(history: Any, entries: List[TensorLogEntry]) -> Dict[str, Any]:
     return {"nodes": nodes, "edges": edges, "modules": builder.modules}
 
 
-def _summary(history: Any) -> Dict[str, Any]:
+def _summary(history: "ModelHistory") -> Dict[str, Any]:
     return {
         "num_tensors": history.num_tensors,
         "tensor_bytes": history.tensor_bytes,
@@ -299,7 +302,7 @@ def _summary(history: Any) -> Dict[str, Any]:
     }
 
 
-def page_data(history: Any, overlay: Any = None, focus: Optional[str] = None) -> Dict[str, Any]:
+def page_data(history: "ModelHistory", overlay: Any = None, focus: Optional[str] = None) -> Dict[str, Any]:
     """Everything the graph page shows for ``history``, as JSON-ready data (see the module doc);
     with ``overlay`` (see ``overlay.Overlay``) the colour of each node and the legend, with
     ``focus`` the label of the operation the page opens on (its modules open, its details shown).

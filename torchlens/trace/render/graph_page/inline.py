@@ -15,10 +15,13 @@ Example:
 from __future__ import annotations
 
 import html as _html
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ....web.embed import packed_page, srcdoc_frame
 from .data import page_data
+
+if TYPE_CHECKING:
+    from ...history.model_history import ModelHistory
 
 DEFAULT_HEIGHT = 640
 # The SVG drawing rides along for renderers without JavaScript (GitHub, nbconvert to PDF) only
@@ -27,7 +30,7 @@ SVG_MAX_OPS = 300
 SVG_MAX_CHARS = 400_000
 
 
-def notebook_page(history: Any, **options: Any) -> str:
+def notebook_page(history: "ModelHistory", **options: Any) -> str:
     """The graph page packed for embedding (see ``torchlens.web.embed.packed_page``);
     ``options`` go to ``page_data``."""
     page = packed_page("graph.html", page_data(history, **options), "TORCHLENS_GRAPH")
@@ -36,12 +39,12 @@ def notebook_page(history: Any, **options: Any) -> str:
     )
 
 
-def notebook_html(history: Any, height: int = DEFAULT_HEIGHT, **options: Any) -> str:
+def notebook_html(history: "ModelHistory", height: int = DEFAULT_HEIGHT, **options: Any) -> str:
     """The HTML of the inline graph page of ``history`` (an iframe; see the module doc)."""
     return srcdoc_frame(notebook_page(history, **options), height)
 
 
-def inline_svg(history: Any) -> Optional[str]:
+def inline_svg(history: "ModelHistory") -> Optional[str]:
     """The graphviz drawing as SVG for a notebook output (``ModelHistory._repr_svg_``), or None
     (the front end falls back to the page or the text) without ``dot``, or when the graph has
     more than ``SVG_MAX_OPS`` operations or its SVG more than ``SVG_MAX_CHARS`` characters."""
@@ -56,7 +59,7 @@ def inline_svg(history: Any) -> Optional[str]:
     return svg if len(svg) <= SVG_MAX_CHARS else None
 
 
-def mimebundle(history: Any, include: Any = None, exclude: Any = None) -> Dict[str, str]:
+def mimebundle(history: "ModelHistory", include: Any = None, exclude: Any = None) -> Dict[str, str]:
     """``ModelHistory._repr_mimebundle_``: ``text/plain`` (the summary), ``text/html`` (the inline
     page) and, while small, ``image/svg+xml`` (the drawing); ``include``/``exclude`` are the MIME
     types Jupyter asks for or not.
@@ -81,7 +84,7 @@ def mimebundle(history: Any, include: Any = None, exclude: Any = None) -> Dict[s
     return bundle
 
 
-def show(history: Any, height: int = DEFAULT_HEIGHT, **options: Any) -> Any:
+def show(history: "ModelHistory", height: int = DEFAULT_HEIGHT, **options: Any) -> Any:
     """Display the page inline in Jupyter (returns the IPython ``HTML`` object displayed); outside
     a notebook, raise a ``RuntimeError`` suggesting ``to_html(path)``.
 

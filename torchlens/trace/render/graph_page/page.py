@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import html as _html
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ....web.embed import inline_page, srcdoc_frame
 from .data import page_data
 
+if TYPE_CHECKING:
+    from ...history.model_history import ModelHistory
 
-def to_html(history: Any, path: Optional[str] = None, overlay: Any = None, focus: Optional[str] = None) -> str:
+
+def to_html(
+    history: "ModelHistory", path: Optional[str] = None, overlay: Any = None, focus: Optional[str] = None
+) -> str:
     """The page as HTML text; with ``path`` also written there (``.html`` is not added); with
     ``overlay`` nodes coloured by a value per label, with ``focus`` opened on that operation.
 
