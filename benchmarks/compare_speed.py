@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Cost of ``tl.compare`` on a GPT-2 of 12 layers and 128 tokens, against plain forwards.
 
-In one process, on the CPU, with ``torch.set_num_threads(1)``; model a is
-``GPT2Model(GPT2Config(n_layer=12, n_embd=128, n_head=4, n_positions=128))`` with random
-weights, model b a copy with one weight of block 5's MLP scaled by 1.01 (so every op after it
+In one process, on the CPU, with ``torch.set_num_threads(1)``; model a is GPT-2 small's shape,
+``GPT2Model(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=128))`` with random
+weights (``--n-embd 128`` gives a toy of it whose ops are so cheap that the tracer's fixed cost
+per op dominates: the worst case for the ratio), model b a copy with one weight of block 5's MLP scaled by 1.01 (so every op after it
 differs and each pair is measured in full), ``input_ids`` of shape (1, 128), ``use_cache=False``:
 
 * ``plain``        -- median time of ``model_a(x)`` plus median time of ``model_b(x)``;
@@ -43,12 +44,13 @@ def timed(fn: Callable[[], Any]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--n-embd", type=int, default=768, help="width: 768 is GPT-2 small, 128 a toy of it")
     args = parser.parse_args()
     import transformers
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=12, n_embd=128, n_head=4, n_positions=128)
+    config = transformers.GPT2Config(n_layer=12, n_embd=args.n_embd, n_head=max(1, args.n_embd // 64), n_positions=128)
     model_a = transformers.GPT2Model(config).eval()
     model_b = copy.deepcopy(model_a)
     with torch.no_grad():
@@ -60,7 +62,7 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     loaded_a = tl.load(history_a.save(f"{folder}/a"))
     loaded_b = tl.load(history_b.save(f"{folder}/b"))
-    print(f"{len(history_a)} ops per pass")
+    print(f"GPT-2, 12 layers, n_embd={args.n_embd}, 128 tokens: {len(history_a)} ops per pass")
 
     with torch.no_grad():
         steps: Dict[str, Callable[[], Any]] = {
