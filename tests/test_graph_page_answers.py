@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from frames import unpack_frame
 
 import torchlens as tl
 from torchlens.trace.render.graph_page import OverlayError, page_data
@@ -215,11 +216,14 @@ def test_answers_in_a_notebook_are_their_page():
     torch.manual_seed(0)
     report = tl.find_nonfinite(Net(log=True), torch.randn(3, 4))
     shown = report._repr_html_()
-    assert shown.startswith("<pre>") and "<iframe srcdoc=" in shown and "height: 600px" in shown
-    assert "TORCHLENS_GRAPH" in shown and report.label in shown
+    assert shown.startswith("<pre>") and "height: 600px" in shown
+    _, packed = unpack_frame(shown)  # packed as a history's own inline page, opened on the producer
+    assert packed["name"] == "TORCHLENS_GRAPH" and packed["data"]["focus"] == report.label
+    assert packed["data"]["overlay"]["nodes"][report.label]
     model = Net()
     cmp = tl.compare((model, torch.ones(2, 4)), (model, torch.ones(2, 4)))
     assert "<iframe srcdoc=" in cmp._repr_html_() and "Every matched op is within tolerance" in cmp._repr_html_()
+    assert unpack_frame(cmp._repr_html_())[1]["name"] == "TORCHLENS_GRAPH"
 
 
 def test_a_nan_parameter_marks_the_ops_that_read_it():

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import TorchlensError
 from ..records.func_call import FuncCallLocation
-from .display import page_iframe
+from .display import answer_html
 
 
 class CompareError(TorchlensError, ValueError):
@@ -217,14 +217,19 @@ class Comparison:
         history = self.history_a if side == "a" else self.history_b
         if history is None:
             raise CompareError(f"this comparison holds no history of {side!r} to draw.")
+        return history.to_html(path, overlay=self.overlay(side), focus=self._focus(side))
+
+    def _focus(self, side: str) -> Optional[str]:
+        """The label the page of ``side`` opens on: the first divergence."""
         first = self.first_divergence
-        focus = None if first is None else (first.label_a if side == "a" else first.label_b)
-        return history.to_html(path, overlay=self.overlay(side), focus=focus)
+        return None if first is None else (first.label_a if side == "a" else first.label_b)
 
     def _repr_html_(self) -> str:
         """In a notebook: the origin(s) of divergence, then the graph page of ``b`` opened there."""
         story = "\n".join([self.header()] + self.story())
-        return page_iframe(None if self.history_b is None else self.to_html(), story)
+        if self.history_b is None:
+            return answer_html(story, None)
+        return answer_html(story, self.history_b, self.overlay("b"), self._focus("b"))
 
     def to_pandas(self):
         """One row per matched op (columns as in ``ComparedOp.to_row``)."""

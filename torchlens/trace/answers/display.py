@@ -1,28 +1,35 @@
-"""The graph page of an answer inside a notebook: an ``<iframe>`` whose ``srcdoc`` holds the
-whole page (its scripts and ids isolated from the notebook and from other answers).
+"""An answer inside a notebook: its story as text, then the graph page of its history opened
+where the answer points, packed into an isolated ``<iframe>`` exactly as a history shows itself
+(``ModelHistory._repr_html_``: compressed data, no server, no network).
 
 Example:
-    >>> page_iframe("<p>a & b</p>", "the story")[:52]
-    '<pre>the story</pre><iframe srcdoc="&lt;p&gt;a &amp;'
+    >>> import torch, torchlens as tl
+    >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
+    >>> html_text = answer_html("the story", h, focus="linear_1_1")
+    >>> html_text.startswith("<pre>the story</pre><iframe srcdoc=")
+    True
 """
 
 from __future__ import annotations
 
 import html
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..history.extensions import extension
+
+if TYPE_CHECKING:
+    from ..history.model_history import ModelHistory
 
 HEIGHT = 600
 
 
-def page_iframe(page: Optional[str], story: str, height: int = HEIGHT) -> str:
-    """``story`` as preformatted text, then ``page`` (if any) in an iframe ``height`` pixels high."""
-    if page is None:
-        return f"<pre>{html.escape(story)}</pre>"
-    return (
-        f"<pre>{html.escape(story)}</pre>"
-        f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
-        'border: 1px solid #ddd; border-radius: 4px;" sandbox="allow-scripts" loading="lazy"></iframe>'
-    )
+def answer_html(story: str, history: Optional["ModelHistory"], overlay: Any = None, focus: Optional[str] = None) -> str:
+    """``story`` as preformatted text, then (with a ``history``) its graph page ``HEIGHT`` pixels
+    high, coloured by ``overlay`` and opened on ``focus``."""
+    text = f"<pre>{html.escape(story)}</pre>"
+    if history is None:
+        return text
+    return text + extension("notebook_html")(history, HEIGHT, overlay=overlay, focus=focus)
 
 
-__all__ = ["page_iframe", "HEIGHT"]
+__all__ = ["answer_html", "HEIGHT"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ...errors import TorchlensError
 from ..records.func_call import FuncCallLocation
-from .display import page_iframe
+from .display import answer_html
 
 PHASES = ("input", "parameter", "forward", "loss", "backward")
 # the graph page's colours (worst first: a closed module shows the worst inside)
@@ -142,8 +142,9 @@ class NonfiniteReport:
     def _repr_html_(self) -> str:
         """In a notebook: the story, then the graph page opened on the producer."""
         if self.history is None:  # nothing to draw: the story alone
-            return page_iframe(None, _story(self))
-        return page_iframe(self.to_html(), _story(self))
+            return answer_html(_story(self), None)
+        overlay, focus = self._page_view()
+        return answer_html(_story(self), self.history, overlay, focus)
 
     def overlay(self) -> Dict[str, Any]:
         """The graph page's overlay: each layer 'producer', 'propagated' or 'finite' (backward:
@@ -190,6 +191,11 @@ class NonfiniteReport:
         """
         if self.history is None:
             raise NonfiniteError("this report has no history to draw; it comes from find_nonfinite or first_nonfinite.")
+        overlay, focus = self._page_view()
+        return self.history.to_html(path, overlay=overlay, focus=focus)
+
+    def _page_view(self) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The overlay of the graph page and the label it opens on (the producer)."""
         labels = {e.label for e in self.history.layer_list}
         overlay = self.overlay()
         focus = (
@@ -197,7 +203,7 @@ class NonfiniteReport:
             if self.label in labels
             else next((k for k, v in overlay["values"].items() if v == "producer"), None)
         )
-        return self.history.to_html(path, overlay=overlay, focus=focus)
+        return overlay, focus
 
     def to_pandas(self) -> Any:
         """One row per layer: label, forward flag, gradient flag, and its role in the answer
