@@ -10,7 +10,7 @@ import socket
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -18,8 +18,17 @@ import numpy as np
 from ..errors import TorchlensError
 from ..web.stats import bin_edges
 from .calls import Call
-from .store import DB_NAME, FORMAT, KINDS, connect
+from .store import DB_NAME, EXACT_COLUMNS, FORMAT, KINDS, connect
 
+NO_EXACT = "no exact statistics: this run was written before torchlens recorded them (the histograms are there)"
+# what the line under each kind's strip shows
+LINE_LABELS = {
+    "io": "std",
+    "params": "std",
+    "io_grad": "median per-sample norm",
+    "params_grad": "norm",
+    "updates": "update ratio ||dw||/||w||",
+}
 STALE_AFTER_S = 60.0  # a 'running' run whose heartbeat is older is 'stopped' (the timer beats every 10 s)
 
 
@@ -33,6 +42,18 @@ class Series:
 
     A column usually holds one logged step; in long runs older columns hold several
     (``steps[i]`` to ``last_steps[i]``, ``num_steps[i]`` of them).
+
+    ``min``, ``max``, ``counts`` and ``nonfinite`` describe the histogram, drawn from a sample
+    of the values with outliers rejected (``tl.watch``'s ``sample_n`` and
+    ``reject_outlier_proportion``). The other arrays are over ALL values of the tensor in
+    the column's steps: ``true_min``/``true_max`` (of the finite values), ``mean`` and ``std``
+    (population std, ``correction=0``, of the finite values), the numbers of values ``count``,
+    ``nan``, ``posinf``, ``neginf`` and ``zeros`` (exactly 0), and ``line``, the scalar drawn
+    under the strip (``line_label``: std for ``io``/``params``, the median per-sample norm for
+    ``io_grad``, the norm of the finite values for ``params_grad``). For ``io_grad`` the values
+    are the per-sample gradient norms, as in its histogram. A column holding several steps
+    sums the counts, pools mean and std, and averages the line. All nan in runs written before
+    these were recorded (``reason`` then says so).
     """
 
     call_id: str
@@ -49,6 +70,17 @@ class Series:
     # why a series has no values (e.g. "no gradient: this call's output is not differentiable");
     # None once it has any, and in runs written before reasons were stored
     reason: Optional[str] = None
+    true_min: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    true_max: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    std: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    count: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    nan: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    posinf: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    neginf: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    zeros: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    line: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    line_label: str = ""
 
 
 class Run:
@@ -92,6 +124,8 @@ class Run:
         self.bins = int(meta["bins"])
         columns = [r[1] for r in self._query("PRAGMA table_info(series)")]
         self._has_reason = "reason" in columns  # runs written before have no reasons
+        stored = [r[1] for r in self._query("PRAGMA table_info(columns)")]
+        self._has_exact = "x_count" in stored  # nor exact statistics
 
     def _meta(self, wait: float = 5.0) -> dict:
         """The meta table; a database with no tables yet is a run being created: wait for it."""
@@ -189,8 +223,9 @@ class Run:
         )
         if not found:
             raise KeyError(self._unknown_series(call_id, kind, name))
+        exact = ", ".join("x_" + _column(c) for c in EXACT_COLUMNS) if self._has_exact else "NULL"
         sql = (
-            "SELECT step, last_step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ?"
+            f"SELECT step, last_step, num_steps, lo, hi, nonfinite, counts, {exact} FROM columns WHERE series_id = ?"
             + (" AND last_step >= ?" if since is not None else "")
             + " ORDER BY slot"
         )
@@ -201,6 +236,15 @@ class Run:
         counts = (
             np.stack([np.frombuffer(r[6], np.float32) for r in rows]) if n else np.zeros((0, self.bins), np.float32)
         )
+        stats = {
+            name: np.array([np.nan if r[7 + k] is None else r[7 + k] for r in rows], dtype=np.float64)
+            if self._has_exact
+            else np.full(n, np.nan)
+            for k, name in enumerate(EXACT_COLUMNS)
+        }
+        reason = found[0][1]
+        if not self._has_exact and reason is None:
+            reason = NO_EXACT
         return Series(
             call_id,
             kind,
@@ -213,7 +257,9 @@ class Run:
             min=lo,
             max=hi,
             nonfinite=np.array([r[5] for r in rows], np.int64),
-            reason=found[0][1],
+            reason=reason,
+            line_label=LINE_LABELS.get(kind, ""),
+            **stats,
         )
 
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
@@ -225,6 +271,11 @@ class Run:
             return f"no call {call_id!r} has series in this run.{hint} Calls are listed in run.calls."
         here = [f"{k}/{n}" for c, k, n in names if c == call_id]
         return f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}."
+
+
+def _column(name: str) -> str:
+    """The table's column of an ``EXACT_COLUMNS`` name (x_min for true_min)."""
+    return name.replace("true_", "")
 
 
 def _writer_gone(meta: dict) -> bool:

@@ -31,10 +31,14 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
+from ..web.stats import combine_summaries, exact_summary
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
+# one tensor's contribution to a series: its sample, its exact_summary over all values, and (for
+# gradient series) all its per-sample norms, whose median is the series' line
+Part = Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
 NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
@@ -130,8 +134,8 @@ class StepRecorder:
         self.step: Optional[int] = None
         self.known_calls: Set[str] = set()
         self.new_calls: List[Call] = []
-        self.pending: Dict[Key, List[torch.Tensor]] = {}
-        self.param_grads: Dict[Tuple[str, str], torch.Tensor] = {}
+        self.pending: Dict[Key, List[Part]] = {}
+        self.param_grads: Dict[Tuple[str, str], Part] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
@@ -187,31 +191,39 @@ class StepRecorder:
         self._flush_split()
         if "params_grad" in self.kinds:
             for p, owners in touched.values():
-                sample = self.sampler.values(p.grad) if p.grad is not None else None
-                if sample is not None:
+                part = self._values(p.grad) if p.grad is not None else None
+                if part is not None:
                     for owner in owners:
-                        self.param_grads[owner] = sample
+                        self.param_grads[owner] = part
         return bool(touched)
 
-    def end_step(self) -> Tuple[List[Key], List[torch.Tensor], Dict[Key, str]]:
-        """The step's samples, one per series (several forwards of one step are overlaid), and
-        the reasons of the gradient series that got no values."""
+    def collect(self) -> "StepData":
+        """What the step has so far, one sample and one exact summary per series (several
+        forwards of one step are overlaid), and the reasons of the gradient series that got no
+        values. The step goes on: a later backward or optimizer step adds to it."""
+        pending = {k: list(v) for k, v in self.pending.items()}
+        for (address, name), part in self.param_grads.items():
+            for cid in self.calls_of.get(address, ()):
+                pending.setdefault((cid, "params_grad", name), []).append(part)
+        data = StepData()
+        for key, parts in pending.items():
+            data.keys.append(key)
+            data.samples.append(parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]))
+            data.summaries.append(_summary_of(parts))
+        data.reasons = {k: r for k, r in self.reasons.items() if k not in pending}
+        return data
+
+    def end_step(self) -> "StepData":
+        """The step's data (``collect``); its hooks are removed and the recorder is emptied."""
         if self.touched or self.split:  # a backward pass whose end was not seen (it raised)
             self.collect_param_grads()
         for h in self._param_hooks + self._tensor_hooks:
             h.remove()
         self._param_hooks, self._tensor_hooks = [], []
-        for (address, name), sample in self.param_grads.items():
-            for cid in self.calls_of.get(address, ()):
-                self.pending.setdefault((cid, "params_grad", name), []).append(sample)
-        keys, samples = [], []
-        for key, parts in self.pending.items():
-            keys.append(key)
-            samples.append(parts[0] if len(parts) == 1 else torch.cat(parts))
-        reasons = {k: r for k, r in self.reasons.items() if k not in self.pending}
+        data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
-        return keys, samples, reasons
+        return data
 
     def take_new_calls(self) -> List[Call]:
         calls, self.new_calls = self.new_calls, []
@@ -242,11 +254,11 @@ class StepRecorder:
         found = [(f"input {_dotted(p)}", p, t) for p, t in tensors_in_call(args, kwargs)]
         if "io" in self.kinds:
             for name, _, t in found:
-                self._add((cid, "io", name), self.sampler.values(t))
+                self._add((cid, "io", name), self._values(t))
         if "params" in self.kinds:
             for name, p in module._parameters.items():
                 if p is not None and not _is_lazy(p):
-                    self._add((cid, "params", name), self.sampler.values(p))
+                    self._add((cid, "params", name), self._values(p))
         if "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad):
             return self._alias_inputs(module, cid, (args, kwargs, found), frame)
         return None
@@ -358,7 +370,7 @@ class StepRecorder:
         want_grad = "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad)
         for name, t in named:
             if want_io:
-                self._add((cid, "io", name), self.sampler.values(t))
+                self._add((cid, "io", name), self._values(t))
             if want_grad and not t.requires_grad:
                 self.reasons[(cid, "io_grad", name)] = NOT_DIFFERENTIABLE
             elif want_grad:
@@ -369,15 +381,26 @@ class StepRecorder:
                     raise _hook_error(module, cid, name, error) from error
                 self._tensor_hooks.append(handle)
 
-    def _add(self, key: Key, sample: Optional[torch.Tensor]) -> None:
-        if sample is not None:
-            self.pending.setdefault(key, []).append(sample)
+    def _add(self, key: Key, part: Optional[Part]) -> None:
+        if part is not None:
+            self.pending.setdefault(key, []).append(part)
+
+    def _values(self, t: torch.Tensor) -> Optional[Part]:
+        """A sample of ``t`` and its statistics over all values, taken now (before any later
+        in-place change)."""
+        sample = self.sampler.values(t)
+        return None if sample is None else (sample, exact_summary(t), None)
+
+    def _norms(self, grad: torch.Tensor) -> Optional[Part]:
+        norms = self.sampler.norms(grad)
+        sample = self.sampler.values(norms) if norms is not None else None
+        return None if sample is None else (sample, None, norms)
 
     def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
         def record(grad: torch.Tensor) -> None:
             if self.step == step and grad is not None:
                 self.on_gradient()
-                self._add(key, self.sampler.sample_norms(grad))
+                self._add(key, self._norms(grad))
 
         return record
 
@@ -389,9 +412,9 @@ class StepRecorder:
             if entry.split:  # what reached the alias before the in-place change: one part
                 self._add_part(entry, grad)
                 return
-            sample = self.sampler.sample_norms(grad)
+            part = self._norms(grad)
             for key in entry.keys:
-                self._add(key, sample)
+                self._add(key, part)
 
         return record
 
@@ -401,10 +424,10 @@ class StepRecorder:
 
     def _flush(self, entry: _Alias) -> None:
         if entry.part is not None:
-            sample = self.sampler.sample_norms(entry.part)
+            part = self._norms(entry.part)
             entry.part = None
             for key in entry.keys:
-                self._add(key, sample)
+                self._add(key, part)
 
     def _flush_split(self) -> None:
         for entry in self.split:
@@ -417,6 +440,28 @@ class StepRecorder:
                 self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
 
         return record
+
+
+class StepData:
+    """One step's series: ``keys[i]`` has the sample ``samples[i]`` (for its histogram) and the
+    ``exact_summary`` ``summaries[i]`` (over all values; None when there is none); ``reasons``:
+    why the gradient series named there got no values."""
+
+    def __init__(self) -> None:
+        self.keys: List[Key] = []
+        self.samples: List[torch.Tensor] = []
+        self.summaries: List[Optional[torch.Tensor]] = []
+        self.reasons: Dict[Key, str] = {}
+
+
+def _summary_of(parts: List[Part]) -> Optional[torch.Tensor]:
+    """The exact summary of a series' parts; for per-sample norms, of all of them, with their
+    median as the line."""
+    if parts[0][2] is not None:
+        norms = torch.cat([p[2] for p in parts if p[2] is not None])
+        return exact_summary(norms, line=norms.nanmedian())
+    summaries = [p[1] for p in parts if p[1] is not None]
+    return combine_summaries(summaries) if summaries else None
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:
@@ -466,4 +511,4 @@ def _is_lazy(p: torch.Tensor) -> bool:
     return isinstance(p, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
 
 
-__all__ = ["StepRecorder", "InplaceGradientError", "ModelHook", "REASONS"]
+__all__ = ["StepData", "StepRecorder", "InplaceGradientError", "ModelHook", "REASONS"]

@@ -44,14 +44,14 @@ class Sampler:
             return flat[index].to(torch.float32)
         return flat.to(torch.float32, copy=True)
 
-    def sample_norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
-        """Per-sample L2 norms of a gradient: all but the first dimension flattened, one norm
-        per row (a 0-d gradient is its absolute value)."""
+    def norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """All per-sample L2 norms of a gradient: all but the first dimension flattened, one
+        norm per row (a 0-d gradient is its absolute value)."""
         g = grad.detach()
         if g.layout != torch.strided or g.numel() == 0:
             return None
         rows = g.reshape(1, 1) if g.dim() == 0 else g.reshape(g.shape[0], -1)
-        return self.values(torch.linalg.vector_norm(rows, dim=1).float())
+        return torch.linalg.vector_norm(rows, dim=1).float()
 
 
 __all__ = ["Sampler"]

@@ -324,15 +324,17 @@ class Watch:
         self._step, self._logging = None, False
         if step is None or not logging or self._writer is None:
             return
-        keys, samples, reasons = self.recorder.end_step()
+        data = self.recorder.end_step()
         new_calls = self.recorder.take_new_calls()
         if new_calls:
             self._writer.add_calls(new_calls)
-        h = histograms(samples, self.reject)
-        self._writer.write_step(step, keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=reasons)
+        h = histograms(data.samples, self.reject, summaries=data.summaries)
+        self._writer.write_step(
+            step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
+        )
         self._steps_written += 1
         for backend in self.backends:
-            backend.log_step(step, keys, h, self.run_dir)
+            backend.log_step(step, data.keys, h, self.run_dir)
 
     def _release(self) -> None:
         self.closed = True

@@ -5,7 +5,12 @@ Tables: ``meta`` (format, model, options, status, and the writer's ``pid``, ``ho
 ``heartbeat``, the time of its last sign of life), ``calls`` (the module-call graph, one JSON row per
 call), ``series`` (one row per (call, kind, name), with the ``reason`` a gradient series has no
 values while it has none; runs written before have no such column), ``columns`` (one histogram per series and
-column) and ``steps`` (the logged training steps).
+column, and the statistics over all values of its tensors, ``EXACT_COLUMNS``: runs written before
+have none) and ``steps`` (the logged training steps).
+
+A step is written when its backward pass ends; a later backward pass of the same step (or its
+optimizer step, for ``updates``) writes it again: ``write_step`` with the step being written
+replaces its columns, also those merged into a column holding older steps.
 
 The writer's heartbeat is renewed with every logged step and by a timer every ``HEARTBEAT_S``
 seconds while the watch is open, so a reader can tell a run whose process was killed (its pid
@@ -28,12 +33,15 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from ..web.stats import merge
+from ..web.stats import host_summary, merge
 from .calls import Call
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad")
+# the statistics over all values stored with each column (host_summary's names, x_ in the table)
+EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
+_ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
 
 _SCHEMA = """
@@ -45,6 +53,8 @@ CREATE TABLE IF NOT EXISTS series (
 CREATE TABLE IF NOT EXISTS columns (
     series_id INTEGER NOT NULL, slot INTEGER NOT NULL, step INTEGER NOT NULL, last_step INTEGER NOT NULL,
     num_steps INTEGER NOT NULL, lo REAL, hi REAL, nonfinite INTEGER NOT NULL, counts BLOB NOT NULL,
+    x_count REAL, x_min REAL, x_max REAL, x_mean REAL, x_std REAL, x_nan REAL, x_posinf REAL, x_neginf REAL,
+    x_zeros REAL, x_line REAL,
     PRIMARY KEY (series_id, slot)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS columns_by_step ON columns (series_id, last_step);
 CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, ordinal INTEGER NOT NULL, time REAL NOT NULL);
@@ -74,6 +84,8 @@ class RunWriter:
         self.reason_of: Dict[int, Optional[str]] = {}  # series id -> its stored reason
         self.has_values: set = set()  # series ids that got values (their reason is gone for good)
         self.num_calls = 0
+        self._open: Optional[Tuple[int, int]] = None  # (step, ordinal) of the step written last
+        self._before: Dict[Tuple[int, int], Optional[tuple]] = {}  # merged columns before that step
         meta = {
             "format": FORMAT,
             "model": model_name,
@@ -144,12 +156,19 @@ class RunWriter:
         hi: np.ndarray,
         nonfinite: np.ndarray,
         reasons: Optional[Dict[Tuple[str, str, str], str]] = None,
-    ) -> None:
+        exact: Optional[np.ndarray] = None,
+    ) -> bool:
         """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction;
-        ``reasons``: why the series named there got no values in this step."""
-        ordinal = self.num_logged
-        if ordinal // self.stride >= self.max_columns:
-            self._compact()
+        ``reasons``: why the series named there got no values in this step; ``exact``: rows of
+        ``EXACT_FIELDS`` (``Histograms.exact``). Writing the step written last again replaces
+        the columns of the keys given. True when the step is new."""
+        new = self._open is None or self._open[0] != step
+        if new:
+            ordinal = self.num_logged
+            if ordinal // self.stride >= self.max_columns:
+                self._compact()
+            self._open, self._before = (step, ordinal), {}
+        ordinal = self._open[1]  # type: ignore[index]
         slot = ordinal // self.stride
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
@@ -169,17 +188,19 @@ class RunWriter:
                     _real(hi[i]),
                     int(nonfinite[i]),
                     counts[i].astype(np.float32).tobytes(),
-                )
+                ) + _exact_values(exact[i] if exact is not None else None, key[1])
                 if self.stride == 1 or ordinal % self.stride == 0:
                     fresh.append(row)
                 else:
                     merged.append(row)
-            self.db.executemany("INSERT OR REPLACE INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", fresh)
+            self.db.executemany("INSERT OR REPLACE INTO columns VALUES " + _ROW, fresh)
             for row in merged:
                 self._merge_into(row)
             self._set_reasons([(self._series_id(k), None) for k in keys])
             self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
-        self.num_logged += 1
+        if new:
+            self.num_logged += 1
+        return new
 
     def _set_reasons(self, pairs: List[Tuple[int, Optional[str]]]) -> None:
         """Store each series' reason when it changes; a series that has had values keeps none."""
@@ -193,72 +214,29 @@ class RunWriter:
                 self.reason_of[sid] = reason
 
     def _merge_into(self, row: tuple) -> None:
-        sid, slot, step = row[0], row[1], row[2]
-        old = self.db.execute(
-            "SELECT step, num_steps, lo, hi, nonfinite, counts FROM columns WHERE series_id = ? AND slot = ?",
-            (sid, slot),
-        ).fetchone()
-        if old is None:
-            self.db.execute("INSERT INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
-            return
-        lo, hi, counts = merge(
-            _nan(old[2]),
-            _nan(old[3]),
-            np.frombuffer(old[5], np.float32),
-            _nan(row[5]),
-            hi_b=_nan(row[6]),
-            counts_b=np.frombuffer(row[8], np.float32),
-        )
-        self.db.execute(
-            "UPDATE columns SET last_step = ?, num_steps = ?, lo = ?, hi = ?, nonfinite = ?, "
-            "counts = ? WHERE series_id = ? AND slot = ?",
-            (step, old[1] + 1, _real(lo), _real(hi), old[4] + row[7], counts.tobytes(), sid, slot),
-        )
+        """Merge a step into the column that holds older steps (as the column was before this
+        step, when the step is written again)."""
+        sid, slot = row[0], row[1]
+        if (sid, slot) not in self._before:
+            self._before[(sid, slot)] = self.db.execute(
+                "SELECT * FROM columns WHERE series_id = ? AND slot = ?", (sid, slot)
+            ).fetchone()
+        old = self._before[(sid, slot)]
+        self.db.execute("INSERT OR REPLACE INTO columns VALUES " + _ROW, row if old is None else _combine(old, row))
 
     def _compact(self) -> None:
         """Double the stride: columns ``2k`` and ``2k + 1`` of every series become column ``k``."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            rows = self.db.execute(
-                "SELECT series_id, slot, step, last_step, num_steps, lo, hi, nonfinite, counts "
-                "FROM columns ORDER BY series_id, slot"
-            ).fetchall()
-            combined: Dict[Tuple[int, int], list] = {}  # [first, last, num_steps, lo, hi, nonfinite, counts]
-            for sid, slot, step, last, num, lo, hi, nonfinite, counts in rows:
-                key = (sid, slot // 2)
-                c = np.frombuffer(counts, np.float32)
+            rows = self.db.execute("SELECT * FROM columns ORDER BY series_id, slot").fetchall()
+            combined: Dict[Tuple[int, int], tuple] = {}
+            for row in rows:
+                key = (row[0], row[1] // 2)
+                row = (key[0], key[1]) + tuple(row[2:])
                 prev = combined.get(key)
-                if prev is None:
-                    combined[key] = [step, last, num, _nan(lo), _nan(hi), nonfinite, c]
-                    continue
-                mlo, mhi, mc = merge(prev[3], prev[4], prev[6], _nan(lo), hi_b=_nan(hi), counts_b=c)
-                combined[key] = [
-                    min(prev[0], step),
-                    max(prev[1], last),
-                    prev[2] + num,
-                    mlo,
-                    mhi,
-                    prev[5] + nonfinite,
-                    mc,
-                ]
+                combined[key] = row if prev is None else _combine(prev, row)
             self.db.execute("DELETE FROM columns")
-            self.db.executemany(
-                "INSERT INTO columns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        sid,
-                        slot,
-                        v[0],
-                        v[1],
-                        v[2],
-                        _real(v[3]),
-                        _real(v[4]),
-                        v[5],
-                        np.asarray(v[6], np.float32).tobytes(),
-                    )
-                    for (sid, slot), v in combined.items()
-                ],
-            )
+            self.db.executemany("INSERT INTO columns VALUES " + _ROW, list(combined.values()))
             self.stride *= 2
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('stride', ?)", (str(self.stride),))
 
@@ -283,6 +261,58 @@ def _real(x: float) -> Optional[float]:
 
 def _nan(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
+
+
+def _exact_values(row: Optional[np.ndarray], kind: str) -> tuple:
+    """The stored ``EXACT_COLUMNS`` of one host row of ``EXACT_FIELDS`` (None: not recorded),
+    with the line of the kind when the recorder did not compute one: the std of values, the
+    norm of parameter gradients."""
+    if row is None or not np.isfinite(row[0]):
+        return (None,) * len(EXACT_COLUMNS)
+    summary = host_summary(row)
+    if not np.isfinite(summary["line"]):
+        summary["line"] = summary["norm" if kind == "params_grad" else "std"]
+    return tuple(_real(summary[name]) for name in EXACT_COLUMNS)
+
+
+def _combine(a: tuple, b: tuple) -> tuple:
+    """One column holding the steps of two (rows of the columns table, a's place kept)."""
+    lo, hi, counts = merge(
+        _nan(a[5]),
+        _nan(a[6]),
+        np.frombuffer(a[8], np.float32),
+        _nan(b[5]),
+        hi_b=_nan(b[6]),
+        counts_b=np.frombuffer(b[8], np.float32),
+    )
+    head = (a[0], a[1], min(a[2], b[2]), max(a[3], b[3]), a[4] + b[4], _real(lo), _real(hi), a[7] + b[7])
+    return head + (np.asarray(counts, np.float32).tobytes(),) + _combine_exact(a, b)
+
+
+def _combine_exact(a: tuple, b: tuple) -> tuple:
+    """Statistics over all values of two columns: counts add up, mean and std are pooled over
+    the finite values, the line is the mean of the steps' lines."""
+    x = dict(zip(EXACT_COLUMNS, (_nan(v) for v in a[9:])))
+    y = dict(zip(EXACT_COLUMNS, (_nan(v) for v in b[9:])))
+    if not np.isfinite(x["count"]) or not np.isfinite(y["count"]):
+        return a[9:] if np.isfinite(x["count"]) else b[9:]
+    out = {k: x[k] + y[k] for k in ("count", "nan", "posinf", "neginf", "zeros")}
+    n_x = x["count"] - x["nan"] - x["posinf"] - x["neginf"]
+    n_y = y["count"] - y["nan"] - y["posinf"] - y["neginf"]
+    n = n_x + n_y
+    out["true_min"] = np.nanmin([x["true_min"], y["true_min"]]) if n else np.nan
+    out["true_max"] = np.nanmax([x["true_max"], y["true_max"]]) if n else np.nan
+    if n:
+        mean = (np.nan_to_num(x["mean"]) * n_x + np.nan_to_num(y["mean"]) * n_y) / n
+        spread = sum(
+            k * (np.nan_to_num(s["std"]) ** 2 + (np.nan_to_num(s["mean"]) - mean) ** 2) for k, s in ((n_x, x), (n_y, y))
+        )
+        out["mean"], out["std"] = mean, float(np.sqrt(spread / n))
+    else:
+        out["mean"] = out["std"] = np.nan
+    lines = [(v, w) for v, w in ((x["line"], a[4]), (y["line"], b[4])) if np.isfinite(v)]
+    out["line"] = sum(v * w for v, w in lines) / sum(w for _, w in lines) if lines else np.nan
+    return tuple(_real(out[k]) for k in EXACT_COLUMNS)
 
 
 def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
@@ -314,4 +344,4 @@ def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
     return run_dir
 
 
-__all__ = ["new_run_dir", "RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "HEARTBEAT_S"]
+__all__ = ["new_run_dir", "RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "EXACT_COLUMNS", "HEARTBEAT_S"]

@@ -8,6 +8,7 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -55,6 +56,7 @@ class Histograms:
         nonfinite: np.ndarray,
         sums: Optional[np.ndarray] = None,
         sums_of_squares: Optional[np.ndarray] = None,
+        exact: Optional[np.ndarray] = None,
     ) -> None:
         self.counts = counts  # (S, NUM_BINS) float32
         self.lo = lo  # (S,) float64: the smallest finite value (nan when there is none)
@@ -62,14 +64,24 @@ class Histograms:
         self.nonfinite = nonfinite  # (S,) int64: nan/inf values seen (before outlier rejection)
         self.sums = sums if sums is not None else np.zeros(len(lo))  # of the binned values
         self.sums_of_squares = sums_of_squares if sums_of_squares is not None else np.zeros(len(lo))
+        # (S, len(EXACT_FIELDS)): statistics over all values of each tensor (nan: not computed)
+        self.exact = exact if exact is not None else np.full((len(lo), len(EXACT_FIELDS)), np.nan)
 
     def edges(self, i: int) -> np.ndarray:
         """Bin edges of row ``i``."""
         return bin_edges(self.lo[i : i + 1], self.hi[i : i + 1], self.counts.shape[1])[0]
 
 
-def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int = NUM_BINS) -> Histograms:
+def histograms(
+    samples: Sequence[torch.Tensor],
+    reject_proportion: float,
+    bins: int = NUM_BINS,
+    summaries: Optional[Sequence[Optional[torch.Tensor]]] = None,
+) -> Histograms:
     """Histograms of 1-D float samples over [min, max] of each, in ``bins`` equal bins.
+
+    ``summaries`` (one ``exact_summary`` per sample, or None) come back to the host in the same
+    transfer, as ``Histograms.exact``.
 
     Example:
         >>> h = histograms([torch.tensor([0., 1., 2., 3.])], reject_proportion=0.0, bins=3)
@@ -89,9 +101,11 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
             np.zeros(len(samples), np.int64),
         )
         for indices in parts.values():
-            part = histograms([samples[i] for i in indices], reject_proportion, bins)
+            chosen = [summaries[i] for i in indices] if summaries is not None else None
+            part = histograms([samples[i] for i in indices], reject_proportion, bins, summaries=chosen)
             result.counts[indices], result.lo[indices] = part.counts, part.lo
             result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
+            result.exact[indices] = part.exact
         return result
     device = samples[0].device
     n = len(samples)
@@ -119,6 +133,9 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
     kept = torch.where(finite, values, 0.0).to(exact)
     sums = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept)
     squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
+    missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
+    given = list(summaries) if summaries is not None else [None] * n
+    summary_rows = torch.stack([missing if v is None else v.to(device, exact) for v in given])
     packed = (
         torch.cat(
             [
@@ -128,6 +145,7 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
                 nonfinite.to(exact)[:, None],
                 sums[:, None],
                 squares[:, None],
+                summary_rows,
             ],
             dim=1,
         )
@@ -145,7 +163,103 @@ def histograms(samples: Sequence[torch.Tensor], reject_proportion: float, bins: 
         packed[:, bins + 2].astype(np.int64),
         sums=packed[:, bins + 3],
         sums_of_squares=packed[:, bins + 4],
+        exact=packed[:, bins + 5 :],
     )
+
+
+# Statistics over ALL values of a tensor (never a sample), as one small vector on the tensor's
+# device. "finite" counts the finite values; mean, m2 (sum of squared deviations from the mean),
+# min and max are over the finite values only (nan where there is none); nan/posinf/neginf/zeros
+# count values; "line" is the series' summary scalar when it cannot be derived from the others.
+EXACT_FIELDS = ("finite", "mean", "m2", "min", "max", "nan", "posinf", "neginf", "zeros", "line")
+
+
+def _exact_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """``EXACT_FIELDS`` of every value of ``tensor``, computed on its device with no host sync
+    (None for complex, sparse and meta tensors). ``line``: a 0-d tensor stored in the last field.
+
+    Example:
+        >>> v = exact_summary(torch.tensor([0.0, 2.0, float("nan"), float("-inf")]))
+        >>> dict(zip(EXACT_FIELDS, v.tolist()))["finite"], v[3].item(), v[5].item(), v[7].item()
+        (2.0, 0.0, 1.0, 1.0)
+    """
+    t = tensor.detach()
+    if t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0:
+        return None
+    exact = _exact_dtype(t.device)
+    x = t.reshape(-1)
+    if not x.is_floating_point():
+        x = x.to(exact)
+    finite = torch.isfinite(x)
+    count = finite.sum(dtype=exact)
+    z = torch.where(finite, x, 0).to(exact)
+    mean = z.sum() / count.clamp_min(1)
+    deviation = torch.where(finite, z - mean, 0)
+    m2 = torch.dot(deviation, deviation)
+    inf = float("inf")
+    lo = torch.where(finite, x, inf).amin().to(exact)
+    hi = torch.where(finite, x, -inf).amax().to(exact)
+    none = count == 0
+    nan = torch.full((), float("nan"), dtype=exact, device=x.device)
+    fields = [
+        count,
+        torch.where(none, nan, mean),
+        m2,
+        torch.where(none, nan, lo),
+        torch.where(none, nan, hi),
+        torch.isnan(x).sum(dtype=exact),
+        (x == inf).sum(dtype=exact),
+        (x == -inf).sum(dtype=exact),
+        (x == 0).sum(dtype=exact),
+        nan if line is None else line.detach().to(exact).reshape(()),
+    ]
+    return torch.stack(fields)
+
+
+def combine_summaries(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One ``exact_summary`` of the values of several tensors together (on the device)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = torch.stack(list(parts))
+    count, means = rows[:, 0], rows[:, 1]
+    total = count.sum()
+    weights = torch.where(count > 0, count, 0)
+    mean = (torch.where(count > 0, means, 0) * weights).sum() / total.clamp_min(1)
+    spread = torch.where(count > 0, rows[:, 2] + weights * (means - mean) ** 2, 0).sum()
+    out = [
+        total,
+        torch.where(total > 0, mean, float("nan")),
+        spread,
+        rows[:, 3].nan_to_num(float("inf")).amin(),
+        rows[:, 4].nan_to_num(-float("inf")).amax(),
+    ]
+    out[3] = torch.where(total > 0, out[3], float("nan"))
+    out[4] = torch.where(total > 0, out[4], float("nan"))
+    return torch.cat([torch.stack(out), rows[:, 5:9].sum(dim=0), rows[-1:, 9]])
+
+
+def host_summary(row: np.ndarray) -> Dict[str, float]:
+    """The stored statistics from one host row of ``EXACT_FIELDS``: count, true_min, true_max,
+    mean, std (population std of the finite values), nan, posinf, neginf, zeros, line."""
+    finite, mean, m2, lo, hi, nan, posinf, neginf, zeros, line = (float(v) for v in row)
+    std = math.sqrt(max(m2, 0.0) / finite) if finite > 0 else float("nan")
+    return {
+        "count": finite + nan + posinf + neginf,
+        "true_min": lo,
+        "true_max": hi,
+        "mean": mean,
+        "std": std,
+        "nan": nan,
+        "posinf": posinf,
+        "neginf": neginf,
+        "zeros": zeros,
+        "line": line,
+        "norm": math.sqrt(max(m2, 0.0) + finite * mean * mean) if finite > 0 else float("nan"),
+    }
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
@@ -235,4 +349,16 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
     }
 
 
-__all__ = ["histograms", "reject_outliers", "bin_edges", "merge", "NUM_BINS", "Histograms", "tensor_stats"]
+__all__ = [
+    "exact_summary",
+    "combine_summaries",
+    "host_summary",
+    "EXACT_FIELDS",
+    "histograms",
+    "reject_outliers",
+    "bin_edges",
+    "merge",
+    "NUM_BINS",
+    "Histograms",
+    "tensor_stats",
+]

@@ -1,0 +1,159 @@
+"""What tl.watch records for a run's health: statistics over ALL values of each tensor (not
+the sample), the summary line under each strip, old runs still readable."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+
+
+def quiet_watch(model, tmp_path, **options):
+    options.setdefault("backend", None)
+    return tl.watch(model, run_dir=str(tmp_path / "run"), verbose=False, **options)
+
+
+class Spiky(nn.Module):
+    """A linear layer whose output gets a spike, a NaN and infinities at known places."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 256)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def _capture(module, seen):
+    """Keep each output of ``module`` (the watch's first step also runs one tracing pass: tests
+    read the last outputs)."""
+    return module.register_forward_hook(lambda m, a, out: seen.append(out.detach().clone()))
+
+
+def test_exact_statistics_cover_all_values_while_the_histogram_is_sampled(tmp_path):
+    torch.manual_seed(0)
+    model = Spiky()
+    seen = []
+    handle = _capture(model.lin, seen)
+    with quiet_watch(model, tmp_path, sample_n=20, reject_outlier_proportion=0.2) as w:
+        for step in range(3):
+            x = torch.randn(16, 64)
+            x[3, 5] = 1000.0 * (step + 1)  # one spike: the sample almost surely misses it
+            model(x).sum().backward()
+    handle.remove()
+    run = tl.open_run(w.run_dir)
+    s = run.series("lin:1", "io", "output 0")
+    for i, out in enumerate(seen[-3:]):
+        flat = out.double().flatten()
+        assert s.true_min[i] == flat.min().item() and s.true_max[i] == flat.max().item()
+        assert s.mean[i] == pytest.approx(flat.mean().item(), rel=1e-9)
+        assert s.std[i] == pytest.approx(flat.std(correction=0).item(), rel=1e-9)
+        assert s.count[i] == flat.numel() and s.zeros[i] == (flat == 0).sum().item()
+        assert s.nan[i] == s.posinf[i] == s.neginf[i] == 0
+    # the sample's range is inside the true range, and the spike is outside the sample's
+    assert (s.max < s.true_max).all() and (s.min >= s.true_min).all()
+    relu = run.series("act:1", "io", "output 0")
+    assert (relu.zeros == [(torch.relu(o) == 0).sum().item() for o in seen[-3:]]).all()
+    assert (relu.line == relu.std).all() and relu.line_label == "std"
+
+
+def test_nan_and_infinities_are_counted_and_left_out_of_min_max_mean_std(tmp_path):
+    class Bad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.out = nn.Identity()
+
+        def forward(self, x):
+            h = self.lin(x)
+            bad = torch.zeros_like(h)
+            bad[0, 0], bad[0, 1], bad[1, 0], bad[1, 1] = float("nan"), float("inf"), -float("inf"), float("inf")
+            return self.out(h + bad)
+
+    torch.manual_seed(0)
+    model = Bad()
+    seen = []
+    handle = _capture(model.out, seen)
+    with quiet_watch(model, tmp_path, log=("io",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        model(torch.randn(3, 4))
+    handle.remove()
+    s = tl.open_run(w.run_dir).series("out:1", "io", "output 0")
+    values = seen[-1].double().flatten()
+    finite = values[torch.isfinite(values)]
+    assert (s.nan.tolist(), s.posinf.tolist(), s.neginf.tolist(), s.count.tolist()) == ([1], [2], [1], [12])
+    assert s.true_min[0] == finite.min().item() and s.true_max[0] == finite.max().item()
+    assert s.mean[0] == pytest.approx(finite.mean().item(), rel=1e-12)
+    assert s.std[0] == pytest.approx(finite.std(correction=0).item(), rel=1e-12)
+
+
+def test_the_lines_are_std_median_per_sample_norm_and_gradient_norm(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = torch.randn(10, 8)
+    with quiet_watch(model, tmp_path, sample_n=3) as w:
+        model(x).pow(2).sum().backward()
+        weight_grad = model[0].weight.grad.detach().clone()
+    run = tl.open_run(w.run_dir)
+    pg = run.series("0:1", "params_grad", "weight")
+    assert pg.line[0] == pytest.approx(weight_grad.double().norm().item(), rel=1e-9)
+    assert pg.line_label == "norm"
+    grads = []  # the same gradient again, seen by a plain hook after the watch
+    handle = model[0].register_forward_hook(lambda m, a, out: [out.register_hook(grads.append)] and None)
+    model(x).pow(2).sum().backward()
+    handle.remove()
+    norms = grads[0].reshape(10, -1).norm(dim=1)
+    ig = run.series("0:1", "io_grad", "output 0")
+    assert ig.line[0] == pytest.approx(norms.median().item(), rel=1e-6)
+    assert ig.count[0] == 10 and ig.true_max[0] == pytest.approx(norms.max().item(), rel=1e-6)
+    assert ig.line_label == "median per-sample norm"
+
+
+def test_several_forwards_of_one_step_and_merged_columns_pool_the_statistics(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(6, 5)
+    seen = []
+    handle = _capture(model, seen)
+    with quiet_watch(model, tmp_path, log=("io",), delay_log_multibackward=True, max_columns=2) as w:
+        for _ in range(4):  # four steps of two forwards each: 4 columns, compacted to 2
+            loss = model(torch.randn(3, 6)).sum() + model(torch.randn(2, 6) * 5).sum()
+            loss.backward()
+    handle.remove()
+    s = tl.open_run(w.run_dir).series("", "io", "output 0")
+    assert s.num_steps.tolist() == [2, 2]
+    for column in range(2):
+        values = torch.cat([o.double().flatten() for o in seen[-8:][4 * column : 4 * column + 4]])
+        assert s.count[column] == values.numel()
+        assert s.true_min[column] == values.min().item() and s.true_max[column] == values.max().item()
+        assert s.mean[column] == pytest.approx(values.mean().item(), rel=1e-9)
+        assert s.std[column] == pytest.approx(values.std(correction=0).item(), rel=1e-9)
+
+
+def test_a_run_written_before_exact_statistics_opens_and_says_why_they_are_missing(tmp_path):
+    model = nn.Linear(3, 2)
+    with quiet_watch(model, tmp_path) as w:
+        model(torch.rand(4, 3)).sum().backward()
+    db = sqlite3.connect(str(tmp_path / "run" / "run.db"))
+    for column in (
+        "x_count",
+        "x_min",
+        "x_max",
+        "x_mean",
+        "x_std",
+        "x_nan",
+        "x_posinf",
+        "x_neginf",
+        "x_zeros",
+        "x_line",
+    ):
+        db.execute(f"ALTER TABLE columns DROP COLUMN {column}")  # the seed's schema
+    db.commit()
+    db.close()
+    s = tl.open_run(w.run_dir).series("", "params", "weight")
+    assert s.counts.sum() == 6 and len(s.true_min) == 1 and np.isnan(s.true_min).all() and np.isnan(s.line).all()
+    assert "written before" in s.reason
