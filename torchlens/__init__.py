@@ -55,6 +55,8 @@ _LAZY = {
     "GraphvizNotFoundError": "torchlens.trace.render",
     "show_model_graph": "torchlens.trace.show",
     "RerunError": "torchlens.trace.rerun",
+    "DecomposeError": "torchlens.trace.capture.decompose",
+    "AttentionNotFoundError": "torchlens.trace.history.attention",
     "validate_history": "torchlens.trace.validate",
     **{name: "torchlens.trace.storage" for name in ("load", "HistoryFileError", "UnsavedValuesWarning")},
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
         find_nonfinite,
         memory_report,
     )
+    from .trace.capture.decompose import DecomposeError
+    from .trace.history.attention import AttentionNotFoundError
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -109,6 +113,8 @@ __all__ = [
     "show_model_graph",
     "render_graph",
     "RerunError",
+    "DecomposeError",
+    "AttentionNotFoundError",
     "GraphvizNotFoundError",
     "find_nonfinite",
     "NonfiniteReport",

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .capture.args import tensors_in
+from .capture.decompose import FastPathOff, check_decompose, decompositions
 from .capture.memory import MemoryCheck
 from .capture.meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
 from .capture.modules import BufferSnapshot, traced_addresses
@@ -54,6 +55,7 @@ def log_forward_pass(
     intervene: Optional[Dict[LayerKey, Callable[[torch.Tensor, Any], torch.Tensor]]] = None,
     save_to: Optional[str] = None,
     device: Optional[str] = None,
+    decompose: Union[None, str, Tuple[str, ...]] = None,
 ) -> ModelHistory:
     """Run one forward pass of ``model`` and return the log of every tensor operation in it.
 
@@ -92,6 +94,10 @@ def log_forward_pass(
         device: ``'meta'``: run the pass on meta copies of the parameters and buffers (no memory
             copied; the model is left untouched) and meta copies of the inputs: every operation,
             shape and dtype without values, for a model whose activations would not fit.
+        decompose: ``("sdpa",)``: run ``F.scaled_dot_product_attention`` calls (HF models,
+            ``nn.MultiheadAttention``) as their math, so the attention probabilities are ops
+            (layer type ``attnsoftmax``; ``history.attention(module)``). Output equal to the
+            fused one within rounding (README: Attention patterns). Off by default.
 
     Example:
         >>> import torch, torchlens as tl
@@ -116,6 +122,7 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
     check_device(device)
+    decomposed = check_decompose(decompose)
     if device is not None:  # meta copies of the inputs here, of the parameters during the pass
         args, kwargs = inputs_on("meta", args, kwargs)
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
@@ -141,12 +148,14 @@ def log_forward_pass(
             output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
         )
         made.memory = None if made.saves_nothing else memory
+        made.decompositions = decompositions(decomposed)
         return made
 
     with (
         eager_only(),
         stream or contextlib.nullcontext(),
         MetaCopies(model) if device is not None else contextlib.nullcontext(),
+        FastPathOff(bool(decomposed)),  # nn.MultiheadAttention then calls scaled_dot_product_attention
     ):  # compiled submodules run eagerly, so their operations are seen
         if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, FrozenSet, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple, Union
 
 import torch
 
@@ -40,6 +40,8 @@ class SavePlan:
         self.intervention: Any = None  # torchlens.trace.intervene.Interventions of this pass, if any
         self.memory: Any = None  # capture.memory.MemoryCheck: adds up the saved bytes, if set
         self.copy_at_once = False  # True: never keep an activation uncopied (see capture/shared.py)
+        # log_forward_pass(decompose=...): wrapped function name -> chooser of what runs (capture/decompose.py)
+        self.decompositions: Dict[str, Callable[[Callable, tuple, dict], Callable]] = {}
 
     # subclasses that write activations elsewhere (save_to) say False
     keeps_tensors = True

@@ -113,6 +113,7 @@ class Tracer:
         self.plan = plan
         self.save_function_args = save_function_args
         self.save_gradients = save_gradients
+        self.decompositions = plan.decompositions
         self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
         self.memory = plan.memory  # adds up saved bytes, to warn before they outgrow free memory
         # saved activations not copied until written (capture/shared.py); None: copy at once
@@ -153,6 +154,10 @@ class Tracer:
         caller = sys._getframe(2)
         if KERNEL_FILES[caller.f_code.co_filename]:  # part of an operator's kernel (see sites.py)
             return run_kernel_call(func, args, kwargs)
+        if self.decompositions and info.name in self.decompositions:  # capture/decompose.py
+            chosen = self.decompositions[info.name](func, args, kwargs)
+            if chosen is not func:  # its math, whose torch calls are logged as if the model made them
+                return chosen(*args, **kwargs)
         outermost = self.depth == 0
         if outermost:
             self.caller_frame = caller

@@ -461,6 +461,24 @@ class ModelHistory:
         """
         return extension("first_nonfinite")(self)
 
+    def attention(self, module: Optional[str] = None) -> torch.Tensor:
+        """The attention probabilities ``[batch, heads, queries, keys]`` of one call of ``module``
+        (``'h.0.attn'``; ``'h.0.attn:2'`` for its second call; None: the pass's only attention call), from a pass logged with
+        ``decompose=('sdpa',)``; ``AttentionNotFoundError`` says what to change otherwise.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+            >>> x = torch.rand(1, 5, 8)
+            >>> h = tl.log_forward_pass(mha, (x, x, x), {"need_weights": False}, decompose=("sdpa",))
+            >>> p = h.attention()
+            >>> p.shape, torch.allclose(p.sum(-1), torch.ones(1, 2, 5))
+            (torch.Size([1, 2, 5, 5]), True)
+        """
+        from .attention import attention  # noqa: PLC0415 - only histories that ask for it
+
+        return attention(self, module)
+
     def module_output(self, address: str) -> Optional[TensorLogEntry]:
         """The entry a module's (single-pass) output is, or None if the module did not run."""
         found = self._lookup.get(address)
