@@ -64,6 +64,7 @@ _LAZY = {
     **{name: "torchlens.trace.answers" for name in ("memory_report", "MemoryReport")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
+    **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning")},
 }
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
     from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
     from .trace.validate import validate_history
     from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
+    from .train.sentinel import NonfiniteError, NonfiniteWarning
 
 
 def __getattr__(name: str) -> Any:
@@ -136,6 +138,8 @@ __all__ = [
     "RunError",
     "Series",
     "Watch",
+    "NonfiniteError",
+    "NonfiniteWarning",
     "TorchlensError",
     "__version__",
 ]

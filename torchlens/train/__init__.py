@@ -2,6 +2,7 @@
 database, wandb and TensorBoard), ``open_run`` reads them, ``serve`` shows them on a page."""
 
 from .reader import Run, RunError, Series, open_run
+from .sentinel import NonfiniteError, NonfiniteWarning
 from .session import Watch, attach, setup, unwatch, watch
 
-__all__ = ["watch", "unwatch", "attach", "setup", "open_run", "Run", "RunError", "Series", "Watch"]
+__all__ = ["watch", "unwatch", "attach", "setup", "open_run", "Run", "RunError", "Series", "Watch", "NonfiniteError", "NonfiniteWarning"]

@@ -22,6 +22,7 @@ from ..web.stats import NUM_BINS, histograms
 from .calls import trace_calls
 from .recorder import ModelHook, StepRecorder
 from .sampling import Sampler
+from .sentinel import Sentinel, check_mode
 from .store import KINDS, RunWriter, new_run_dir
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
@@ -54,8 +55,10 @@ class Watch:
         tensorboard_writer: Any = None,
         wandb_html_every: int = 50,
         input_grads: bool = True,
+        on_nonfinite: Optional[str] = None,
     ) -> None:
         self.model = model
+        self._sentinel = Sentinel(self, on_nonfinite) if on_nonfinite else None
         self.log_freq = log_freq
         self.kinds = set(log)
         self.delay = delay_log_multibackward
@@ -189,6 +192,8 @@ class Watch:
         self._depth += 1
         if self._depth > 1 or not self._training():
             return None  # the model calling itself is part of the running pass; evaluation logs nothing
+        if self._sentinel is not None:
+            self._sentinel.forward_started(args, kwargs)
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
             if self._logging and not self._graph_done:
                 self._trace_graph(args, kwargs)
@@ -209,6 +214,8 @@ class Watch:
         self._step, self._next_step = step, step + 1
         self._backward_seen = self._end_queued = False
         self._logging = step % self.log_freq == 0
+        if self._sentinel is not None:
+            self._sentinel.step_started(step)
         if self._logging:
             if not self._graph_done and call is not None:
                 self._trace_graph(*call)
@@ -244,6 +251,8 @@ class Watch:
                 self.recorder.end_forward()
         if self._step is not None and (self._logging or self.delay) and self._training():
             self._mark_backward(output)
+        if self._sentinel is not None and self._step is not None and self._training():
+            self._sentinel.forward_ended(output)
 
     def _mark_backward(self, output: Any) -> None:
         """Hooks on the model's outputs, where a backward pass enters the model: they tell a
@@ -342,6 +351,8 @@ class Watch:
             h.remove()
         self._root_hooks = []
         self._remove_markers()
+        if self._sentinel is not None:
+            self._sentinel.close()
         self._depth = 0
         self.recorder.end_forward()
         self.recorder.end_step()
@@ -414,6 +425,7 @@ def watch(
     wandb_html_every: int = 50,
     manual_steps: bool = False,
     input_grads: bool = True,
+    on_nonfinite: Optional[str] = None,
 ) -> Union[Watch, _Inactive]:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
@@ -458,6 +470,9 @@ def watch(
             when they do not require grad: on logged steps the model gets an alias of each that
             requires grad (your tensor keeps ``requires_grad=False``); this adds the first
             layers' input-gradient work to a logged step's backward. False: no such strips.
+        on_nonfinite: ``None``, ``'warn'``, ``'raise'`` or ``'trace'``: check every step for NaN/Inf
+            in the outputs and gradients (``torchlens.train.sentinel``); warn once naming the step
+            and call, raise ``tl.NonfiniteError`` from ``backward()``, or also name the operation.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -500,6 +515,7 @@ def watch(
         raise RuntimeError(
             "tl.watch: a module of this model is already watched as part of another model. Close that watch first."
         )
+    check_mode(on_nonfinite)
     if _is_nonzero_rank():
         return _Inactive()
     return Watch(
@@ -521,6 +537,7 @@ def watch(
         tensorboard_writer=tensorboard_writer,
         wandb_html_every=wandb_html_every,
         input_grads=bool(input_grads),
+        on_nonfinite=on_nonfinite,
     )
 
 

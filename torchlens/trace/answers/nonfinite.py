@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..capture.args import tensors_in, tensors_in_call
+from ..capture.modules import RngState
 from ..capture.run import run_pass
 from ..capture.save_plan import add_note
 from ..capture.unwrap import eager_only, traceable_model
@@ -42,7 +43,7 @@ def find_nonfinite(
     input_kwargs: Optional[Dict[str, Any]] = None,
     backward: bool = True,
     loss_fn: Optional[LossFn] = None,
-    random_seed: Optional[int] = None,
+    random_seed: Union[int, RngState, None] = None,
 ) -> NonfiniteReport:
     """Find the operation that first produced NaN or Inf in one forward (and backward) pass.
 
@@ -59,7 +60,9 @@ def find_nonfinite(
         input_args, input_kwargs: as for ``log_forward_pass``.
         backward: also look for NaN/Inf made in backward when the forward is finite.
         loss_fn: ``loss_fn(outputs) -> scalar tensor``, ``outputs`` being what the model returned.
-        random_seed: seeds the passes (random if None); the caller's generators are restored.
+        random_seed: seeds the passes (random if None), or an ``RngState``: the generators' states
+            every pass starts from (``tl.watch(on_nonfinite='trace')`` passes those at the start of
+            the failing step). The caller's generators are restored.
 
     The model ends as it was found (parameters, buffers, ``training``, ``requires_grad``, the
     parameters' ``.grad``); the inputs are copied for each pass, so the caller's are untouched.
@@ -84,7 +87,9 @@ def find_nonfinite(
         )
     model, notes = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
-    seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
+    seed: Union[int, RngState] = random.SystemRandom().randrange(2**32) if random_seed is None else random_seed
+    if not isinstance(seed, RngState):
+        seed = int(seed)
     with eager_only(), torch.enable_grad() if backward else contextlib.nullcontext():
         report = _find(_Search(model, args, kwargs, seed=seed, loss_fn=loss_fn), backward)
     for note in notes:
@@ -96,7 +101,9 @@ def find_nonfinite(
 class _Search:
     """One ``find_nonfinite`` call: the model, its inputs, the seed every pass uses."""
 
-    def __init__(self, model: nn.Module, args: tuple, kwargs: dict, seed: int, loss_fn: Optional[LossFn]) -> None:
+    def __init__(
+        self, model: nn.Module, args: tuple, kwargs: dict, seed: Union[int, RngState], loss_fn: Optional[LossFn]
+    ) -> None:
         self.model, self.args, self.kwargs, self.seed, self.loss_fn = model, args, kwargs, seed, loss_fn
         self.snapshot = ModelSnapshot(model)
         self.passes = 0
@@ -385,4 +392,4 @@ def _leaf_value(model: nn.Module, address: str, inputs: Tuple[tuple, dict]) -> O
     return dict(model.named_parameters()).get(address)
 
 
-__all__ = ["find_nonfinite"]
+__all__ = ["find_nonfinite", "RngState"]

@@ -8,7 +8,7 @@ import random
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -62,7 +62,10 @@ class PassResult:
         )
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: Union[int, RngState]) -> None:
+    if isinstance(seed, RngState):  # the generators as they were at a given moment (tl.watch's sentinel)
+        seed.restore()
+        return
     random.seed(seed)
     np.random.seed(seed % 2**32)
     # torch.manual_seed would also queue a lazy CUDA seeding that captures a stack trace on
@@ -117,12 +120,13 @@ def run_pass(
     args: tuple,
     kwargs: dict,
     plan: SavePlan,
-    random_seed: int,
+    random_seed: Union[int, RngState],
     save_function_args: bool = False,
     save_gradients: bool = False,
     observer: Optional[PassObserver] = None,
 ) -> PassResult:
-    """Run ``model(*args, **kwargs)`` once with the decorator layer installed."""
+    """Run ``model(*args, **kwargs)`` once with the decorator layer installed; ``random_seed``
+    seeds the generators, or is the ``RngState`` they start from."""
     _check_not_nested()
     with _PASS_LOCK:
         table = decorate.current_wrapper_table()
@@ -198,7 +202,8 @@ def run_pass(
             stale=stale,
             versions=versions,
         )
-    return PassResult.of(tracer, type(model).__name__, random_seed, elapsed)
+    seed = random_seed if isinstance(random_seed, int) else -1  # -1: it started from given generator states
+    return PassResult.of(tracer, type(model).__name__, seed, elapsed)
 
 
 def _held_after(inventory: ModelInventory, args: tuple, kwargs: dict, output: Any) -> List[torch.Tensor]:

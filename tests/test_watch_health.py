@@ -1,0 +1,186 @@
+"""Training health: the NaN sentinel (tl.watch(on_nonfinite=...)) and run.health()."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.train.sentinel import EVENTS_FILE, NonfiniteWarning
+
+BAD_STEP = 5
+
+
+class LogAct(nn.Module):
+    def forward(self, x):
+        return torch.log(x)  # NaN where x < 0: THE LOG LINE
+
+
+class SqrtAbs(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x.abs())  # finite forward; at exactly 0 its backward is NaN
+
+
+class Drift(nn.Module):
+    """``act`` (a log) goes NaN once ``inp``'s bias is pushed negative at BAD_STEP."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.act = act
+        self.out = nn.Linear(8, 1)
+        with torch.no_grad():
+            self.inp.weight.uniform_(0.0, 0.1)
+            self.inp.bias.fill_(3.0)
+
+    def forward(self, x):
+        return self.out(self.act(self.inp(x)))
+
+
+def _log_line() -> int:
+    with open(__file__, encoding="utf-8") as f:
+        return next(i for i, line in enumerate(f, 1) if "THE LOG LINE" in line and "return" in line)
+
+
+def _break(model: Drift) -> None:
+    with torch.no_grad():
+        if isinstance(model.act, LogAct):
+            model.inp.bias.fill_(-50.0)
+        else:  # exactly zero into sqrt(abs()): finite forward, NaN gradient
+            model.inp.weight.zero_()
+            model.inp.bias.zero_()
+
+
+def _train(model: nn.Module, steps: int, on_step=None, opt=None) -> None:
+    opt = opt or torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.rand(16, 4, generator=torch.Generator().manual_seed(0))
+    for step in range(steps):
+        if step == BAD_STEP:
+            _break(model)
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        if on_step is not None:
+            on_step(step, model)
+        loss.backward()
+        opt.step()
+
+
+def _watch(model, tmp_path, **kw):
+    return tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, **kw)
+
+
+def _events(tmp_path) -> list:
+    with open(tmp_path / "run" / EVENTS_FILE, encoding="utf-8") as f:
+        return json.load(f)["events"]
+
+
+@pytest.mark.parametrize("log_freq", [1, 4])  # BAD_STEP logged, and not logged
+def test_warn_names_the_step_and_the_call_once(tmp_path, log_freq):
+    model = Drift(LogAct())
+    with _watch(model, tmp_path, on_nonfinite="warn", log_freq=log_freq):
+        with pytest.warns(NonfiniteWarning) as caught:
+            _train(model, BAD_STEP + 4)
+    assert len(caught) == 1  # one warning, not one per NaN step
+    message = str(caught[0].message)
+    assert f"step {BAD_STEP} " in message and "'act:1'" in message
+    (event,) = _events(tmp_path)
+    assert (event["step"], event["call"], event["phase"]) == (BAD_STEP, "act:1", "forward")
+
+
+def test_backward_nonfinite_names_the_call(tmp_path):
+    model = Drift(SqrtAbs())
+    with _watch(model, tmp_path, on_nonfinite="warn", log_freq=3):
+        with pytest.warns(NonfiniteWarning, match=f"step {BAD_STEP} "):
+            _train(model, BAD_STEP + 2)
+    (event,) = _events(tmp_path)
+    assert (event["step"], event["call"], event["phase"]) == (BAD_STEP, "act:1", "backward")
+
+
+def test_trace_names_the_operation_and_its_line(tmp_path):
+    model = Drift(LogAct())
+    with _watch(model, tmp_path, on_nonfinite="trace", log_freq=2):
+        with pytest.warns(NonfiniteWarning, match="log_1_"):
+            _train(model, BAD_STEP + 2)
+    (event,) = _events(tmp_path)
+    report = event["report"]
+    assert report["phase"] == "forward" and report["label"].startswith("log_") and report["kind"] == "nan"
+    assert report["line"] == _log_line() and report["file"] == __file__
+    page = tmp_path / "run" / event["page"]
+    assert page.is_file() and "non-finite values" in page.read_text(encoding="utf-8")
+
+
+def test_trace_of_a_backward_nonfinite_uses_the_steps_gradient(tmp_path):
+    model = Drift(SqrtAbs())
+    with _watch(model, tmp_path, on_nonfinite="trace", log_freq=4):
+        with pytest.warns(NonfiniteWarning):
+            _train(model, BAD_STEP + 1)
+    report = _events(tmp_path)[0]["report"]
+    assert report["phase"] == "backward" and report["label"].startswith(("sqrt_", "abs_"))
+
+
+def test_trace_replays_the_steps_random_state(tmp_path):
+    """NaN only when dropout drops the first value: seed 5 drops it in the step and keeps it in
+    the next draw, so a rerun that does not start from the step's generator states finds nothing."""
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x):
+            return torch.log(self.drop(x)[:1] - 1.0)
+
+    model = nn.Sequential(Masked())
+    with _watch(model, tmp_path, on_nonfinite="trace"):
+        with pytest.warns(NonfiniteWarning):
+            torch.manual_seed(5)
+            model(torch.ones(4, requires_grad=True)).sum().backward()
+    (event,) = _events(tmp_path)
+    assert (event["call"], event["phase"]) == ("0:1", "forward")
+    assert event["report"]["found"] and event["report"]["label"].startswith("log_")
+
+
+def test_raise_after_the_step_is_written_and_leaves_the_model_as_it_was(tmp_path):
+    model = Drift(LogAct())
+    before = {}
+
+    def snapshot(step, m):
+        if step == BAD_STEP:
+            before["state"] = copy.deepcopy(m.state_dict())
+            before["rng"] = torch.get_rng_state()
+
+    with _watch(model, tmp_path, on_nonfinite="raise", log_freq=1) as w:
+        with pytest.raises(tl.NonfiniteError, match=f"step {BAD_STEP} .*'act:1'") as caught:
+            _train(model, BAD_STEP + 3, on_step=snapshot)
+        assert isinstance(caught.value, tl.TorchlensError) and isinstance(caught.value, FloatingPointError)
+        run_dir = w.run_dir
+    assert BAD_STEP in tl.open_run(run_dir).steps.tolist()  # written before the error left backward()
+    after = model.state_dict()
+    assert all(torch.equal(before["state"][k], after[k]) for k in after)  # no optimizer step
+    assert torch.equal(torch.get_rng_state(), before["rng"])  # the rerun left the generators as they were
+    assert model.training and all(p.requires_grad for p in model.parameters())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_healthy_training_is_silent(tmp_path):
+    model = Drift(LogAct())
+    with _watch(model, tmp_path, on_nonfinite="raise", log_freq=2):
+        with torch.no_grad():
+            model.inp.bias.fill_(3.0)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.rand(16, 4)
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    assert not os.path.exists(tmp_path / "run" / EVENTS_FILE)
+
+
+def test_bad_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="on_nonfinite must be None or one of"):
+        _watch(nn.Linear(2, 2), tmp_path, on_nonfinite="ignore")

@@ -1,0 +1,351 @@
+"""The NaN sentinel of ``tl.watch(model, on_nonfinite=...)``: every training step, logged or not,
+is checked for NaN/Inf in the model's outputs, the gradient that reaches them (the loss's) and the
+parameters' gradients.
+
+The check stays on the device: one 0-d flag per output (``isfinite(t).all()``), one per gradient
+arriving at an output, and one fused ``_foreach_norm(grads, inf)`` over the parameters' ``.grad``
+when the backward pass ends; the flags are read together with one host transfer per step. Only
+when a step went non-finite (rare) does more run: the step's forward (and backward, when the
+forward was finite) is re-run on a copy of the model, with the inputs the step used and the random
+generators as they were when it began, to name the call that produced the value; with ``'trace'``
+also the tracer (``tl.find_nonfinite``'s engine) names the operation and its line. All of this
+happens before ``optimizer.step()``: the parameters are those the failing step saw.
+
+What a step is checked for: values the model returns and the gradients that flow through it. A
+NaN in a loss computed outside the model is seen through the gradient it sends into the model's
+outputs (a loss that is NaN with a finite gradient is not seen).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..errors import TorchlensError
+from .calls import call_id, input_tensors, output_tensors
+
+MODES = ("warn", "raise", "trace")
+EVENTS_FILE = "nonfinite.json"  # in the run folder: what the sentinel found, read by health and the page
+_ENGINE = torch.autograd.Variable._execution_engine
+# the gradient reaching an output is kept until the step ends (a rerun's backward starts from it);
+# beyond this size (an LLM's logits) only with 'trace', to keep memory as it was otherwise
+KEEP_GRAD_NUMEL = 1 << 24
+
+
+class NonfiniteError(TorchlensError, FloatingPointError):
+    """A watched training step went non-finite (``tl.watch(..., on_nonfinite='raise')``); raised
+    from ``loss.backward()`` after the step is written, before the optimizer could use it."""
+
+
+class NonfiniteWarning(UserWarning):
+    """A watched training step went non-finite (``on_nonfinite='warn'`` or ``'trace'``); given once."""
+
+
+def check_mode(mode: Optional[str]) -> Optional[str]:
+    """The ``on_nonfinite`` value, checked.
+
+    Example:
+        >>> check_mode("warn"), check_mode(None)
+        ('warn', None)
+    """
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"tl.watch: on_nonfinite must be None or one of {', '.join(map(repr, MODES))}, not {mode!r}.")
+    return mode
+
+
+def _floating(t: torch.Tensor) -> bool:
+    return (t.is_floating_point() or t.is_complex()) and t.layout == torch.strided and not t.is_meta
+
+
+class Sentinel:
+    """Checks each training step of a watch; ``watch`` is the ``Watch`` (its run folder, its
+    ``flush``). The watch calls ``forward_started``, ``step_started``, ``forward_ended``."""
+
+    def __init__(self, watch: Any, mode: str) -> None:
+        from ..trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
+
+        self._rng_state = RngState
+        self.watch, self.mode, self.model = watch, mode, watch.model
+        self.step: Optional[int] = None
+        self.inputs: Optional[Tuple[tuple, dict]] = None  # of the step's last forward
+        self.rng: Any = None  # the generators when that forward began
+        self.flags: List[torch.Tensor] = []  # 0-d bools on the device: outputs, then their gradients
+        self.output_grads: Dict[int, torch.Tensor] = {}  # output index -> the gradient that reached it
+        self.handles: list = []
+        self.queued = False
+        self.quiet = False  # warn/trace: after the first finding, steps are no longer checked
+        self.events: List[dict] = []
+
+    # ----- the watch's calls ------------------------------------------------------------------
+    def forward_started(self, args: tuple, kwargs: dict) -> None:
+        if not self.quiet:
+            self.inputs, self.rng = (args, kwargs), self._rng_state()
+
+    def step_started(self, step: int) -> None:
+        self._clear()
+        self.step = step
+
+    def forward_ended(self, output: Any) -> None:
+        if self.quiet or self.step is None:
+            return
+        for i, (_, t) in enumerate(output_tensors(output)):
+            if not _floating(t):
+                continue
+            self.flags.append(torch.isfinite(t.detach()).all())
+            if t.requires_grad:
+                try:
+                    self.handles.append(t.register_hook(functools.partial(self._output_gradient, i, self.step)))
+                except RuntimeError:  # a view autograd refuses hooks on: the parameters' gradients still tell
+                    pass
+
+    def close(self) -> None:
+        self._clear()
+        self.inputs = self.rng = None
+
+    # ----- backward -------------------------------------------------------------------------------
+    def _clear(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles, self.flags, self.output_grads = [], [], {}
+
+    def _output_gradient(self, index: int, step: int, grad: torch.Tensor) -> None:
+        if step != self.step or grad is None:
+            return
+        self.flags.append(torch.isfinite(grad).all())
+        if self.mode == "trace" or grad.numel() <= KEEP_GRAD_NUMEL:  # for the rerun's backward
+            self.output_grads[index] = grad.detach()
+        if not self.queued:
+            self.queued = True
+            # a callback queued now runs after those queued by the pass (the watch's, DDP's)
+            _ENGINE.queue_callback(lambda: _ENGINE.queue_callback(functools.partial(self._backward_ended, step)))
+
+    def _backward_ended(self, step: int) -> None:
+        self.queued = False
+        if step != self.step or self.quiet:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None and _floating(p.grad)]
+        flags = list(self.flags)
+        if grads:
+            norms = torch._foreach_norm([g.detach() for g in grads], ord=float("inf"))  # NaN and Inf survive a max
+            flags.append(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all())
+        if not flags:
+            return
+        device = flags[-1].device
+        ok = torch.stack([f.to(device, non_blocking=True) for f in flags]).all()
+        if bool(ok):  # the one host transfer of the step
+            return
+        self._found(step)
+
+    # ----- a non-finite step ----------------------------------------------------------------------
+    def _found(self, step: int) -> None:
+        event = self._describe(step)
+        if self.mode == "trace":
+            self._trace(event)
+        self.events.append(event)
+        self._save()
+        message = event["message"]
+        if self.mode == "raise":
+            self.watch.flush()  # the step is written before the error leaves backward()
+            raise NonfiniteError(
+                f"{message} Training stopped before the optimizer used it (on_nonfinite='raise'); "
+                "open the run's page or run.health() to see it, or use on_nonfinite='trace' to name the operation."
+            )
+        self.quiet = True
+        self._clear()
+        self.inputs = self.rng = None
+        warnings.warn(NonfiniteWarning(message), stacklevel=2)
+
+    def _describe(self, step: int) -> Dict[str, Any]:
+        """Re-run the step on a copy of the model to name the call that produced the value."""
+        event: Dict[str, Any] = {"step": step, "call": None, "phase": None}
+        try:
+            phase, cid, detail = locate(self.model, self.inputs, self.rng, self._surrogate())
+            event.update(phase=phase, call=cid, detail=detail)
+        except Exception as error:  # the rerun failed: the step is still reported
+            event["detail"] = f"re-running the step to find the call failed ({type(error).__name__}: {error})"
+        where = f" in '{event['call'] or type(self.model).__name__}'" if event["phase"] else ""
+        event["message"] = f"torchlens: step {step} went non-finite{where}: {event['detail']}."
+        return event
+
+    def _surrogate(self) -> Any:
+        """A loss whose gradient for the model's outputs is the one the real loss sent (a copy
+        of the model gets the same backward without the user's loss function)."""
+        grads = dict(self.output_grads)
+
+        def loss(output: Any) -> torch.Tensor:
+            total = None
+            for i, (_, t) in enumerate(output_tensors(output)):
+                g = grads.get(i)
+                if g is not None and t.requires_grad:
+                    part = (t * g).sum()
+                    total = part if total is None else total + part
+            if total is None:
+                raise ValueError("no gradient reached the model's outputs in this step")
+            return total
+
+        return loss
+
+    def _trace(self, event: Dict[str, Any]) -> None:
+        """The op-level answer: find_nonfinite's engine on a copy, from the step's generator states."""
+        from ..trace.answers import find_nonfinite
+
+        if self.inputs is None:
+            return
+        try:
+            twin = copy.deepcopy(self.model)
+            report = find_nonfinite(
+                twin,
+                self.inputs[0],
+                self.inputs[1],
+                backward=True,
+                loss_fn=self._surrogate() if self.output_grads else None,
+                random_seed=self.rng,
+            )
+        except Exception as error:
+            event["trace_error"] = f"{type(error).__name__}: {error}"
+            return
+        event["report"] = {
+            "found": report.found,
+            "phase": report.phase,
+            "label": report.label,
+            "kind": report.kind,
+            "module": report.module,
+            "story": str(report).split("\n")[0],
+        }
+        if report.source is not None:
+            event["report"].update(
+                file=report.source.file, line=report.source.line_number, code=report.source.code_line.strip()
+            )
+        if report.found and report.history is not None and self.watch.run_dir:
+            name = f"nonfinite_step{event['step']}.html"
+            try:
+                report.to_html(os.path.join(self.watch.run_dir, name))
+                event["page"] = name
+            except Exception as error:  # the answer stays in the event without its page
+                event["trace_error"] = f"drawing the report failed ({type(error).__name__}: {error})"
+        if report.found and report.label:
+            line = f" (line {event['report']['line']}: `{event['report']['code']}`)" if report.source else ""
+            event["message"] = event["message"].rstrip(".") + f"; operation {report.label}{line}."
+
+    def _save(self) -> None:
+        if not self.watch.run_dir:
+            return
+        path = os.path.join(self.watch.run_dir, EVENTS_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"events": self.events}, f)
+        os.replace(tmp, path)  # a reader never sees half a file
+
+
+def locate(model: nn.Module, inputs: Any, rng: Any, loss_fn: Any) -> Tuple[str, Optional[str], str]:
+    """``(phase, call id, detail)``: re-run the forward on a copy of ``model`` with ``inputs`` from
+    the generator states ``rng``; the producer is the first call to finish whose output is
+    non-finite while its inputs were finite. If the forward is finite, backward runs from
+    ``loss_fn(outputs)`` (see ``_backward_call``)."""
+    if inputs is None:
+        return "unknown", None, "the step's inputs were not kept"
+    twin = copy.deepcopy(model)
+    names = {id(m): a for a, m in twin.named_modules()}
+    counts: Dict[str, int] = {}
+    stack: List[Tuple[str, Optional[torch.Tensor]]] = []
+    done: List[Tuple[str, Optional[torch.Tensor], Optional[torch.Tensor]]] = []  # (call, inputs ok, outputs ok)
+    out_grads: Dict[str, List[torch.Tensor]] = {}  # call -> flags of the gradients reaching its outputs
+    in_grads: Dict[str, List[torch.Tensor]] = {}  # call -> flags of what its backward sends to its inputs
+    parents: set = set()
+
+    def all_finite(tensors: List[torch.Tensor]) -> Optional[torch.Tensor]:
+        flags = [torch.isfinite(t.detach()).all() for t in tensors if _floating(t)]
+        return torch.stack([f.to(flags[0].device) for f in flags]).all() if flags else None
+
+    def grad_flag(cid: str, store: Dict[str, List[torch.Tensor]]) -> Any:
+        return lambda g: store.setdefault(cid, []).append(torch.isfinite(g).all())
+
+    def alias(t: Any, cid: str) -> Any:
+        """The call's own view of an input: its hook sees only what this call sends back."""
+        if not isinstance(t, torch.Tensor) or not t.requires_grad or not _floating(t):
+            return t
+        a = t.view_as(t)
+        a.register_hook(grad_flag(cid, in_grads))
+        return a
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        address = names[id(module)]
+        counts[address] = counts.get(address, 0) + 1
+        if stack:
+            parents.add(stack[-1][0])
+        cid = call_id(address, counts[address])
+        stack.append((cid, all_finite([t for _, t in input_tensors(args, kwargs)])))
+        return tuple(alias(a, cid) for a in args), {k: alias(v, cid) for k, v in kwargs.items()}
+
+    def post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        cid, inputs_ok = stack.pop()
+        outputs = [t for _, t in output_tensors(output)]
+        done.append((cid, inputs_ok, all_finite(outputs)))
+        for t in outputs:
+            if t.requires_grad and _floating(t):
+                t.register_hook(grad_flag(cid, out_grads))
+
+    hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in twin.modules()]
+    hooks += [m.register_forward_hook(post, with_kwargs=True) for m in twin.modules()]
+    caller = rng.__class__()
+    try:
+        rng.restore()
+        with torch.enable_grad():
+            output = twin(*inputs[0], **inputs[1])
+            codes = _read([(ok_in, ok_out) for _, ok_in, ok_out in done])
+            for (cid, _, _), (ok_in, ok_out) in zip(done, codes):
+                if ok_out is False and ok_in is not False:
+                    return (
+                        "forward",
+                        cid,
+                        f"the output of '{cid or type(model).__name__}' is the first non-finite value",
+                    )
+            if any(ok_out is False for _, ok_out in codes):  # only the model's own inputs were
+                return "input", None, "the model's inputs hold NaN or Inf"
+            for p in twin.parameters():
+                p.grad = None
+            loss_fn(output).backward()
+    finally:
+        caller.restore()
+        for h in hooks:
+            h.remove()
+    return _backward_call(twin, done, (out_grads, in_grads), parents)
+
+
+def _read(
+    pairs: List[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]],
+) -> List[Tuple[Optional[bool], Optional[bool]]]:
+    """The flags of each pair, read in one transfer (None stays None)."""
+    flat = [f for pair in pairs for f in pair if f is not None]
+    values = iter(torch.stack([f.to(flat[0].device) for f in flat]).tolist() if flat else [])
+    return [tuple(None if f is None else bool(next(values)) for f in pair) for pair in pairs]  # type: ignore[misc]
+
+
+def _backward_call(twin: nn.Module, done: list, grads: Tuple[dict, dict], parents: set) -> tuple:
+    """The backward's producer: in backward order, the first call (calls that contain others are
+    left to their inner calls) whose outputs got finite gradients while what its backward sent to
+    its inputs, or its own parameters' gradients, are not finite."""
+    out_grads, in_grads = grads
+    modules = dict(twin.named_modules())
+
+    def finite(flags: List[torch.Tensor]) -> bool:
+        return not flags or bool(torch.stack([f.to(flags[0].device) for f in flags]).all())
+
+    for cid, _, _ in reversed(done):
+        if cid in parents or not finite(out_grads.get(cid, [])):
+            continue
+        address = cid.rpartition(":")[0] if cid else ""
+        own = [torch.isfinite(p.grad).all() for p in modules[address].parameters(recurse=False) if p.grad is not None]
+        if not finite(in_grads.get(cid, []) + own):
+            return "backward", cid, f"the backward of '{cid}' made a non-finite gradient from a finite one"
+    return "backward", None, "a gradient is non-finite although the forward was finite"
+
+
+__all__ = ["Sentinel", "NonfiniteError", "NonfiniteWarning", "check_mode", "locate", "MODES", "EVENTS_FILE"]
