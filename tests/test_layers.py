@@ -71,6 +71,18 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.input_copy",
         "errors",
     },
+    "trace.generate": {
+        "trace.records",
+        "trace.history",
+        "trace.capture",
+        "trace.postprocess",
+        "trace.input_copy",
+        "trace.layer_request",
+        "trace.render",
+        "trace.storage",
+        "web",
+        "errors",
+    },
     "trace.show": {"trace.api", "trace.render"},
     # trace.answers: the NaN sentinel shares find_nonfinite's engine (loaded only when it is on)
     "train": {"trace.observe", "trace.history", "trace.answers", "web", "errors", "version"},

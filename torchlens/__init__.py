@@ -62,6 +62,7 @@ _LAZY = {
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
     **{name: "torchlens.trace.answers" for name in ("compare", "compare_precision", "Comparison", "CompareError")},
     **{name: "torchlens.trace.answers" for name in ("memory_report", "MemoryReport")},
+    **{name: "torchlens.trace.generate" for name in ("log_generate", "GenerateHistory")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
     **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning")},
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
     )
     from .trace.capture.decompose import DecomposeError
     from .trace.history.attention import AttentionNotFoundError
+    from .trace.generate import GenerateHistory, log_generate
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -126,6 +128,8 @@ __all__ = [
     "CompareError",
     "memory_report",
     "MemoryReport",
+    "log_generate",
+    "GenerateHistory",
     "ModelHistory",
     "TensorLogEntry",
     "FuncCallLocation",

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""``tl.log_generate`` against a plain ``model.generate`` measured in the same run.
+
+A tiny GPT-2 and a tiny LLaMA (2 layers, hidden 64, vocab 100, random weights built from a
+config), greedy decoding of a 5-token prompt with a DynamicCache, one torch thread:
+
+* ``lm_head``   -- ``layers_to_save=['lm_head']`` (module outputs: later decode steps reuse
+                   the first one's structure), 100 new tokens; target <= 2x plain;
+* ``metadata``  -- ``layers_to_save=None`` (every operation of every step recorded, no
+                   values), 100 new tokens; target <= 4x plain;
+* ``100/50``    -- time(100 steps) / time(50 steps) of the ``metadata`` run; target <= 2.2
+                   (cost linear in steps);
+* ``traced``    -- ``layers_to_save=['lm_head'], reuse_structure=False`` (every step traced
+                   fully), 100 new tokens, for comparison.
+
+Each figure is the median of ``--repeats`` runs (default 3), after one untimed run of each.
+Run: ``.venv/bin/python benchmarks/generate_speed.py [--repeats 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable, Dict
+
+import torch
+import transformers
+
+import torchlens as tl
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 5]])
+
+
+def gpt2() -> Any:
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=256)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def llama() -> Any:
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=256,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def median_time(run: Callable[[], Any], repeats: int) -> float:
+    run()  # untimed: first calls of each torch function cost more
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(model: Any, repeats: int) -> Dict[str, float]:
+    def options(n: int) -> Dict[str, Any]:
+        return dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    plain = median_time(lambda: model.generate(PROMPT, **options(100)), repeats)
+    head = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **options(100)), repeats)
+    traced = median_time(
+        lambda: tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], reuse_structure=False, **options(100)),
+        repeats,
+    )
+    meta100 = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(100)), repeats)
+    meta50 = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(50)), repeats)
+    return {
+        "plain_ms": plain * 1000,
+        "lm_head": head / plain,
+        "metadata": meta100 / plain,
+        "100/50": meta100 / meta50,
+        "traced": traced / plain,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    repeats = parser.parse_args().repeats
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    print("model   plain 100 tok   lm_head (<=2x)   metadata (<=4x)   100/50 (<=2.2)   traced every step")
+    for name, make in (("gpt2", gpt2), ("llama", llama)):
+        r = measure(make(), repeats)
+        print(
+            f"{name:<7} {r['plain_ms']:10.0f} ms   {r['lm_head']:13.2f}x   {r['metadata']:14.2f}x   "
+            f"{r['100/50']:14.2f}   {r['traced']:12.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

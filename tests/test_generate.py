@@ -1,0 +1,277 @@
+"""``tl.log_generate``: HuggingFace's own ``generate`` runs with every forward call traced.
+
+Tokens must be those of a plain ``generate`` with the same arguments and seed (greedy and
+sampled, GPT-2 and LLaMA, with and without a cache, dynamic and static caches); the steps hold
+the real values (the logits ``generate`` itself returns); steps whose structure is reused agree
+with fully traced ones; a user's own loop over ``past_key_values`` traced with
+``log_forward_pass`` gives the same labels; ``save_to=`` and ``save``/``load``; the step slider
+of the graph page in Chromium; bad input."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import torchlens as tl
+from torchlens.trace.generate import GenerateHistory, StepStructureError
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request):
+    return MODELS[request.param]()
+
+
+def _options(**extra):
+    return dict(max_new_tokens=6, min_new_tokens=6, pad_token_id=0, **extra)
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}, model.training, vars(model).get("forward")
+
+
+# ----- tokens as a plain generate ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(do_sample=False),
+        dict(do_sample=True, top_k=10, temperature=1.5),
+        dict(do_sample=False, use_cache=False),
+        dict(do_sample=True, use_cache=False),
+        dict(do_sample=False, cache_implementation="static"),
+        dict(do_sample=True, cache_implementation="static"),
+    ],
+    ids=["greedy", "sampled", "greedy-nocache", "sampled-nocache", "greedy-static", "sampled-static"],
+)
+def test_tokens_equal_plain_generate(model, extra):
+    torch.manual_seed(11)
+    plain = model.generate(PROMPT, **_options(**extra))
+    before = _state(model)
+    torch.manual_seed(11)
+    gen = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(**extra))
+    assert torch.equal(gen.tokens, plain)
+    assert torch.equal(gen.new_tokens, plain[:, PROMPT.shape[1] :])
+    assert len(gen.steps) == 6 and len(gen) == 6
+    after = _state(model)
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0]) and before[1:] == after[1:]
+    # the generator continues as after a plain generate: the next draw is the same
+    torch.manual_seed(11)
+    model.generate(PROMPT, **_options(**extra))
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(**extra))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["reused", "traced"])
+def test_steps_hold_the_logits_generate_used(model, reuse):
+    """gen[i]['lm_head'] at the last position is the score row generate chose token i from."""
+    gen = tl.log_generate(
+        model,
+        PROMPT,
+        layers_to_save=["lm_head"],
+        reuse_structure=reuse,
+        **_options(do_sample=False, return_dict_in_generate=True, output_logits=True),
+    )
+    assert len(gen.output.logits) == len(gen.steps)
+    for i, logits in enumerate(gen.output.logits):
+        assert torch.equal(gen[i]["lm_head"].activation[:, -1, :], logits)
+    assert gen[0]["lm_head"].activation.shape[1] == PROMPT.shape[1]  # the prefill sees the whole prompt
+    assert gen[3]["lm_head"].activation.shape[1] == 1
+    stacked = gen.layer("lm_head")  # prefill positions, then one per decode step, along the sequence
+    assert stacked.shape[:2] == (1, PROMPT.shape[1] + 5)
+    assert torch.equal(gen.layer("lm_head", steps=slice(1, None))[:, 0, -1], torch.cat(gen.output.logits[1:]))
+
+
+def test_reused_steps_match_fully_traced_steps(model):
+    torch.manual_seed(5)
+    fast = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=True))
+    torch.manual_seed(5)
+    full = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], reuse_structure=False, **_options(do_sample=True))
+    assert torch.equal(fast.tokens, full.tokens)
+    for a, b in zip(fast.steps, full.steps):
+        assert a.layer_labels == b.layer_labels
+        for ea, eb in zip(a, b):
+            assert (ea.shape, ea.dtype, ea.parent_layers, ea.containing_modules) == (
+                eb.shape,
+                eb.dtype,
+                eb.parent_layers,
+                eb.containing_modules,
+            )
+            assert torch.equal(ea.activation, eb.activation)
+    assert any("reuse_structure=False" in note for note in fast[2].notes)
+    assert not any("reuse_structure=False" in note for note in full[2].notes)
+
+
+def test_metadata_of_every_op_per_step(model):
+    gen = tl.log_generate(model, PROMPT, layers_to_save=None, **_options(do_sample=False))
+    for history in gen.steps:
+        assert len(history) > 50 and all(e.activation is None for e in history)
+    assert gen[1].layer_labels == gen[5].layer_labels  # decode steps share one structure
+    kv_shapes = [[e.shape for e in h if e.layer_type == "cat"] for h in gen.steps[1:]]
+    assert kv_shapes[0] != kv_shapes[-1]  # but the cache grows: each step has its own shapes
+
+
+def test_user_loop_gives_the_same_labels(model):
+    """A loop over the cache traced with log_forward_pass per step: the labels of log_generate's steps."""
+    gen = tl.log_generate(model, PROMPT, layers_to_save=None, **_options(do_sample=False))
+    cache = transformers.DynamicCache(config=model.config)
+    ids = PROMPT
+    for i in range(len(gen.steps)):
+        history = tl.log_forward_pass(model, [], dict(input_ids=ids, cache=cache, use_cache=True), layers_to_save=None)
+        assert history.layer_labels == gen[i].layer_labels, f"step {i}"
+        ids = gen.tokens[:, PROMPT.shape[1] + i : PROMPT.shape[1] + i + 1]
+    assert cache.get_seq_length() == PROMPT.shape[1] + len(gen.steps) - 1
+
+
+def test_label_keys_are_resolved_on_each_structure():
+    model = _llama()
+    probe = tl.log_generate(model, PROMPT, layers_to_save=None, **_options(do_sample=False))
+    label = next(e.label for e in probe[1] if e.layer_type == "linear")
+    gen = tl.log_generate(model, PROMPT, layers_to_save=[label], **_options(do_sample=False))
+    assert [h.layer_labels for h in gen.steps[1:]] == [[label]] * 5
+    assert gen.layer(label, steps=slice(1, None)).shape[0] == 5
+    with pytest.raises(ValueError, match="no_such_layer"):
+        tl.log_generate(model, PROMPT, layers_to_save=["no_such_layer_1_1"], **_options(do_sample=False))
+
+
+def test_a_step_that_runs_other_modules_is_not_given_a_reused_structure():
+    model = _llama()
+    calls = {"n": 0}
+    original = type(model.model.layers[1]).forward
+
+    class SkipLater(type(model.model.layers[1])):
+        def forward(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] >= 3:  # from the second decode step on, the block's MLP is skipped
+                self.mlp, saved = torch.nn.Identity(), self.mlp
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    self.mlp = saved
+            return original(self, *args, **kwargs)
+
+    model.model.layers[1].__class__ = SkipLater
+    with pytest.raises(StepStructureError, match="reuse_structure=False"):
+        tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=False))
+    assert "forward" not in vars(model)
+
+
+# ----- save_to, save and load ---------------------------------------------------------------------
+def test_save_to_streams_each_step_and_loads_back(tmp_path):
+    model = _gpt2()
+    folder = str(tmp_path / "gen")
+    torch.manual_seed(2)
+    gen = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], save_to=folder, **_options(do_sample=True))
+    torch.manual_seed(2)
+    memory = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=True))
+    assert torch.equal(gen.tokens, memory.tokens)
+    assert sorted(os.listdir(folder)) == ["generate.json"] + [f"step_{i:04d}" for i in range(6)]
+    again = GenerateHistory.load(folder)
+    assert torch.equal(again.tokens, memory.tokens) and again.prompt_length == PROMPT.shape[1]
+    for a, b in zip(again.steps, memory.steps):
+        assert a.layer_labels == b.layer_labels
+        assert torch.equal(a["lm_head"].activation, b["lm_head"].activation)
+    saved = memory.save(str(tmp_path / "copy"))
+    assert torch.equal(GenerateHistory.load(saved).layer("lm_head"), memory.layer("lm_head"))
+    with pytest.raises(FileExistsError):
+        tl.log_generate(model, PROMPT, save_to=folder, **_options(do_sample=False))
+    with pytest.raises(ValueError, match="generate.json"):
+        GenerateHistory.load(str(tmp_path))
+
+
+# ----- bad input -----------------------------------------------------------------------------------
+def test_bad_input():
+    model = _gpt2()
+    with pytest.raises(TypeError, match="generate") as caught:
+        tl.log_generate(torch.nn.Linear(2, 2), PROMPT, max_new_tokens=3)
+    assert isinstance(caught.value, tl.TorchlensError)
+    for bad in (None, 0, -1, 2.5):
+        with pytest.raises(ValueError, match="max_new_tokens") as caught:
+            tl.log_generate(model, PROMPT, max_new_tokens=bad)
+        assert isinstance(caught.value, tl.TorchlensError)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        tl.log_generate(model, PROMPT)
+    with torch.device("meta"):
+        meta_model = transformers.GPT2LMHeadModel(model.config)
+    with pytest.raises(ValueError, match="meta.*cpu") as caught:
+        tl.log_generate(meta_model, PROMPT, max_new_tokens=2)
+    assert isinstance(caught.value, tl.TorchlensError)
+    with pytest.raises(ValueError, match="cpu.*meta"):
+        tl.log_generate(model, PROMPT.to("meta"), max_new_tokens=2)
+    with pytest.raises(tl.MetaDeviceError):
+        tl.log_generate(meta_model, PROMPT.to("meta"), max_new_tokens=2)
+    with pytest.raises(TypeError, match="step number"):
+        tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=False))["lm_head"]
+    assert "forward" not in vars(model)
+
+
+# ----- the page with its step slider -----------------------------------------------------------------
+def test_step_slider_in_chromium(browser, tmp_path):
+    model = _gpt2()
+    gen = tl.log_generate(model, PROMPT, **_options(do_sample=False))
+    path = str(tmp_path / "gen.html")
+    gen.to_html(path)
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    errors = []
+    try:
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto("file://" + path)
+        page.wait_for_selector('body[data-ready="1"]')
+        assert page.get_attribute("body", "data-step") == "1"
+        page.click('[data-role="expand-all"]')
+        # a node of the attention's key/value concatenation: its shape grows with the step
+        label = next(e.label for e in gen[1] if e.layer_type == "cat")
+        node = f'[data-label="{label}"]'
+
+        def node_text():
+            return page.text_content(node)
+
+        shapes = {}
+        for step in (1, 3, 5):
+            page.eval_on_selector(
+                '[data-role="step"]', f"(s) => {{ s.value = '{step}'; s.dispatchEvent(new Event('input')); }}"
+            )
+            assert page.get_attribute("body", "data-step") == str(step)
+            shapes[step] = node_text()
+            expected = "×".join(map(str, gen[step][label].shape))
+            assert expected in shapes[step], (step, shapes[step], expected)
+            assert f"decode {step}" in page.text_content('[data-role="step-label"]')
+        assert len(set(shapes.values())) == 3
+        page.click(node)  # the details panel follows the slider
+        page.eval_on_selector('[data-role="step"]', "(s) => { s.value = '2'; s.dispatchEvent(new Event('input')); }")
+        assert "×".join(map(str, gen[2][label].shape)) in page.text_content('[data-role="details"]').replace(", ", "×")
+        assert not errors
+    finally:
+        context.close()

@@ -1,0 +1,422 @@
+"""``tl.log_generate``: HuggingFace's own ``model.generate`` runs, and each forward call it
+makes (the prefill, then one per new token) is traced into a ``ModelHistory``.
+
+How: for the length of ``generate`` the model's ``forward`` is replaced by ``_Steps.forward``
+(an instance attribute, removed afterwards). Each call is traced by the usual pass
+(``capture.run.run_pass``) and post-processed into a history, and its output is handed back to
+``generate``, which goes on exactly as without torchlens: the pass restores the caller's random
+number generators, so sampling draws the same numbers as a plain ``generate``.
+
+Structure reuse: a step is keyed by its shape (the kwargs' names, the cache's type, the shape of
+``input_ids``); every decode step shares one key. When only module outputs are requested
+(``layers_to_save=['lm_head']``), the first step of each key is traced fully and the later ones
+run the model's plain forward with hooks on the requested modules only: their entries are the
+first step's (labels, parents, module boxes) with the new values, shapes and dtypes. The sequence
+of module calls of each such step is checked against the traced one (a step that ran differently
+raises ``StepStructureError``); ``reuse_structure=False`` traces every step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from time import perf_counter
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..capture.args import tensors_in
+from ..capture.modules import ModelInventory, RngState, traced_addresses
+from ..capture.run import run_pass, seed_everything
+from ..capture.save_plan import SavePlan
+from ..history.index import build_lookup
+from ..history.model_history import ModelHistory
+from ..input_copy import require_model
+from ..layer_request import LayerKey, LayerRequest, entries_for_key, parse_request
+from ..postprocess import build_history, drop_unsaved
+from ..records.meta import refuse_meta
+from .errors import GenerateArgumentError, NotGenerativeError, StepStructureError
+from .result import STEP_FOLDER, GenerateHistory, write_manifest
+
+_SHAPED_INPUTS = ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds")
+
+
+def _step_key(args: tuple, kwargs: dict) -> Tuple[Any, ...]:
+    """Steps with one key run the same operations (HF decode steps differ only in cache length)."""
+    named = tuple(sorted((name, type(v).__name__) for name, v in kwargs.items() if v is not None))
+    shapes = tuple(
+        (name, tuple(kwargs[name].shape)) for name in _SHAPED_INPUTS if isinstance(kwargs.get(name), torch.Tensor)
+    )
+    positional = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+    return named, shapes, positional
+
+
+def _describe(entry: Any, tensor: torch.Tensor) -> None:
+    entry.shape, entry.dtype = tensor.shape, tensor.dtype
+    entry.nbytes = tensor.nelement() * tensor.element_size()
+    entry.grad_fn_name = type(tensor.grad_fn).__name__ if tensor.grad_fn is not None else None
+
+
+class _Template:
+    """The traced step a key's later steps reuse: its history, the module calls it made, and
+    where each saved entry sits in a module's output."""
+
+    def __init__(self, index: int, history: ModelHistory, calls: List[str], plan: SavePlan) -> None:
+        self.index = index
+        self.history = history
+        self.calls = calls
+        self.labels = list(history.layer_labels)  # of every entry, before unsaved ones are dropped
+        self.chosen: frozenset = frozenset()
+        self.where: Dict[Tuple[str, int, Any], Any] = {}  # (address, pass, position) -> entry
+        for e in history.layer_list:
+            for (address, n), position in (e.module_output_positions or {}).items():
+                if plan.wants_module(address, n):
+                    self.where.setdefault((address, n, position), e)
+
+
+class _Steps:
+    """The forward calls of one ``generate``, traced one by one (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, request: LayerRequest, options: Dict[str, Any]) -> None:
+        self.model = model
+        self.request = request
+        self.options = options
+        self.seed: int = options["seed"]
+        self.keep_unsaved: bool = options["keep_unsaved"]
+        self.save_to: Optional[str] = options["save_to"]
+        self.original = model.forward  # the bound forward of the model's class
+        self.steps: List[ModelHistory] = []
+        self.templates: Dict[Tuple[Any, ...], _Template] = {}
+        self.matched_keys: set = set()
+        self.fast = (
+            options["reuse_structure"]
+            and bool(request.modules)
+            and not (request.save_all or request.type_substrings or request.addresses or request.needs_labels)
+            and not self.keep_unsaved
+        )
+        inventory = ModelInventory.of(model)
+        self.addresses = inventory.module_addresses  # id -> address
+        names = {m if isinstance(m, str) else m[0] for m in request.modules}
+        self.wanted = {i: a for i, a in self.addresses.items() if a in names}  # module id -> address
+        self.calls: Optional[List[str]] = None  # module calls of the step in progress
+
+    # ----- the replacement of model.forward ---------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        index = len(self.steps)
+        key = _step_key(args, kwargs)
+        template = self.templates.get(key)
+        stream = self._stream(index)
+        with stream if stream is not None else _Nothing():
+            if self.fast and template is not None:
+                history, output = self._fast_step(index, template, args, kwargs, stream=stream)
+            else:
+                history, output = self._traced_step(index, key, args, kwargs, stream=stream)
+            if stream is not None:
+                history = stream.finish(history)
+        self.steps.append(history)
+        return output
+
+    def _stream(self, index: int) -> Any:
+        if self.save_to is None:
+            return None
+        from ..storage.stream import StreamedSave  # storage loads on first use
+
+        return StreamedSave(os.path.join(self.save_to, STEP_FOLDER.format(index)))
+
+    def _plan(self, stream: Any, **which: Any) -> SavePlan:
+        make = SavePlan if stream is None else stream.plan
+        return make(
+            output_device=self.options["output_device"],
+            activation_postfunc=self.options["activation_postfunc"],
+            detach=self.options["detach"],
+            **which,
+        )
+
+    def _request_plan(self, stream: Any, template: Optional[_Template]) -> SavePlan:
+        request = self.request
+        if request.needs_labels:  # the first step of a key saves all and keeps what the keys name
+            if template is None:
+                return self._plan(stream, save_all=True)
+            return self._plan(stream, raw_indices=template.chosen)
+        return self._plan(
+            stream,
+            save_all=request.save_all,
+            type_substrings=request.type_substrings,
+            modules=request.modules,
+            addresses=request.addresses,
+        )
+
+    def _record_calls(self, module: nn.Module, args: Any) -> None:
+        if self.calls is not None:
+            address = self.addresses.get(id(module))
+            if address:
+                self.calls.append(address)
+
+    def _traced_step(self, index: int, key: Tuple[Any, ...], args: tuple, kwargs: dict, stream: Any) -> Any:
+        template = self.templates.get(key)
+        plan = self._request_plan(stream, template)
+        outputs: List[Any] = []
+        del self.model.forward  # the pass calls the class's forward; a hook hands us its output
+        handle = self.model.register_forward_hook(lambda module, a, output: outputs.append(output))
+        calls = self.calls = []
+        recorder = nn.modules.module.register_module_forward_pre_hook(self._record_calls)
+        try:
+            result = run_pass(self.model, args, kwargs, plan, random_seed=self.seed + index)
+        finally:
+            recorder.remove()
+            self.calls = None
+            handle.remove()
+            self.model.forward = self.forward
+        history = build_history(result)
+        for note in history.notes:
+            if note not in self.options["notes"]:
+                self.options["notes"].append(note)
+        if template is None:
+            template = _Template(index, history, calls, plan)
+            if self.request.needs_labels:
+                template.chosen = frozenset(self._resolve(history))
+                for e in history.layer_list:
+                    if e.raw_index not in template.chosen:
+                        e.activation = None
+            self.templates[key] = template
+        elif self.request.needs_labels and history.layer_labels != template.labels:
+            raise StepStructureError(
+                f"log_generate: step {index} ran different operations from step {template.index} (same input shapes), "
+                "so the layer labels in layers_to_save name different operations in them. Use module addresses "
+                "('lm_head', 'model.layers.0') or layer-type substrings, which are found in each step as it runs."
+            )
+        if not self.request.needs_labels:
+            self._resolve(history)
+        if not self.keep_unsaved:
+            history = drop_unsaved(history)
+        return history, outputs[-1]
+
+    def _resolve(self, history: ModelHistory) -> Set[int]:
+        """Entries the request's keys name in this step; keys no step matches fail at the end."""
+        chosen: Set[int] = set()
+        for k in self.request.keys:
+            try:
+                found = entries_for_key(history, k)
+            except ValueError:
+                continue
+            self.matched_keys.add(k)
+            chosen.update(e.raw_index for e in found)
+        return chosen
+
+    def _fast_step(self, index: int, template: _Template, args: tuple, kwargs: dict, stream: Any) -> Any:
+        plan = self._request_plan(stream, template)
+        saved: Dict[Tuple[str, int, Any], Tuple[Any, torch.Tensor]] = {}
+        passes: Dict[str, int] = {}
+
+        def keep(module: nn.Module, a: Any, output: Any) -> None:
+            address = self.wanted.get(id(module))
+            if address is None or self.calls is None:
+                return
+            n = passes[address] = passes.get(address, 0) + 1
+            for position, tensor in tensors_in(output):
+                entry = template.where.get((address, n, position))
+                if entry is not None and (address, n, position) not in saved:
+                    saved[(address, n, position)] = (plan.copy(tensor, entry), tensor)
+
+        calls = self.calls = []
+        start = perf_counter()
+        rng = RngState()
+        hooks = [
+            nn.modules.module.register_module_forward_pre_hook(self._record_calls),
+            nn.modules.module.register_module_forward_hook(keep),
+        ]
+        try:
+            seed_everything(self.seed + index)  # as a traced step: seeded, the caller's generators kept
+            output = self.original(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+            self.calls = None
+            rng.restore()
+        if calls != template.calls:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(calls, template.calls)) if a != b),
+                min(len(calls), len(template.calls)),
+            )
+            raise StepStructureError(
+                f"log_generate: step {index} called the model's modules differently from step {template.index}, whose "
+                f"structure it reuses (module call #{at + 1}: {calls[at] if at < len(calls) else 'none'!r} instead of "
+                f"{template.calls[at] if at < len(template.calls) else 'none'!r}). Pass reuse_structure=False to "
+                "trace every step fully."
+            )
+        by_entry = {id(template.where[k]): made for k, made in saved.items()}
+        entries = []
+        for e in template.history.layer_list:
+            new = copy.copy(e)
+            made = by_entry.get(id(e))
+            if made is not None:
+                new.activation = made[0]
+                _describe(new, made[1])
+            entries.append(new)
+        history = copy.copy(template.history)
+        history.replace_entries(entries, build_lookup(entries, template.history.modules.passes))
+        history.random_seed = self.seed + index
+        history.pass_time = perf_counter() - start
+        history.postprocess_time = 0.0
+        history.notes = list(template.history.notes) + [
+            f"log_generate: this step ran the model's plain forward with hooks on the requested modules only; its "
+            f"entries are step {template.index}'s (same input shapes and module calls) with this step's values. Pass "
+            "reuse_structure=False to trace every operation of every step."
+        ]
+        return history, output
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _model_device(model: nn.Module) -> Optional[torch.device]:
+    for tensor in [*model.parameters(), *model.buffers()][:1]:
+        return tensor.device
+    return None
+
+
+def _check(model: Any, input_ids: Any, max_new_tokens: Any) -> None:
+    require_model(model, "log_generate")
+    if not callable(getattr(model, "generate", None)):
+        raise NotGenerativeError(
+            f"log_generate drives the model's own `generate` method (HuggingFace's GenerationMixin), and "
+            f"{type(model).__name__} has no `generate`. Trace a plain module's calls with tl.log_forward_pass."
+        )
+    if max_new_tokens is None:
+        raise GenerateArgumentError(
+            "log_generate needs max_new_tokens (a positive int, e.g. max_new_tokens=50): it bounds how many "
+            "forward passes are traced."
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise GenerateArgumentError(f"log_generate: max_new_tokens must be a positive int, not {max_new_tokens!r}.")
+    if not isinstance(input_ids, torch.Tensor):
+        raise GenerateArgumentError(
+            f"log_generate: input_ids must be a tensor of token ids (batch, length), not {type(input_ids).__name__}."
+        )
+    device = _model_device(model)
+    if device is not None and (device.type == "meta") != (input_ids.device.type == "meta"):
+        raise GenerateArgumentError(
+            f"log_generate: the model's parameters are on {device} and input_ids on {input_ids.device}. Put both on "
+            "the same device; generate needs real values to choose tokens, so neither may be on meta."
+        )
+    if input_ids.device.type == "meta":
+        raise refuse_meta("log_generate (generate chooses each token from the values of the logits)")
+
+
+def log_generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: Optional[int] = None,
+    layers_to_save: Union[str, None, List[LayerKey]] = "all",
+    keep_unsaved_layers: Optional[bool] = None,
+    output_device: Union[str, torch.device] = "same",
+    activation_postfunc: Optional[Callable[[torch.Tensor], Any]] = None,
+    detach_saved_tensors: bool = False,
+    random_seed: Optional[int] = None,
+    save_to: Optional[str] = None,
+    reuse_structure: bool = True,
+    **generate_kwargs: Any,
+) -> GenerateHistory:
+    """Run ``model.generate(input_ids, max_new_tokens=..., **generate_kwargs)`` and trace every
+    forward call it makes: the prefill, then one per new token.
+
+    Args:
+        model: a HuggingFace model with ``generate`` (any ``GenerationMixin``).
+        input_ids: the prompt, ``(batch, length)``.
+        max_new_tokens: how many tokens to generate (required: it bounds the passes traced).
+        layers_to_save, keep_unsaved_layers, output_device, activation_postfunc,
+            detach_saved_tensors: as in ``log_forward_pass``, for each step. Module addresses
+            (``['lm_head']``) are cheapest: see ``reuse_structure``.
+        random_seed: seeds each step's pass (step ``i`` gets ``random_seed + i``; chosen at
+            random if None). The caller's generators are restored after each pass, so
+            ``generate`` samples exactly as it would without torchlens: seed them yourself
+            (``torch.manual_seed``) as for a plain ``generate``.
+        save_to: a folder: each step is streamed to ``save_to/step_0000`` ... as
+            ``log_forward_pass(save_to=)`` does, and the result reads them lazily
+            (``GenerateHistory.load(save_to)`` opens it again).
+        reuse_structure: with only module outputs requested, steps with the input shapes of an
+            earlier traced step run untraced with hooks on those modules and reuse its
+            structure (checked against the sequence of module calls). False: trace every step.
+        **generate_kwargs: passed to ``generate`` (``do_sample``, ``top_k``, ``use_cache``,
+            ``cache_implementation``, ``pad_token_id`` ...).
+
+    Example:
+        >>> import torch, transformers, torchlens as tl
+        >>> config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)
+        >>> model = transformers.GPT2LMHeadModel(config).eval()
+        >>> gen = tl.log_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=4,
+        ...                       layers_to_save=["lm_head"], do_sample=False, pad_token_id=0)
+        >>> len(gen.steps), gen.tokens.shape, gen[1]["lm_head"].activation.shape
+        (4, torch.Size([1, 7]), torch.Size([1, 1, 50]))
+    """
+    _check(model, input_ids, max_new_tokens)
+    if "forward" in vars(model):
+        raise GenerateArgumentError(
+            "log_generate replaces the model's forward for the length of generate, and this model already has an "
+            "instance attribute 'forward' (another tool's wrapper?). Remove it first."
+        )
+    if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
+        request = parse_request(layers_to_save, ())
+    else:
+        module_addresses, buffer_addresses = traced_addresses(model)
+        request = parse_request(layers_to_save, module_addresses, buffer_addresses)
+    if keep_unsaved_layers is None:
+        keep_unsaved_layers = request.save_all or request.saves_nothing
+    if output_device not in ("same", None):
+        torch.device(output_device)
+    if save_to is not None:
+        save_to = os.fspath(save_to)
+        if os.path.exists(save_to) and (not os.path.isdir(save_to) or os.listdir(save_to)):
+            raise FileExistsError(
+                f"save_to: {save_to} exists and is not an empty folder; choose a new folder (nothing is overwritten)."
+            )
+    seed = random.SystemRandom().randrange(2**31) if random_seed is None else int(random_seed)
+    notes: List[str] = []
+    steps = _Steps(
+        model,
+        request,
+        dict(
+            seed=seed,
+            keep_unsaved=keep_unsaved_layers,
+            save_to=save_to,
+            reuse_structure=reuse_structure,
+            output_device=output_device,
+            activation_postfunc=activation_postfunc,
+            detach=detach_saved_tensors,
+            notes=notes,
+        ),
+    )
+    start = perf_counter()
+    model.forward = steps.forward
+    try:
+        generate: Any = model.generate
+        output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
+    finally:
+        del model.forward
+    missing = [k for k in request.keys if k not in steps.matched_keys]
+    if missing:
+        raise ValueError(f"layers_to_save: {missing} match no layer label, module address or substring in any step.")
+    tokens = output if isinstance(output, torch.Tensor) else output.sequences
+    result = GenerateHistory(
+        model_name=type(model).__name__,
+        tokens=tokens,
+        steps=steps.steps,
+        prompt_length=input_ids.shape[-1],
+        random_seed=seed,
+        output=output,
+        elapsed=perf_counter() - start,
+    )
+    result.notes.extend(notes)
+    if save_to is not None:
+        write_manifest(result, save_to)
+    return result
+
+
+__all__ = ["log_generate"]
