@@ -40,6 +40,7 @@ from ....web.stats import tensor_stats
 from ...records.tensor_log import TensorLogEntry
 from ..groups import TensorGroup, tensor_groups
 from ..style import COMMUTATIVE_TYPES, passes_text, positions_text
+from .attention import entry_attention_map
 from .overlay import Overlay, OverlayError
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class _Frames:
 
 def _op_dict(entry: TensorLogEntry, frames: _Frames) -> Dict[str, Any]:
     shape = list(entry.shape) if entry.shape is not None else None
-    return {
+    op = {
         "label": entry.label,
         "layer": entry.layer_label,
         "type": entry.layer_type,
@@ -115,6 +116,10 @@ def _op_dict(entry: TensorLogEntry, frames: _Frames) -> Dict[str, Any]:
         "stats": tensor_stats(entry.activation),
         "stack": frames.ids(entry),
     }
+    heat_map = entry_attention_map(entry)  # decomposed attention's probabilities: a heat map per head
+    if heat_map is not None:
+        op["attention"] = heat_map
+    return op
 
 
 def _needs_positions(entry: TensorLogEntry) -> bool:
