@@ -27,6 +27,8 @@
   const model = new GraphModel(DATA);
   const state = { tree: null, zoom: { k: 1, x: 0, y: 0 }, selected: null, matches: [], matchAt: -1, query: "", undo: [], size: null };
   const perf = (window.__torchlensGraph = { timings: [], model });
+  // a page that changes DATA.ops in place (the generation step slider) redraws through this
+  perf.refresh = (what) => { render(what || "refresh"); if (state.selected !== null) showDetails(state.selected); };
   const view2d = UI.zoomPan(svg, () => svg.querySelector('[data-role="graph-root"]'), state.zoom, (t) => t.closest(".item, .box-head"));
 
   // ----- labels of the current mode -> node ------------------------------------------------
@@ -334,6 +336,7 @@
       const text = op.stats && op.stats.n ? `no finite value (${op.stats.nonfinite.toLocaleString()} of ${op.stats.n.toLocaleString()} NaN/inf)` : "not saved";
       section(panel, "activation").after(Object.assign(document.createElement("div"), { textContent: text }));
     }
+    if (op.attention && window.TorchlensGraphAttention) panel.appendChild(TorchlensGraphAttention.block(op.attention));
     if (op.attention && window.TorchlensGraphAttention) panel.appendChild(TorchlensGraphAttention.block(op.attention));
     links(panel, "parents", op.parents);
     links(panel, "children", op.children);
