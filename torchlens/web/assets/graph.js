@@ -337,7 +337,6 @@
       section(panel, "activation").after(Object.assign(document.createElement("div"), { textContent: text }));
     }
     if (op.attention && window.TorchlensGraphAttention) panel.appendChild(TorchlensGraphAttention.block(op.attention));
-    if (op.attention && window.TorchlensGraphAttention) panel.appendChild(TorchlensGraphAttention.block(op.attention));
     links(panel, "parents", op.parents);
     links(panel, "children", op.children);
     const frames = op.stack || [];
