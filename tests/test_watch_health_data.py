@@ -157,3 +157,37 @@ def test_a_run_written_before_exact_statistics_opens_and_says_why_they_are_missi
     s = tl.open_run(w.run_dir).series("", "params", "weight")
     assert s.counts.sum() == 6 and len(s.true_min) == 1 and np.isnan(s.true_min).all() and np.isnan(s.line).all()
     assert "written before" in s.reason
+
+
+def test_the_page_marks_values_beyond_the_histogram_and_draws_the_line(browser, tmp_path):
+    from torchlens.train.serve import export_html
+
+    torch.manual_seed(0)
+    model = Spiky()
+    with quiet_watch(model, tmp_path, sample_n=20) as w:
+        for step in range(4):
+            x = torch.randn(16, 64)
+            if step != 2:  # a spike the sample misses, in three of the four steps
+                x[3, 5] = 1000.0 * (step + 1)
+            model(x).sum().backward()
+    page_file = export_html(w.run_dir, str(tmp_path / "page.html"))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto("file://" + page_file)
+        page.drag_and_drop('[data-node="lin:1"]', '[data-role="panels"]')
+        strip = page.wait_for_selector('[data-panel="lin:1"] canvas[data-series="io/output 0"][data-columns]')
+        assert int(strip.get_attribute("data-far")) == 3  # each spike is marked far beyond the axis
+        line = page.wait_for_selector('[data-panel="lin:1"] canvas[data-line="io/output 0"]')
+        assert line.get_attribute("data-points") == "4" and line.is_visible()
+        box = line.bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + box["height"] / 2)
+        tip = page.wait_for_selector('[data-role="strip-tip"]:not([hidden])')
+        text = tip.inner_text()
+        std = tl.open_run(w.run_dir).series("lin:1", "io", "output 0").std[-1]
+        assert "step 3" in text and "std" in text and f"{std:.3g}"[:4] in text
+        assert errors == []
+    finally:
+        context.close()

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import TorchlensError
 from ..reader import Run, RunError
-from ..store import DB_NAME
+from ..store import DB_NAME, EXACT_COLUMNS
 from .layout import layout
 
 
@@ -176,6 +176,10 @@ def _series_dict(kind: str, name: str, s: Any) -> dict:
         "counts": s.counts.round(3).tolist(),
         "nonfinite": s.nonfinite.tolist(),
         "reason": getattr(s, "reason", None),  # why it has no values, shown in place of the strip
+        # over all values (the histogram may be sampled and trimmed): the strip marks where the
+        # true range goes beyond it, and draws the line under it
+        **{field: _clean(getattr(s, field, [])) for field in EXACT_COLUMNS},
+        "line_label": getattr(s, "line_label", ""),
     }
 
 

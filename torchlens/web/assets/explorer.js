@@ -483,9 +483,15 @@
         canvas = document.createElement("canvas");
         canvas.dataset.series = key;
         box.appendChild(canvas);
+        const line = document.createElement("canvas");  // the summary line under the strip
+        line.className = "line";
+        line.dataset.line = key;
+        box.appendChild(line);
         panel.appendChild(box);
-        canvas.addEventListener("mousemove", (event) => stripHover(event, canvas, cid, key));
-        canvas.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
+        for (const c of [canvas, line]) {
+          c.addEventListener("mousemove", (event) => stripHover(event, c, cid, key));
+          c.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
+        }
       }
       // a series without values says why, in place of its strip
       const box = canvas.parentElement;
@@ -499,6 +505,9 @@
         canvas.hidden = false;
         drawStrip(canvas, s);
       }
+      const line = box.querySelector("canvas.line");
+      line.hidden = !s.steps.length || !(s.line || []).some((v) => v !== null);
+      if (!line.hidden) window.TorchlensStrips.drawLine(line, s, format);
     }
   }
 
@@ -516,9 +525,21 @@
     if (i < 0 || i >= s.steps.length) { tip.hidden = true; return; }
     const steps = s.steps[i] === s.last_steps[i] ? `step ${s.steps[i]}` : `steps ${s.steps[i]}–${s.last_steps[i]}`;
     const total = s.counts[i].reduce((a, b) => a + b, 0);
-    tip.textContent = `${steps} · range [${format(s.lo[i])}, ${format(s.hi[i])}] · ${Math.round(total)} values` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
+    tip.textContent = `${steps} · histogram [${format(s.lo[i])}, ${format(s.hi[i])}] · ${Math.round(total)} sampled` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "") + exactText(s, i);
     tip.hidden = false;
     UI.placeFloating(tip, event);
+  }
+
+  // what the hover says about all values of column i (absent in runs written before)
+  function exactText(s, i) {
+    if (!s.count || s.count[i] === null || s.count[i] === undefined) return "";
+    const parts = [`all ${Math.round(s.count[i])} values: [${format(s.true_min[i])}, ${format(s.true_max[i])}]`];
+    parts.push(`mean ${format(s.mean[i])}`, `std ${format(s.std[i])}`);
+    for (const [field, label] of [["nan", "NaN"], ["posinf", "+inf"], ["neginf", "−inf"], ["zeros", "zeros"]]) {
+      if (s[field][i]) parts.push(`${Math.round(s[field][i])} ${label}`);
+    }
+    if (s.line[i] !== null && s.line_label) parts.push(`${s.line_label} ${format(s.line[i])}`);
+    return "\n" + parts.join(" · ");
   }
 
   // ----- live updates: ask what is new, fetch only new columns ---------------------------------
@@ -562,7 +583,7 @@
       if (!old) { merged[key] = fresh; continue; }
       // columns that began before the update are kept; a column that was still filling is replaced
       const keep = old.steps.filter((st) => !fresh.steps.includes(st)).length;
-      for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite"]) {
+      for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite", ...window.TorchlensStrips.EXACT_FIELDS]) {
         old[field] = old[field].slice(0, keep).concat(fresh[field]);
       }
       old.reason = fresh.reason;

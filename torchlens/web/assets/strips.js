@@ -5,6 +5,8 @@
 
   // margins around the plot area, in CSS pixels (the browser tests read strips with them)
   const MARGIN = { left: 52, right: 6, top: 6, bottom: 16 };
+  // per-column statistics over all values (the histogram may be sampled and trimmed)
+  const EXACT_FIELDS = ["count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line"];
 
   function stripRange(s) {
     let lo = Infinity, hi = -Infinity;
@@ -54,6 +56,9 @@
       }
       if (s.nonfinite[i] > 0) { ctx.fillStyle = "#d62728"; ctx.fillRect(x, MARGIN.top, Math.max(colW, 1), 3); }
     }
+    const [marked, far] = drawBeyond(ctx, s, { colW, yOf, plotH });
+    canvas.dataset.beyond = String(marked);
+    canvas.dataset.far = String(far);
     if (ymin < 0 && ymax > 0) {
       ctx.strokeStyle = "#555";
       ctx.setLineDash([4, 3]);
@@ -78,6 +83,90 @@
     for (const t of ticks) ctx.fillText(String(t.step), t.x, MARGIN.top + plotH + 2);
     canvas.dataset.ticks = ticks.map((t) => `${t.step}@${t.x.toFixed(1)}`).join(" ");
     canvas.dataset.columns = String(n);
+  }
+
+  // where the true range (over all values) goes beyond the histogram's (sampled, trimmed) bins:
+  // a light orange band from the bins' edge to the true extreme, a dark tick at the extreme, and
+  // where the extreme lies beyond the axis, a caret at the plot's edge, darker the farther out
+  // (a spike of 100x the axis is black-orange, trimming's usual overshoot pale). Returns
+  // [columns marked, columns with an extreme beyond the axis by more than its span].
+  function drawBeyond(ctx, s, geo) {
+    if (!s.true_min || s.true_min.length !== s.steps.length) return [0, 0];
+    const top = MARGIN.top, bottom = MARGIN.top + geo.plotH;
+    let marked = 0, far = 0;
+    for (let i = 0; i < s.steps.length; i++) {
+      const x = MARGIN.left + i * geo.colW, w = Math.max(geo.colW, 1);
+      let any = false, out = false;
+      for (const [edge, extreme, sign] of [[s.hi[i], s.true_max[i], 1], [s.lo[i], s.true_min[i], -1]]) {
+        if (extreme === null || extreme === undefined || edge === null || !(sign * (extreme - edge) > 0)) continue;
+        any = true;
+        const yEdge = geo.yOf(edge), yExtreme = geo.yOf(extreme);
+        const y0 = Math.min(Math.max(yEdge, top), bottom), y1 = Math.min(Math.max(yExtreme, top), bottom);
+        ctx.fillStyle = "rgba(255,127,14,0.18)";
+        ctx.fillRect(x, Math.min(y0, y1), w, Math.max(Math.abs(y1 - y0), 1));
+        const beyond = sign > 0 ? top - yExtreme : yExtreme - bottom;  // pixels past the axis
+        if (beyond <= 0) { ctx.fillStyle = "#b35806"; ctx.fillRect(x, y1 - 1, w, 2); continue; }
+        const excess = beyond / (bottom - top);  // in axis spans
+        if (excess > 1) out = true;
+        const alpha = Math.min(1, 0.2 + 0.4 * Math.log10(1 + 10 * excess));
+        ctx.fillStyle = `rgba(179,88,6,${alpha.toFixed(3)})`;
+        const up = sign > 0, mid = x + w / 2, half = Math.max(w / 2, 2), h = excess > 1 ? 8 : 4;
+        ctx.beginPath();
+        ctx.moveTo(mid - half, up ? top + h : bottom - h);
+        ctx.lineTo(mid + half, up ? top + h : bottom - h);
+        ctx.lineTo(mid, up ? top : bottom);
+        ctx.fill();
+      }
+      if (any) marked++;
+      if (out) far++;
+    }
+    return [marked, far];
+  }
+
+  // the line under a strip: one scalar per column (s.line: std, median per-sample norm, norm or
+  // update ratio), on a log axis when it spans decades of positive values, aligned with the strip
+  function drawLine(canvas, s, format) {
+    const ratio = window.devicePixelRatio || 1;
+    const cssW = canvas.clientWidth || 400, cssH = canvas.clientHeight || 34;
+    canvas.width = Math.round(cssW * ratio);
+    canvas.height = Math.round(cssH * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, cssW, cssH);
+    const values = (s.line || []).slice(0, s.steps.length);
+    const shown = values.filter((v) => v !== null && v !== undefined);
+    canvas.dataset.points = String(shown.length);
+    if (!shown.length) return null;
+    const plotW = cssW - MARGIN.left - MARGIN.right, top = 3, plotH = cssH - 6;
+    let lo = Math.min(...shown), hi = Math.max(...shown);
+    const log = lo > 0 && hi / lo > 100;
+    const f = log ? Math.log10 : (v) => v;
+    if (hi === lo) { lo -= Math.abs(lo) * 0.1 || 0.5; hi += Math.abs(hi) * 0.1 || 0.5; }
+    const yOf = (v) => top + plotH * (1 - (f(v) - f(lo)) / (f(hi) - f(lo)));
+    const colW = s.steps.length ? plotW / s.steps.length : plotW;
+    ctx.strokeStyle = "#eee";
+    ctx.strokeRect(MARGIN.left + 0.5, 0.5, plotW - 1, cssH - 1);
+    ctx.strokeStyle = "#1f5fa8";
+    ctx.fillStyle = "#1f5fa8";
+    ctx.lineWidth = 1.25;
+    ctx.beginPath();
+    let pen = false;
+    values.forEach((v, i) => {
+      if (v === null || v === undefined) { pen = false; return; }
+      const x = MARGIN.left + (i + 0.5) * colW, y = yOf(v);
+      if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+      pen = true;
+      if (values.length < 40) ctx.fillRect(x - 1.5, y - 1.5, 3, 3);
+    });
+    ctx.stroke();
+    ctx.fillStyle = "#667";
+    ctx.font = "9px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "top";
+    ctx.fillText(format(hi), MARGIN.left - 4, 0);
+    ctx.textBaseline = "bottom";
+    ctx.fillText(format(lo), MARGIN.left - 4, cssH);
+    return { colW };
   }
 
   // x of a training step: columns are evenly spread, each at the middle of the steps it covers;
@@ -121,5 +210,5 @@
     return ticks;
   }
 
-  window.TorchlensStrips = { MARGIN, draw, stepTicks };
+  window.TorchlensStrips = { MARGIN, EXACT_FIELDS, draw, drawLine, stepTicks };
 })();
