@@ -83,6 +83,18 @@ ALLOWED: Dict[str, Set[str]] = {
         "web",
         "errors",
     },
+    "trace.patching": {
+        "trace.api",
+        "trace.answers",
+        "trace.records",
+        "trace.history",
+        "trace.capture",
+        "trace.input_copy",
+        "trace.layer_request",
+        "trace.replay",
+        "trace.rerun",
+        "errors",
+    },
     "trace.show": {"trace.api", "trace.render"},
     # trace.answers: the NaN sentinel shares find_nonfinite's engine (loaded only when it is on)
     "train": {"trace.observe", "trace.history", "trace.answers", "web", "errors", "version"},

@@ -62,6 +62,7 @@ _LAZY = {
     **{name: "torchlens.trace.answers" for name in ("find_nonfinite", "NonfiniteReport")},
     **{name: "torchlens.trace.answers" for name in ("compare", "compare_precision", "Comparison", "CompareError")},
     **{name: "torchlens.trace.answers" for name in ("memory_report", "MemoryReport")},
+    **{name: "torchlens.trace.patching" for name in ("patch", "patch_sweep", "PatchResult", "PatchGrid", "PatchError")},
     **{name: "torchlens.trace.generate" for name in ("log_generate", "GenerateHistory")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from .trace.capture.decompose import DecomposeError
     from .trace.history.attention import AttentionNotFoundError
     from .trace.generate import GenerateHistory, log_generate
+    from .trace.patching import PatchError, PatchGrid, PatchResult, patch, patch_sweep
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
     from .trace.show import show_model_graph
@@ -128,6 +130,11 @@ __all__ = [
     "CompareError",
     "memory_report",
     "MemoryReport",
+    "patch",
+    "patch_sweep",
+    "PatchResult",
+    "PatchGrid",
+    "PatchError",
     "log_generate",
     "GenerateHistory",
     "ModelHistory",
