@@ -184,3 +184,106 @@ def test_healthy_training_is_silent(tmp_path):
 def test_bad_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match="on_nonfinite must be None or one of"):
         _watch(nn.Linear(2, 2), tmp_path, on_nonfinite="ignore")
+
+
+# ----- run.health() ---------------------------------------------------------------------------
+def _fit(model: nn.Module, tmp_path, steps: int = 6, lr: float = 1e-2, x=None, **kw):
+    """Train on a fixed regression batch; the run's health."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(32, 4, generator=gen) if x is None else x
+    target = torch.rand(x.shape[0], 1, generator=gen)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with _watch(model, tmp_path, **kw) as w:
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), target).backward()
+            opt.step()
+    return tl.open_run(w.run_dir).health()
+
+
+def _rows(h, signal):
+    return h[h.signal == signal]
+
+
+def test_health_names_the_nan_step_and_the_producing_call(tmp_path):
+    model = Drift(LogAct())
+    with _watch(model, tmp_path, log_freq=1) as w:
+        _train(model, BAD_STEP + 3)
+    h = tl.open_run(w.run_dir).health()
+    first = h.iloc[0]  # worst first
+    assert (first.signal, first.call, first.first_step) == ("nonfinite", "act:1", BAD_STEP)
+    assert first.address == "act"
+    assert len(_rows(h, "nonfinite")) == 1  # the producer, not 'out:1' or the model it reached
+
+
+def test_health_with_the_sentinel_has_the_operation_and_its_page(tmp_path):
+    model = Drift(LogAct())
+    with _watch(model, tmp_path, log_freq=4, on_nonfinite="trace") as w:
+        with pytest.warns(NonfiniteWarning):
+            _train(model, BAD_STEP + 3)
+    first = tl.open_run(w.run_dir).health().iloc[0]
+    assert (first.signal, first.call, first.first_step) == ("nonfinite", "act:1", BAD_STEP)  # a step not logged
+    assert "log_1_" in first.explanation and f"line {_log_line()}" in first.explanation
+    assert first.page == f"nonfinite_step{BAD_STEP}.html"
+
+
+def test_dead_relu_is_found(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)  # every unit negative before the ReLU: dead
+    dead = _rows(_fit(model, tmp_path), "dead")
+    assert dead.call.tolist() == ["1:1"] and dead.latest_value.iloc[0] == 1.0 and dead.first_step.iloc[0] == 0
+
+
+def test_vanishing_gradients_of_a_deep_sigmoid_mlp_are_found(tmp_path):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(12):
+        layers += [nn.Linear(16, 16), nn.Sigmoid()]
+    model = nn.Sequential(nn.Linear(4, 16), *layers, nn.Linear(16, 1))
+    h = _fit(model, tmp_path, steps=3)
+    vanishing = _rows(h, "vanishing").call.tolist()
+    assert "0:1" in vanishing and "1:1" in vanishing  # the first layers get ~nothing back
+    assert f"{len(model) - 1}:1" not in vanishing  # the last one gets the loss's gradient
+    assert _rows(h, "exploding").empty
+
+
+def test_saturated_tanh_is_found(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(50.0)
+    sat = _rows(_fit(model, tmp_path, steps=3), "saturated")
+    assert sat.call.tolist() == ["1:1"] and sat.latest_value.iloc[0] >= 0.9
+
+
+def test_exploding_gradients_are_found_when_one_layer_blows_up(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)], nn.Linear(8, 1))
+    x = torch.rand(32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with _watch(model, tmp_path) as w:
+        for step in range(10):
+            if step == 7:  # an lr that exploded in one layer: its weights are now huge
+                with torch.no_grad():
+                    model[3].weight.mul_(1e5)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    exploding = _rows(tl.open_run(w.run_dir).health(), "exploding")
+    assert set(exploding.call) >= {"0:1", "1:1", "2:1"} and set(exploding.first_step) == {7}
+
+
+def test_a_healthy_small_cnn_has_no_finding(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 1),
+    )
+    h = _fit(model, tmp_path, steps=8, x=torch.randn(16, 3, 16, 16))
+    assert h.empty, h.to_string()

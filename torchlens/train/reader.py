@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -261,6 +261,14 @@ class Run:
             line_label=LINE_LABELS.get(kind, ""),
             **stats,
         )
+
+    def health(self) -> Any:
+        """What looks wrong (NaN, exploding/vanishing gradients, dead or saturated units, update
+        sizes), one row per (call, series, signal), worst first: a pandas DataFrame
+        (``torchlens.train.health``, where the signals and thresholds are described)."""
+        from .health import health
+
+        return health(self)
 
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
         names = self.series_names()

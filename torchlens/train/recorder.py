@@ -136,6 +136,8 @@ class StepRecorder:
         self.new_calls: List[Call] = []
         self.pending: Dict[Key, List[Part]] = {}
         self.param_grads: Dict[Tuple[str, str], Part] = {}
+        self.updates: Dict[Tuple[str, str], Part] = {}  # (module address, name) -> its optimizer update
+        self.version = 0  # grows with every value recorded: the step changed since it was written
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
@@ -156,6 +158,7 @@ class StepRecorder:
         them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
+        self.updates = {}
         self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
@@ -193,18 +196,29 @@ class StepRecorder:
             for p, owners in touched.values():
                 part = self._values(p.grad) if p.grad is not None else None
                 if part is not None:
+                    self.version += 1
                     for owner in owners:
                         self.param_grads[owner] = part
         return bool(touched)
 
-    def collect(self) -> "StepData":
+    def add_update(self, owners: List[Tuple[str, str]], part: Part) -> None:
+        """A parameter's change across an optimizer step (the last one of the step counts)."""
+        self.version += 1
+        for owner in owners:
+            self.updates[owner] = part
+
+    def collect(self, kinds: Optional[Set[str]] = None) -> "StepData":
         """What the step has so far, one sample and one exact summary per series (several
         forwards of one step are overlaid), and the reasons of the gradient series that got no
-        values. The step goes on: a later backward or optimizer step adds to it."""
+        values (of ``kinds`` only, when given). The step goes on: a later backward or optimizer
+        step adds to it."""
         pending = {k: list(v) for k, v in self.pending.items()}
-        for (address, name), part in self.param_grads.items():
-            for cid in self.calls_of.get(address, ()):
-                pending.setdefault((cid, "params_grad", name), []).append(part)
+        for kind, parts_of in (("params_grad", self.param_grads), ("updates", self.updates)):
+            for (address, name), part in parts_of.items():
+                for cid in self.calls_of.get(address, ()):
+                    pending.setdefault((cid, kind, name), []).append(part)
+        if kinds is not None:
+            pending = {k: v for k, v in pending.items() if k[1] in kinds}
         data = StepData()
         for key, parts in pending.items():
             data.keys.append(key)
@@ -223,6 +237,7 @@ class StepRecorder:
         data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
+        self.updates = {}
         return data
 
     def take_new_calls(self) -> List[Call]:
@@ -383,6 +398,7 @@ class StepRecorder:
 
     def _add(self, key: Key, part: Optional[Part]) -> None:
         if part is not None:
+            self.version += 1
             self.pending.setdefault(key, []).append(part)
 
     def _values(self, t: torch.Tensor) -> Optional[Part]:

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from .calls import call_id, input_tensors, output_tensors
+from .saturation import SaturationProbe
 
 MODES = ("warn", "raise", "trace")
 EVENTS_FILE = "nonfinite.json"  # in the run folder: what the sentinel found, read by health and the page
@@ -66,13 +67,17 @@ def _floating(t: torch.Tensor) -> bool:
 
 class Sentinel:
     """Checks each training step of a watch; ``watch`` is the ``Watch`` (its run folder, its
-    ``flush``). The watch calls ``forward_started``, ``step_started``, ``forward_ended``."""
+    ``flush``). The watch calls ``forward_started``, ``step_started``, ``forward_ended``. With
+    ``mode`` None it only counts saturated activations on logged steps (``saturation.py``)."""
 
-    def __init__(self, watch: Any, mode: str) -> None:
-        from ..trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
-
-        self._rng_state = RngState
+    def __init__(self, watch: Any, mode: Optional[str]) -> None:
         self.watch, self.mode, self.model = watch, mode, watch.model
+        self._rng_state: Any = None
+        if mode is not None:
+            from ..trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
+
+            self._rng_state = RngState
+        self.probe: Optional[SaturationProbe] = None  # made at the first step, when the run folder exists
         self.step: Optional[int] = None
         self.inputs: Optional[Tuple[tuple, dict]] = None  # of the step's last forward
         self.rng: Any = None  # the generators when that forward began
@@ -80,17 +85,25 @@ class Sentinel:
         self.output_grads: Dict[int, torch.Tensor] = {}  # output index -> the gradient that reached it
         self.handles: list = []
         self.queued = False
-        self.quiet = False  # warn/trace: after the first finding, steps are no longer checked
+        self.quiet = mode is None  # warn/trace: after the first finding, steps are no longer checked
         self.events: List[dict] = []
 
     # ----- the watch's calls ------------------------------------------------------------------
     def forward_started(self, args: tuple, kwargs: dict) -> None:
+        if self.probe is not None:
+            self.probe.begin_forward()
         if not self.quiet:
             self.inputs, self.rng = (args, kwargs), self._rng_state()
 
     def step_started(self, step: int) -> None:
         self._clear()
         self.step = step
+        if self.probe is None:
+            self.probe = SaturationProbe(self.model, self.watch.run_dir, gate=self.watch.recorder.gate)
+        if self.watch._logging:
+            self.probe.begin_step(step)
+        else:
+            self.probe.end_step()
 
     def forward_ended(self, output: Any) -> None:
         if self.quiet or self.step is None:
@@ -107,6 +120,8 @@ class Sentinel:
 
     def close(self) -> None:
         self._clear()
+        if self.probe is not None:
+            self.probe.end_step()
         self.inputs = self.rng = None
 
     # ----- backward -------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ class Watch:
         on_nonfinite: Optional[str] = None,
     ) -> None:
         self.model = model
-        self._sentinel = Sentinel(self, on_nonfinite) if on_nonfinite else None
+        self._sentinel = Sentinel(self, on_nonfinite)  # also counts saturated activations
         self.log_freq = log_freq
         self.kinds = set(log)
         self.delay = delay_log_multibackward

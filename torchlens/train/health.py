@@ -1,0 +1,341 @@
+"""``run.health()`` (``run`` from ``tl.open_run``; the reader imports this file, not the other
+way round): what looks wrong in a training run, where, and since when.
+
+One finding per (call, series, signal), worst first. The signals and their thresholds:
+
+- ``nonfinite``: NaN or Inf. The call is the producer, not the calls it propagated to: from the
+  NaN sentinel's record (``tl.watch(on_nonfinite=...)``, exact, any step) when there is one;
+  otherwise, at the first logged step with a non-finite output, the first call (in call order)
+  whose output holds NaN/Inf while its inputs did not, leaving containers to their inner calls.
+- ``exploding`` / ``vanishing``: the median per-sample norm of the gradient arriving at a call's
+  output (the ``io_grad`` line) is more than ``FAR`` (1000) times above / below the run's median
+  of that line (over every call and logged step); exploding also needs it to be larger than the
+  gradient the loss sends into the model's outputs (amplified inside the model: the last layers
+  of a network whose early gradients vanish are far above the median too, but not exploding).
+- ``dead``: at least ``DEAD_FRACTION`` (90%) of an output's values are exactly 0 (dead ReLUs).
+- ``saturated``: at least ``SATURATED_FRACTION`` (90%) of a Tanh / Sigmoid / Hardtanh /
+  Hardsigmoid output lies within 1e-3 of its bounds (``saturation.py`` counts all values).
+- ``update_ratio``: with ``log=(..., "updates")``, a parameter's ``||dw|| / ||w||`` per step
+  outside [1e-4, 1e-2] (about 1e-3 is healthy).
+
+Gradients, dead and saturated outputs are judged on calls that contain no other call (a
+container's output is its last inner call's); the root model's own operations are included
+when it has no inner call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import saturation
+from .sentinel import EVENTS_FILE
+
+FAR = 1e3
+DEAD_FRACTION = 0.9
+SATURATED_FRACTION = 0.9
+UPDATE_RATIO = (1e-4, 1e-2)
+SIGNALS = ("nonfinite", "exploding", "vanishing", "dead", "saturated", "update_ratio")
+COLUMNS = [
+    "call",
+    "address",
+    "series",
+    "signal",
+    "first_step",
+    "latest_step",
+    "latest_value",
+    "active",
+    "explanation",
+    "page",
+]
+
+
+def findings(run: Any) -> List[Dict[str, Any]]:
+    """The findings of ``run`` as dicts (``COLUMNS``), worst first: by signal in ``SIGNALS``
+    order, those still true at the latest logged step first, then by first step."""
+    calls = run.calls
+    leaves = _leaves(calls)
+    names = run.series_names()
+    steps = run.steps
+    latest = int(steps[-1]) if len(steps) else None
+    rows: List[Dict[str, Any]] = []
+    rows += _nonfinite(run, calls, names)
+    outputs = {
+        (c, k, n): run.series(c, k, n)
+        for c, k, n in names
+        if c in leaves and k in ("io", "io_grad") and n.startswith("output")
+    }
+    loss_grads = [run.series(c, k, n) for c, k, n in names if c == "" and k == "io_grad" and n.startswith("output")]
+    rows += _gradients({key: s for key, s in outputs.items() if key[1] == "io_grad"}, loss_grads)
+    rows += _dead({key: s for key, s in outputs.items() if key[1] == "io"})
+    rows += _saturated(run.run_dir, calls)
+    rows += _updates(run, names)
+    for row in rows:
+        row.setdefault("page", None)
+        row["address"] = calls[row["call"]].address if row["call"] in calls else row["call"]
+        row.setdefault("latest_step", latest)
+        if "active" not in row:
+            row["active"] = row["latest_step"] == latest
+    rank = {s: i for i, s in enumerate(SIGNALS)}
+    rows.sort(key=lambda r: (rank[r["signal"]], not r["active"], r["first_step"], r["call"]))
+    return [{c: r.get(c) for c in COLUMNS} for r in rows]
+
+
+def health(run: Any) -> Any:
+    """``findings(run)`` as a pandas DataFrame (columns ``COLUMNS``), worst first.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh())
+        >>> with torch.no_grad():
+        ...     _ = model[0].weight.fill_(100.0)
+        >>> folder = tempfile.mkdtemp()
+        >>> with tl.watch(model, run_dir=folder, backend=None, verbose=False):
+        ...     for _ in range(3):
+        ...         model(torch.rand(8, 3) + 1).sum().backward()
+        >>> h = tl.open_run(folder).health()
+        >>> h[["call", "signal", "first_step"]].values.tolist()  # the saturated tanh passes ~no gradient back
+        [['0:1', 'vanishing', 0], ['1:1', 'saturated', 0]]
+    """
+    try:
+        import pandas as pd
+    except ImportError as error:
+        raise ImportError("run.health() returns a pandas DataFrame: pip install pandas") from error
+    return pd.DataFrame(findings(run), columns=COLUMNS)
+
+
+def status_line(rows: List[Dict[str, Any]]) -> str:
+    """The run in one line: the first NaN and where, else how many findings, else 'healthy'.
+
+    Example:
+        >>> status_line([])
+        'healthy: no finding'
+    """
+    bad = [r for r in rows if r["signal"] == "nonfinite"]
+    if bad:
+        r = bad[0]
+        return f"NaN/Inf since step {r['first_step']} in {r['address'] or 'the model itself'}: {r['explanation']}"
+    if not rows:
+        return "healthy: no finding"
+    kinds = sorted({r["signal"] for r in rows}, key=SIGNALS.index)
+    return f"{len(rows)} finding{'s' if len(rows) > 1 else ''}: {', '.join(kinds)}"
+
+
+# ----- the signals ----------------------------------------------------------------------------
+def _leaves(calls: Dict[str, Any]) -> set:
+    parents = {c.parent for c in calls.values() if c.parent is not None}
+    leaves = {cid for cid in calls if cid not in parents}
+    return leaves or set(calls)
+
+
+def _bad(s: Any) -> np.ndarray:
+    """Non-finite values per column: exact when recorded, else those the sample saw."""
+    exact = s.nan + s.posinf + s.neginf if len(s.nan) == len(s.steps) else np.full(len(s.steps), np.nan)
+    return np.where(np.isfinite(exact), exact, s.nonfinite)
+
+
+def _nonfinite(run: Any, calls: Dict[str, Any], names: List[Tuple[str, str, str]]) -> List[Dict[str, Any]]:
+    events = _events(run.run_dir)
+    if events:
+        return [_event_row(e) for e in events[:1]]
+    io = [(c, n, run.series(c, "io", n)) for c, k, n in names if k == "io"]
+    first: Optional[int] = None
+    for _, _, s in io:
+        hit = np.nonzero(_bad(s) > 0)[0]
+        if len(hit):
+            step = int(s.steps[hit[0]])
+            first = step if first is None else min(first, step)
+    if first is None:
+        return []
+    at: Dict[str, Dict[str, float]] = {}  # call -> {'in': bad inputs, 'out': bad outputs} at that step
+    for cid, name, s in io:
+        where = np.nonzero(s.steps == first)[0]
+        if len(where):
+            side = "out" if name.startswith("output") else "in"
+            counts = at.setdefault(cid, {"in": 0.0, "out": 0.0})
+            counts[side] += float(_bad(s)[where[0]])
+    producing = [c for c, v in at.items() if v["out"] > 0 and v["in"] == 0]
+    inner = [c for c in producing if not any(calls.get(o) and _inside(calls, o, c) for o in producing if o != c)]
+    order = list(calls)
+    chosen = min(inner or producing or list(at), key=lambda c: order.index(c) if c in order else len(order))
+    n = at.get(chosen, {}).get("out", 0)
+    return [
+        {
+            "call": chosen,
+            "series": "io/output",
+            "signal": "nonfinite",
+            "first_step": first,
+            "latest_value": n,
+            "explanation": f"its output held {int(n)} NaN/Inf value(s) while its inputs were finite "
+            "(the first logged step with any)",
+        }
+    ]
+
+
+def _inside(calls: Dict[str, Any], cid: str, ancestor: str) -> bool:
+    parent = calls[cid].parent
+    while parent is not None:
+        if parent == ancestor:
+            return True
+        parent = calls[parent].parent if parent in calls else None
+    return False
+
+
+def _events(run_dir: str) -> List[dict]:
+    try:
+        with open(os.path.join(run_dir, EVENTS_FILE), encoding="utf-8") as f:
+            return list(json.load(f).get("events", []))
+    except (OSError, ValueError):
+        return []
+
+
+def _event_row(event: dict) -> Dict[str, Any]:
+    report = event.get("report") or {}
+    explanation = event.get("detail") or "went non-finite"
+    if report.get("found") and report.get("label"):
+        where = f" at line {report['line']} `{report.get('code', '')}`" if report.get("line") else ""
+        explanation = f"{report.get('kind') or 'NaN/Inf'} made by {report['label']}{where} ({report.get('phase')})"
+    return {
+        "call": event.get("call") or "",
+        "series": "io_grad/output" if event.get("phase") == "backward" else "io/output",
+        "signal": "nonfinite",
+        "first_step": int(event["step"]),
+        "latest_value": report.get("kind"),
+        "explanation": explanation,
+        "page": event.get("page"),
+        "active": True,
+    }
+
+
+def _gradients(grads: Dict[Tuple[str, str, str], Any], loss_grads: List[Any]) -> List[Dict[str, Any]]:
+    lines = [s.line[np.isfinite(s.line) & (s.line > 0)] for s in grads.values() if len(s.line)]
+    pooled = np.concatenate(lines) if lines else np.zeros(0)
+    if not len(pooled):
+        return []
+    reference = float(np.median(pooled))
+    sent: Dict[int, float] = {}  # step -> the largest gradient the loss sent into the model's outputs
+    for s in loss_grads:
+        for step, value in zip(s.steps.tolist(), s.line.tolist()):
+            sent[step] = max(sent.get(step, -math.inf), value)
+    rows = []
+    for (cid, kind, name), s in grads.items():
+        ratio = s.line / reference
+        amplified = np.array([v > sent.get(st, -math.inf) for st, v in zip(s.steps.tolist(), s.line.tolist())])
+        for signal, hit in (("exploding", (ratio > FAR) & amplified), ("vanishing", ratio < 1 / FAR)):
+            where = np.nonzero(hit & np.isfinite(ratio))[0]
+            if not len(where):
+                continue
+            value = float(s.line[-1])
+            direction = "above" if signal == "exploding" else "below"
+            rows.append(
+                {
+                    "call": cid,
+                    "series": f"{kind}/{name}",
+                    "signal": signal,
+                    "first_step": int(s.steps[where[0]]),
+                    "latest_step": int(s.last_steps[-1]),
+                    "latest_value": value,
+                    "active": bool(hit[-1]),
+                    "explanation": f"the gradient reaching it has a median per-sample norm of {_fmt(value)}, "
+                    f"over {FAR:g}x {direction} the run's median ({_fmt(reference)})",
+                }
+            )
+    return rows
+
+
+def _dead(outputs: Dict[Tuple[str, str, str], Any]) -> List[Dict[str, Any]]:
+    rows = []
+    for (cid, kind, name), s in outputs.items():
+        if len(s.zeros) != len(s.steps) or not len(s.steps):
+            continue
+        fraction = s.zeros / np.where(s.count > 0, s.count, np.nan)
+        hit = fraction >= DEAD_FRACTION
+        where = np.nonzero(hit)[0]
+        if len(where):
+            rows.append(
+                {
+                    "call": cid,
+                    "series": f"{kind}/{name}",
+                    "signal": "dead",
+                    "first_step": int(s.steps[where[0]]),
+                    "latest_step": int(s.last_steps[-1]),
+                    "latest_value": float(fraction[-1]),
+                    "active": bool(hit[-1]),
+                    "explanation": f"{fraction[-1]:.0%} of its output values are exactly 0 (dead units pass no gradient)",
+                }
+            )
+    return rows
+
+
+def _saturated(run_dir: str, calls: Dict[str, Any]) -> List[Dict[str, Any]]:
+    lines = saturation.read(run_dir)
+    first: Dict[str, int] = {}
+    last: Dict[str, Tuple[int, float]] = {}
+    for line in lines:
+        for cid, (near, n) in line["calls"].items():
+            fraction = near / n if n else 0.0
+            last[cid] = (line["step"], fraction)
+            if fraction >= SATURATED_FRACTION and cid not in first:
+                first[cid] = line["step"]
+    latest = lines[-1]["step"] if lines else None
+    rows = []
+    for cid, step in first.items():
+        when, fraction = last[cid]
+        cls = calls[cid].class_name if cid in calls else "activation"
+        rows.append(
+            {
+                "call": cid,
+                "series": "io/output 0",
+                "signal": "saturated",
+                "first_step": step,
+                "latest_step": when,
+                "latest_value": fraction,
+                "active": when == latest and fraction >= SATURATED_FRACTION,
+                "explanation": f"{fraction:.0%} of this {cls}'s outputs are within "
+                f"{saturation.SATURATION_EPS:g} of its bounds, where its gradient is ~0",
+            }
+        )
+    return rows
+
+
+def _updates(run: Any, names: List[Tuple[str, str, str]]) -> List[Dict[str, Any]]:
+    lo, hi = UPDATE_RATIO
+    rows = []
+    for cid, kind, name in names:
+        if kind != "updates":
+            continue
+        s = run.series(cid, kind, name)
+        ratio = s.line
+        hit = np.isfinite(ratio) & ((ratio < lo) | (ratio > hi))
+        where = np.nonzero(hit)[0]
+        if not len(where):
+            continue
+        value = float(ratio[-1])
+        size = "small" if value < lo else "large" if value > hi else "back in range"
+        rows.append(
+            {
+                "call": cid,
+                "series": f"{kind}/{name}",
+                "signal": "update_ratio",
+                "first_step": int(s.steps[where[0]]),
+                "latest_step": int(s.last_steps[-1]),
+                "latest_value": value,
+                "active": bool(hit[-1]),
+                "explanation": f"each optimizer step changes {name} by {_fmt(value)} of its size: too {size} "
+                f"(about 1e-3 is healthy; outside [{lo:g}, {hi:g}] the learning rate is likely off)"
+                if size != "back in range"
+                else f"its update/weight ratio left [{lo:g}, {hi:g}] and is now {_fmt(value)}",
+            }
+        )
+    return rows
+
+
+def _fmt(x: float) -> str:
+    return "nan" if not math.isfinite(x) else f"{x:.3g}"
+
+
+__all__ = ["health", "findings", "status_line", "SIGNALS", "COLUMNS", "FAR", "DEAD_FRACTION", "SATURATED_FRACTION"]
