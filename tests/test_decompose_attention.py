@@ -298,3 +298,31 @@ def test_hugging_face_models_padded_batch(build, attn, dtype):
     kinds = [e.layer_type for e in plain]
     assert kinds.count("scaleddotproductattention") == 2
     assert [e.layer_type for e in history].count("attnsoftmax") == 2
+
+
+def test_gpt2_in_training_mode_draws_the_attention_dropout_of_the_fused_kernel():
+    model = _gpt2().train()  # attention dropout 0.1 among the other dropouts
+    ids = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    expected = model(ids).logits
+    history = tl.log_forward_pass(model, ids, decompose=("sdpa",), random_seed=7)
+    torch.testing.assert_close(history["output.logits"].activation, expected, atol=1e-5, rtol=1e-5)
+    attention_dropout = [e for e in history if e.layer_type == "dropout" and e.containing_module.endswith(".attn")]
+    assert len(attention_dropout) == 2 and model.training
+    torch.manual_seed(8)
+    assert not torch.allclose(model(ids).logits, expected)  # another seed, other draws: the check can fail
+
+
+def test_a_meta_pass_decomposes_with_shapes_only():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=100, attn_implementation="sdpa",
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.zeros(1, 8, dtype=torch.long, device="meta")
+    history = tl.log_forward_pass(model, ids, decompose=("sdpa",), device="meta")
+    probs = [e for e in history if e.layer_type == "attnsoftmax"]
+    assert [e.shape for e in probs] == [torch.Size([1, 4, 8, 8])] * 2
+    assert [e.containing_module for e in probs] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
