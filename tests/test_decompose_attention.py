@@ -326,3 +326,20 @@ def test_a_meta_pass_decomposes_with_shapes_only():
     probs = [e for e in history if e.layer_type == "attnsoftmax"]
     assert [e.shape for e in probs] == [torch.Size([1, 4, 8, 8])] * 2
     assert [e.containing_module for e in probs] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+def test_the_probabilities_can_be_replaced_by_intervene_and_rerun():
+    torch.manual_seed(0)
+    model, x = Block(is_causal=True), torch.randn(1, 6, 16)
+    history = _decomposed(model, x, save_function_args=True)
+    label = [e.label for e in history if e.layer_type == "attnsoftmax"][0]
+    causal = torch.ones(6, 6).tril()
+    uniform = (causal / causal.sum(-1, keepdim=True)).expand(1, 4, 6, 6)
+    intervened = _decomposed(model, x, intervene={label: lambda t, e: uniform})
+    rerun = history.rerun({label: uniform})
+    with torch.no_grad():  # by hand: the block with uniform causal attention
+        q, k, v = model.qkv(x).view(1, 6, 3, 4, 4).permute(2, 0, 3, 1, 4)
+        expected = model.out((uniform @ v).transpose(1, 2).reshape(1, 6, 16))
+    torch.testing.assert_close(_output(intervened), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(_output(rerun), expected, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(_output(history), expected)
