@@ -217,14 +217,16 @@ class StepRecorder:
             for (address, name), part in parts_of.items():
                 for cid in self.calls_of.get(address, ()):
                     pending.setdefault((cid, kind, name), []).append(part)
+        reasons = {k: r for k, r in self.reasons.items() if k not in pending}
         if kinds is not None:
             pending = {k: v for k, v in pending.items() if k[1] in kinds}
+            reasons = {k: r for k, r in reasons.items() if k[1] in kinds}
         data = StepData()
         for key, parts in pending.items():
             data.keys.append(key)
             data.samples.append(parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]))
             data.summaries.append(_summary_of(parts))
-        data.reasons = {k: r for k, r in self.reasons.items() if k not in pending}
+        data.reasons = reasons
         return data
 
     def end_step(self) -> "StepData":

@@ -2,8 +2,9 @@
 
 The first training forward pass is traced once (metadata only) to get the module-call graph.
 Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients and the
-parameters; when the next step starts (or at ``close()``), the step's histograms are computed
-together on the device and written to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
+parameters; when its backward pass ends (again if a later backward or the optimizer step adds
+to it, ``step_writer``), the step's histograms are computed together on the device and written
+to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..web.stats import NUM_BINS, histograms
+from ..web.stats import NUM_BINS
 from .calls import trace_calls
 from .recorder import ModelHook, StepRecorder
 from .sampling import Sampler
 from .sentinel import Sentinel, check_mode
+from .step_writer import StepWriter
 from .store import KINDS, RunWriter, new_run_dir
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
@@ -56,6 +58,7 @@ class Watch:
         wandb_html_every: int = 50,
         input_grads: bool = True,
         on_nonfinite: Optional[str] = None,
+        optimizer: Any = None,
     ) -> None:
         self.model = model
         self._sentinel = Sentinel(self, on_nonfinite)  # also counts saturated activations
@@ -83,11 +86,17 @@ class Watch:
         self._end_queued = False  # a callback waits for the end of the backward pass in flight
         self._depth = 0  # calls of the model in progress (it may call itself)
         self._markers: list = []  # gradient hooks on the model's outputs
-        self._steps_written = 0
+        self._steps = StepWriter(self)
         sampler = Sampler(sample_n, seed=random.SystemRandom().randrange(2**31))
         self.recorder = StepRecorder(model, self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads)
         self.recorder.gate = lambda: self._tracing is None and self._training()
         self.recorder.on_gradient = self._gradient_arrived
+        self._updates = None
+        if "updates" in self.kinds:
+            from .updates import UpdateHooks
+
+            logged = lambda: self._step if self._logging and self._tracing is None else None  # noqa: E731
+            self._updates = UpdateHooks(self.recorder, logged, self._steps.updates_added, optimizer)
         options = {
             "log_freq": log_freq,
             "log": list(log),
@@ -139,7 +148,7 @@ class Watch:
     @property
     def steps_logged(self) -> int:
         """Logged steps written to the run so far (also after ``close()``)."""
-        return self._steps_written
+        return self._steps.written
 
     def flush(self) -> None:
         """Write the step in progress now (it is otherwise written when the next one starts)."""
@@ -288,8 +297,9 @@ class Watch:
         self._end_queued = False
         # .grad as the backward pass left it; a later backward through the same forward (two
         # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
-        # The step is written when the next one starts: only then is it known to be complete.
+        # The step is written now (readable at once) and again if a later backward adds to it.
         self.recorder.collect_param_grads()
+        self._steps.update(step)
 
     def _remove_markers(self) -> None:
         for h in self._markers:
@@ -333,17 +343,7 @@ class Watch:
         self._step, self._logging = None, False
         if step is None or not logging or self._writer is None:
             return
-        data = self.recorder.end_step()
-        new_calls = self.recorder.take_new_calls()
-        if new_calls:
-            self._writer.add_calls(new_calls)
-        h = histograms(data.samples, self.reject, summaries=data.summaries)
-        self._writer.write_step(
-            step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
-        )
-        self._steps_written += 1
-        for backend in self.backends:
-            backend.log_step(step, data.keys, h, self.run_dir)
+        self._steps.finish(step, self.recorder.end_step())
 
     def _release(self) -> None:
         self.closed = True
@@ -351,6 +351,8 @@ class Watch:
             h.remove()
         self._root_hooks = []
         self._remove_markers()
+        if self._updates is not None:
+            self._updates.remove()
         if self._sentinel is not None:
             self._sentinel.close()
         self._depth = 0
@@ -426,6 +428,7 @@ def watch(
     manual_steps: bool = False,
     input_grads: bool = True,
     on_nonfinite: Optional[str] = None,
+    optimizer: Any = None,
 ) -> Union[Watch, _Inactive]:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
@@ -435,13 +438,17 @@ def watch(
             only rank 0 records).
         log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
             mode with gradients enabled), the first one included. A logged step is written to
-            the run when the next step starts (or at ``flush()``/``close()``), with every
-            backward pass through its forward: ``params_grad`` is ``.grad`` after the last one.
-        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``. ``io_grad`` of
-            an input is the gradient this call sends back into it (not the input's total
-            gradient, which also holds what its other consumers, e.g. a skip, send back); of an
-            output, the gradient that arrives at it. A series without values says why
-            (``Series.reason``).
+            the run when its backward pass ends (readable at once), and again when a later
+            backward pass through its forward or its optimizer step adds to it; a step without
+            backward when the next starts (or at ``flush()``/``close()``). ``params_grad`` is
+            ``.grad`` after the last backward pass.
+        log: any of ``'io'``, ``'io_grad'``, ``'params'``, ``'params_grad'``, ``'updates'``.
+            ``io_grad`` of an input is the gradient this call sends back into it (not the
+            input's total gradient, which also holds what its other consumers, e.g. a skip, send
+            back); of an output, the gradient that arrives at it. ``updates`` (not in the
+            default): each parameter's change across ``optimizer.step()``, with the ratio
+            ``||dw|| / ||w||`` as its line (``torchlens.train.updates``). A series without
+            values says why (``Series.reason``).
         backend: one name or several: ``'standalone'`` serves the explorer page at
             ``http://localhost:port`` from a process of its own (page loads cost training
             nothing; it ends with the watch or the training process); ``'wandb'`` logs into
@@ -463,13 +470,15 @@ def watch(
         tensorboard_writer: a ``SummaryWriter`` to log into (default: one on ``run_dir``).
         wandb_html_every: refresh the page in wandb every this many logged steps.
         manual_steps: steps begin when you call ``w.begin_step(n)`` (for frameworks whose
-            training step does not call the model itself, or to count optimizer steps) and are
-            written when the next one begins, with all their backward passes; otherwise each
+            training step does not call the model itself, or to count optimizer steps), with all
+            their backward passes; otherwise each
             training forward pass of the model is a step.
         input_grads: record the gradient of the model's own floating inputs (the data) also
             when they do not require grad: on logged steps the model gets an alias of each that
             requires grad (your tensor keeps ``requires_grad=False``); this adds the first
             layers' input-gradient work to a logged step's backward. False: no such strips.
+        optimizer: the optimizer(s) whose steps make ``updates`` (default: every optimizer
+            whose step changes a watched parameter, found by torch's global step hooks).
         on_nonfinite: ``None``, ``'warn'``, ``'raise'`` or ``'trace'``: check every step for NaN/Inf
             in the outputs and gradients (``torchlens.train.sentinel``); warn once naming the step
             and call, raise ``tl.NonfiniteError`` from ``backward()``, or also name the operation.
@@ -537,6 +546,7 @@ def watch(
         tensorboard_writer=tensorboard_writer,
         wandb_html_every=wandb_html_every,
         input_grads=bool(input_grads),
+        optimizer=[optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer,
         on_nonfinite=on_nonfinite,
     )
 

@@ -38,7 +38,7 @@ from .calls import Call
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
-KINDS = ("io", "io_grad", "params", "params_grad")
+KINDS = ("io", "io_grad", "params", "params_grad", "updates")
 # the statistics over all values stored with each column (host_summary's names, x_ in the table)
 EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"

@@ -6,7 +6,9 @@ a set of patched layers it finds, once, every operation downstream of them (alon
 in execution order) and checks that each can be re-run; a patched pass then re-runs only those
 operations (``replay.replay_entry``, what ``history.rerun`` and validation use) with the new
 values of their parents and the saved values of the others. Operations not downstream keep
-their saved values, so a patch at the last block re-runs a few operations, not the model.
+their saved values, so a patch at the last block re-runs a few operations, not the model; a
+patch that changes no element (the source equals the run there, e.g. at a position before the
+token that differs) re-runs nothing.
 
 ``OutputTemplate`` puts the model's output back together (a tensor, tuples, dicts, HF
 ``ModelOutput`` and cache objects) with the new output tensors, so the metric gets what
@@ -88,15 +90,24 @@ class Replayer:
                             f"patch: re-running {e.label} ({e.func_name}) on the patched values failed: "
                             f"{value if isinstance(value, str) else type(value).__name__ + ' returned'}."
                         )
-                else:
+                elif e.label in patches:
                     value = e.activation
+                else:
+                    continue  # no parent changed (a patch upstream left its tensor as it was)
                 if e.label in patches:
-                    value = patches[e.label](value)
+                    new = patches[e.label](value)
+                    if value is e.activation and _same(new, value):
+                        continue  # the source agrees here (a position before the change): nothing downstream moves
+                    value = new
                 values[e.label] = value
         return values
 
     def output_values(self, values: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
         return [values.get(e.label, e.activation) for e in self.outputs]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b.detach()))
 
 
 class ModelRunner:
