@@ -10,8 +10,8 @@ from torchlens.trace.capture import decorate
 
 # the documented tolerance (README: Attention patterns), per dtype: (atol, rtol)
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 2**-6)}
-DECOMPOSED_TYPES = {"mt", "matmul", "mul", "ones", "tril", "logicalnot", "maskedfill", "add", "attnsoftmax", "float"}
-DECOMPOSED_TYPES |= {"repeatinterleave", "to", "dropout"}
+DECOMPOSED_TYPES = {"swapaxes", "matmul", "mul", "ones", "tril", "logicalnot", "maskedfill", "add", "attnsoftmax"}
+DECOMPOSED_TYPES |= {"float", "repeatinterleave", "to", "dropout"}
 
 
 class Attention(nn.Module):
@@ -162,6 +162,17 @@ def test_validation_replays_every_decomposed_op():
     model, x = Block(is_causal=True), torch.randn(2, 12, 16)
     history = tl.log_forward_pass(model, x, decompose="sdpa", save_function_args=True, random_seed=0)
     assert validate_history(history)
+
+
+def test_a_saved_and_loaded_decomposed_history_replays_every_op(tmp_path):
+    from torchlens.trace.validate import validate_history
+
+    model, x = Block(is_causal=True), torch.randn(2, 12, 16)
+    history = tl.log_forward_pass(model, x, decompose="sdpa", save_function_args=True, random_seed=0)
+    history.save(str(tmp_path / "run"))
+    loaded = tl.load(str(tmp_path / "run"))
+    assert torch.equal(loaded.attention("attn"), history.attention("attn"))
+    assert validate_history(loaded)
 
 
 def test_unknown_names_are_refused_with_the_valid_ones():

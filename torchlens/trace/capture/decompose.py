@@ -122,10 +122,10 @@ def sdpa_math(
         key = key.repeat_interleave(groups, dim=-3)
         value = value.repeat_interleave(groups, dim=-3)
     factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
-    # operators and methods of their own (@, .mT): inside a torch function that logs its inner
-    # calls at its own call site (F.multi_head_attention_forward), a second matmul or transpose
-    # would read as another pass of the first
-    scores = (query @ key.mT) * factor
+    # functions of their own (@, swapaxes): inside a torch function that logs its inner calls at
+    # its own call site (F.multi_head_attention_forward), a second matmul or a transpose would
+    # read as another pass of the first or of that function's own
+    scores = (query @ torch.swapaxes(key, -2, -1)) * factor
     if is_causal:  # top-left aligned, as torch's is_causal
         keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
         scores = scores.masked_fill(keep.logical_not(), float("-inf"))
