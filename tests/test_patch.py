@@ -333,3 +333,42 @@ def test_over_modules_needs_a_numbered_stack():
         tl.patch_sweep(model, torch.zeros(1, 3, 2), source=clean, metric=lambda out: out.sum())
     grid = tl.patch_sweep(model, torch.zeros(1, 3, 2), source=clean, metric=lambda out: out.sum(), over=["first"])
     assert grid.shape == (1, 3)
+
+
+def test_sweep_over_heads_patches_the_input_of_the_output_projection_like_a_pre_hook(gpt2):
+    model, clean_ids, corrupt_ids = gpt2
+    clean = tl.log_forward_pass(model, clean_ids)
+    grid = tl.patch_sweep(model, corrupt_ids, source=clean, metric=logit_diff, over="heads", positions=[2, 4, 6])
+    assert grid.coords["layer"] == [f"transformer.h.{i}.attn.c_proj@input" for i in range(3)]
+    assert grid.dims == ("layer", "head", "position") and grid.shape == (3, 4, 3)
+    projections = [model.transformer.h[i].attn.c_proj for i in range(3)]
+    clean_inputs = {}
+    handles = [
+        p.register_forward_pre_hook(lambda m, args, i=i: clean_inputs.__setitem__(i, args[0].clone()))
+        for i, p in enumerate(projections)
+    ]
+    with torch.no_grad():
+        model(clean_ids)
+    for h in handles:
+        h.remove()
+    for i, proj in enumerate(projections):
+        for head in range(4):
+            for j, position in enumerate([2, 4, 6]):
+                fn = _replace_positions(clean_inputs[i], [position], heads=[head], n_heads=4)
+                handle = proj.register_forward_pre_hook(lambda m, args, fn=fn: (fn(args[0]),) + tuple(args[1:]))
+                with torch.no_grad():
+                    expected = logit_diff(model(corrupt_ids)).item()
+                handle.remove()
+                assert grid.values[i, head, j] == pytest.approx(expected, abs=1e-6)
+    res = tl.patch(
+        model,
+        corrupt_ids,
+        source=clean,
+        at="transformer.h.0.attn.c_proj@input",
+        heads=0,
+        positions=2,
+        metric=logit_diff,
+    )
+    assert res.value == pytest.approx(grid.values[0, 0, 0], abs=1e-7)
+    with pytest.raises(tl.PatchError, match="the run patched has no module transformer.h.9"):
+        tl.patch(model, corrupt_ids, source=clean, at="transformer.h.9@input", metric=logit_diff)

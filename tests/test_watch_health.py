@@ -287,3 +287,70 @@ def test_a_healthy_small_cnn_has_no_finding(tmp_path):
     )
     h = _fit(model, tmp_path, steps=8, x=torch.randn(16, 3, 16, 16))
     assert h.empty, h.to_string()
+
+
+def test_the_rerun_copy_carries_no_probe_of_a_saturating_activation(tmp_path):
+    """A Tanh gets a saturation hook on logged steps; the sentinel's copy of the model must not."""
+    model = Drift(nn.Sequential(nn.Tanh(), LogAct()))
+    with _watch(model, tmp_path, on_nonfinite="trace", log_freq=1):
+        with pytest.warns(NonfiniteWarning):
+            _train(model, BAD_STEP + 1)
+    (event,) = _events(tmp_path)
+    assert event["call"] == "act.1:1" and event["report"]["label"].startswith("log_")
+
+
+# ----- the page ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sick_url(tmp_path_factory):
+    from torchlens.examples.health_images import train_run
+    from torchlens.train.serve import explore
+
+    run_dir = str(tmp_path_factory.mktemp("sick") / "run")
+    train_run(run_dir)
+    server = explore(run_dir, port=0, block=False)
+    yield server.url
+    server.close()
+
+
+def test_the_page_shows_the_health_panel_badges_and_opens_a_finding(browser, sick_url):
+    from torchlens.examples.health_images import NAN_STEP
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    problems = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"{r.status} {r.url}"))
+    try:
+        page.goto(sick_url)
+        page.wait_for_selector('[data-role="health"] li')
+        status = page.inner_text('[data-role="health-status"]')
+        assert f"since step {NAN_STEP} in encoder.2.act" in status and "log_" in status
+        items = page.eval_on_selector_all(
+            '[data-role="health"] li', "els => els.map(e => [e.dataset.call, e.querySelector('.chip').textContent])"
+        )
+        assert items[0] == ["encoder.2.act:1", "NaN/Inf"]  # worst first
+        assert ["encoder.0.act:1", "saturated"] in items and ["encoder.1.act:1", "dead"] in items
+        # badges: the encoder holds every finding, the head none
+        badge = page.eval_on_selector(
+            '[data-node="encoder:1"] .health-badge', "b => [b.dataset.signal, b.querySelector('text').textContent]"
+        )
+        assert badge == ["nonfinite", str(len(items))]
+        assert page.query_selector('[data-node="head:1"] .health-badge') is None
+        # a click opens the call's parent, pins its strips and marks the step
+        page.click('[data-role="health"] li[data-call="encoder.2.act:1"]')
+        page.wait_for_selector('[data-crumb="encoder.2:1"].here')
+        page.wait_for_selector('[data-panel="encoder.2.act:1"] .health-mark')
+        marks = page.eval_on_selector_all(
+            '[data-panel="encoder.2.act:1"] .health-mark', "els => els.map(e => Number(e.dataset.step))"
+        )
+        assert marks and set(marks) == {NAN_STEP}
+        assert page.query_selector('[data-node="encoder.2.act:1"] .health-badge') is not None
+        # the operation-level page the sentinel saved is served, opened on the producer
+        href = page.get_attribute('[data-role="health"] li[data-call="encoder.2.act:1"] a.op-page', "href")
+        answer = page.request.get(sick_url.rstrip("/") + href)
+        assert answer.status == 200 and "non-finite values" in answer.text()
+        assert page.request.get(sick_url.rstrip("/") + "/run-file?name=run.db").status == 404  # nothing else
+        assert problems == []
+    finally:
+        context.close()

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from .calls import call_id
+from .compiled import hookable_modules
+from .recorder import ModelHook
 
 SATURATION_EPS = 1e-3
 FILE = "saturation.jsonl"
@@ -42,7 +44,8 @@ class SaturationProbe:
     def __init__(self, model: nn.Module, run_dir: Optional[str], gate: Callable[[], bool] = lambda: True) -> None:
         self.gate = gate  # False while nothing may be recorded (the watch's metadata pass)
         self.path = os.path.join(run_dir, FILE) if run_dir else None
-        self.targets = [(a, m, b) for a, m in model.named_modules() if (b := bounds(m)) is not None]
+        # compiled models: eager addresses, and no hook inside a fullgraph compile (compiled.py)
+        self.targets = [(a, m, b) for a, m in hookable_modules(model) if (b := bounds(m)) is not None]
         self.names = {id(m): a for a, m, _ in self.targets}
         self.handles: list = []
         self.step: Optional[int] = None
@@ -56,7 +59,8 @@ class SaturationProbe:
             return
         self.step, self.calls = step, {}
         for _, module, limits in self.targets:
-            self.handles.append(module.register_forward_hook(self._hook(limits)))
+            # ModelHook: a copy of the model (the sentinel's rerun) carries no probe
+            self.handles.append(module.register_forward_hook(ModelHook(self._hook(limits))))
 
     def begin_forward(self) -> None:
         """Calls are numbered per forward pass, as the recorder numbers them."""
@@ -70,7 +74,9 @@ class SaturationProbe:
                 return
             if not self.gate():
                 return
-            address = self.names[id(module)]
+            address = self.names.get(id(module))
+            if address is None:
+                return
             n = self.calls[address] = self.calls.get(address, 0) + 1
             x = output.detach()
             near = ((x <= lo + SATURATION_EPS) | (x >= hi - SATURATION_EPS)).sum()

@@ -15,9 +15,8 @@ from ..records.tensor_log import TensorLogEntry
 from ..rerun import RerunError
 from .engine import ModelRunner, OutputTemplate, Patch, Replayer
 from .select import PatchError, Selection
+from .sites import head_count
 from .targets import Target
-
-HEAD_COUNT_NAMES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead")
 
 
 class PatchSession:
@@ -79,18 +78,7 @@ class PatchSession:
 
     def n_heads(self, e: TensorLogEntry, given: Optional[int]) -> Optional[int]:
         """``given``, else the head count of the innermost module around ``e`` that has one."""
-        if given is not None:
-            return given
-        for address, _ in reversed(list(e.module_stack or ())):
-            try:
-                module = self.model.get_submodule(address)
-            except AttributeError:
-                continue
-            for name in HEAD_COUNT_NAMES:
-                count = getattr(module, name, None)
-                if isinstance(count, int) and count > 0:
-                    return count
-        return None
+        return given if given is not None else head_count(self.model, e)
 
 
 def metric_value(value: Any) -> float:

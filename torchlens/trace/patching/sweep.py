@@ -23,6 +23,7 @@ from .engine import Patch
 from .grid import PatchGrid
 from .select import PatchError, Selection
 from .session import PatchSession, make_patches
+from .sites import head_sites
 from .targets import Target, resolve
 
 Over = Union[str, Sequence[Union[str, int]]]
@@ -54,7 +55,9 @@ def patch_sweep(
         source: ``log_forward_pass`` of the run the values come from (the "clean" run).
         metric: ``metric(output) -> number`` (see ``tl.patch``).
         over: ``'modules'``: the output of each block of the model's longest numbered stack
-            (``transformer.h.0`` ... ``transformer.h.11``); or a list of keys as in ``tl.patch``.
+            (``transformer.h.0`` ... ``transformer.h.11``); ``'heads'``: each attention module's
+            per-head tensor (the input of its output projection, e.g. ``transformer.h.0.attn.c_proj@input``),
+            one row per head; or a list of keys as in ``tl.patch``.
         positions: ``'each'``: every position along ``position_dim``; a list of positions; or
             None: the whole tensor in one column.
         heads: None; ``'each'`` or a list of heads: one row per layer and head (the last
@@ -82,7 +85,11 @@ def patch_sweep(
             f"patch_sweep: source must be a ModelHistory (tl.log_forward_pass), not {type(source).__name__}."
         )
     session = PatchSession(model, as_args(input_args), as_kwargs(input_kwargs), metric=metric, seed=random_seed)
-    keys = blocks(session.history) if isinstance(over, str) and over == "modules" else _keys(over)
+    if isinstance(over, str) and over == "heads":
+        keys: List[Union[str, int]] = list(head_sites(session.history, model))
+        heads = "each" if heads is None else heads
+    else:
+        keys = list(blocks(session.history)) if isinstance(over, str) and over == "modules" else _keys(over)
     targets = resolve(session.history, source, keys)
     position_list = _axis(
         targets, positions, "positions", lambda t: t.entry.activation.shape[position_dim % t.entry.activation.dim()]
@@ -176,7 +183,7 @@ def blocks(history: ModelHistory) -> List[str]:
 
 def _keys(over: Over) -> List[Union[str, int]]:
     if isinstance(over, str) or isinstance(over, int):
-        raise PatchError(f"patch_sweep: over= must be 'modules' or a list of layer keys, not {over!r}.")
+        raise PatchError(f"patch_sweep: over= must be 'modules', 'heads' or a list of layer keys, not {over!r}.")
     if not isinstance(over, Sequence) or not over:
         raise PatchError(f"patch_sweep: over= must be 'modules' or a non-empty list of layer keys; got {over!r}.")
     return list(over)

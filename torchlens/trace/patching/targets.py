@@ -4,6 +4,7 @@ patched, and its counterpart found in the source.
 * A module address (``'transformer.h.3'``, ``'rnn_cell:5'`` for its fifth pass) names the
   module's output in both runs: for runs of different lengths that is the same module at the
   same step. A module that returns several tensors is patched at its first one (``':1.0'``).
+* ``'<module address>@input'``: the tensor entering that module call, in both runs (``sites.py``).
 * A layer label (``'add_12_204'``): the source's layer with that label when both runs have
   the same structure; otherwise the layer the compare feature matches to it (by module, layer
   type and place, ``answers/matching.py``).
@@ -26,6 +27,7 @@ from ..history.model_history import ModelHistory
 from ..layer_request import entries_for_key
 from ..records.tensor_log import TensorLogEntry
 from .select import PatchError
+from .sites import is_input_key, module_input
 
 
 @dataclass
@@ -43,6 +45,9 @@ def resolve(history: ModelHistory, source: ModelHistory, keys: List[Any]) -> Lis
     matching: Optional[Matching] = None
     seen: Dict[str, Any] = {}
     for key in keys:
+        if is_input_key(key):
+            targets.append(_input_target(history, source, key, seen))
+            continue
         module_key = _module_key(history, key)
         entries = _entries(history, module_key if module_key is not None else key, "the run patched", key)
         for e in entries:
@@ -68,6 +73,17 @@ def resolve(history: ModelHistory, source: ModelHistory, keys: List[Any]) -> Lis
     if not targets:
         raise PatchError("patch: at= names no layer; give labels or module addresses, e.g. at=['transformer.h.3'].")
     return targets
+
+
+def _input_target(history: ModelHistory, source: ModelHistory, key: str, seen: Dict[str, Any]) -> Target:
+    e = module_input(history, key, "the run patched")
+    if e.label in seen:
+        raise PatchError(f"patch: {e.label} is named twice in at= (by {seen[e.label]!r} and {key!r}).")
+    seen[e.label] = key
+    counterpart = module_input(source, key, "the source run")
+    if not isinstance(counterpart.activation, torch.Tensor):
+        raise PatchError(f"patch: the source has no saved activation for {counterpart.label} (at={key!r}).")
+    return Target(key, e, counterpart)
 
 
 def _module_key(history: ModelHistory, key: Any) -> Optional[str]:

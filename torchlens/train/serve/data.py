@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -162,6 +163,23 @@ class Catalog:
         self, run_id: Optional[str], call_id: str, kind: str, name: str, since: Optional[int] = None
     ) -> dict:
         return {"call": call_id, **_series_dict(kind, name, self.run(run_id).series(call_id, kind, name, since=since))}
+
+    def health_json(self, run_id: Optional[str]) -> dict:
+        """``run.health()``'s findings and the run's status line (the Health panel, health.js)."""
+        from ..health import findings, status_line
+
+        rows = findings(self.run(run_id))
+        clean = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()} for r in rows]
+        return {"findings": clean, "status": status_line(rows)}
+
+    def report_page(self, run_id: Optional[str], name: str) -> str:
+        """The path of an operation-level page the NaN sentinel saved in the run (no other file)."""
+        if not re.fullmatch(r"nonfinite_step\d+\.html", name or ""):
+            raise NotFound(f"no report page {name!r}: only nonfinite_step<N>.html pages are served")
+        path = os.path.join(self.run(run_id).run_dir, name)
+        if not os.path.isfile(path):
+            raise NotFound(f"this run has no {name}")
+        return path
 
 
 def _series_dict(kind: str, name: str, s: Any) -> dict:

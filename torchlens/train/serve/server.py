@@ -20,6 +20,8 @@ JSON routes (``run`` is a run id from ``/api/runs``; optional when there is one 
 - ``GET /api/call_series?run=ID&call=CALL[&since=STEP]``: every histogram series of a call,
   only columns ending at or after ``since``.
 - ``GET /api/series?run=ID&call=CALL&kind=KIND&name=NAME[&since=STEP]``: one series.
+- ``GET /api/health?run=ID``: ``run.health()``'s findings and a status line; ``GET
+  /run-file?run=ID&name=nonfinite_stepN.html``: the NaN sentinel's page (no other file).
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ def _routes(catalog: Catalog) -> Dict[str, Callable[[Dict[str, str]], Any]]:
         "/api/poll": lambda q: catalog.poll_json(q.get("run"), _int(q, "since") if "since" in q else -1),
         "/api/layout": lambda q: catalog.layout_json(q.get("run"), _need(q, "call")),
         "/api/call_series": lambda q: catalog.call_series_json(q.get("run"), _need(q, "call"), _int(q, "since")),
+        "/api/health": lambda q: catalog.health_json(q.get("run")),
         "/api/series": lambda q: catalog.series_json(
             q.get("run"), _need(q, "call"), _need(q, "kind"), _need(q, "name"), since=_int(q, "since")
         ),
@@ -253,6 +256,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._file(self.assets["index.html"])
             if path.startswith("/assets/") and path[len("/assets/") :] in self.assets:
                 return self._file(self.assets[path[len("/assets/") :]])
+            if path == "/run-file":  # the NaN sentinel's operation-level page (health.js links it)
+                return self._file(self.catalog.report_page(query.get("run"), query.get("name", "")))
             route = self.routes.get(path)
             if route is None:
                 return self._json({"error": "not found"}, 404)

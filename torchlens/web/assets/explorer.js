@@ -230,6 +230,7 @@
       attachNodeEvents(g, n);
     }
     markPinned();
+    document.dispatchEvent(new CustomEvent("torchlens:graph"));  // health.js badges the nodes
   }
 
   function fitGraph(layout) {
@@ -593,6 +594,7 @@
   }
 
   window.addEventListener("resize", () => { for (const cid of state.panels) renderPanel(cid); });
+  window.TorchlensExplorer = { state, api, showCall, pin, reveal };  // for health.js
   setupZoomAndPan();
   start();
 })();
