@@ -106,7 +106,7 @@ class Sentinel:
             self.probe.end_step()
 
     def forward_ended(self, output: Any) -> None:
-        if self.quiet or self.step is None:
+        if self.quiet or self.step is None or not self.watch._training():  # evaluation is not checked
             return
         for i, (_, t) in enumerate(output_tensors(output)):
             if not _floating(t):

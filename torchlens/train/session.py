@@ -201,8 +201,7 @@ class Watch:
         self._depth += 1
         if self._depth > 1 or not self._training():
             return None  # the model calling itself is part of the running pass; evaluation logs nothing
-        if self._sentinel is not None:
-            self._sentinel.forward_started(args, kwargs)
+        self._sentinel.forward_started(args, kwargs)
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
             if self._logging and not self._graph_done:
                 self._trace_graph(args, kwargs)
@@ -223,8 +222,7 @@ class Watch:
         self._step, self._next_step = step, step + 1
         self._backward_seen = self._end_queued = False
         self._logging = step % self.log_freq == 0
-        if self._sentinel is not None:
-            self._sentinel.step_started(step)
+        self._sentinel.step_started(step)
         if self._logging:
             if not self._graph_done and call is not None:
                 self._trace_graph(*call)
@@ -260,8 +258,7 @@ class Watch:
                 self.recorder.end_forward()
         if self._step is not None and (self._logging or self.delay) and self._training():
             self._mark_backward(output)
-        if self._sentinel is not None and self._step is not None and self._training():
-            self._sentinel.forward_ended(output)
+        self._sentinel.forward_ended(output)
 
     def _mark_backward(self, output: Any) -> None:
         """Hooks on the model's outputs, where a backward pass enters the model: they tell a
@@ -353,8 +350,7 @@ class Watch:
         self._remove_markers()
         if self._updates is not None:
             self._updates.remove()
-        if self._sentinel is not None:
-            self._sentinel.close()
+        self._sentinel.close()
         self._depth = 0
         self.recorder.end_forward()
         self.recorder.end_step()
