@@ -239,6 +239,23 @@ def test_multihead_attention_fast_path_is_decomposed_and_torch_restored(training
     torch.testing.assert_close(history.attention().sum(-1), torch.ones(2, 4, 6))
 
 
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x)[0]  # need_weights=True: it computes the weights itself, no sdpa call
+
+
+def test_multihead_attention_computing_its_own_weights_is_named_in_the_error():
+    history = tl.log_forward_pass(SelfAttention(), torch.randn(2, 6, 16), decompose=("sdpa",))
+    softmax = [e.label for e in history if e.layer_type == "softmax"]
+    assert len(softmax) == 1
+    with pytest.raises(tl.AttentionNotFoundError, match=rf"with a softmax \({softmax[0]}\).*need_weights=False"):
+        history.attention("mha")
+
+
 def test_the_fast_path_switch_is_restored_when_the_model_raises():
     class Fails(nn.Module):
         def forward(self, q):

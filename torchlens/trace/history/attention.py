@@ -38,17 +38,23 @@ def attention_entries(history: Any, module: Optional[str] = None) -> List[Tensor
     found = [e for e in history.layer_list if e.layer_type == ATTENTION_TYPE and (address, call) in e.module_stack]
     if found:
         return found
-    fused = [
-        e.label
-        for e in history.layer_list
-        if e.func_name == "scaled_dot_product_attention" and (address, call) in e.module_stack
-    ]
+    inside = [e for e in history.layer_list if (address, call) in e.module_stack]
+    fused = [e.label for e in inside if e.func_name == "scaled_dot_product_attention"]
+    softmax = [e.label for e in inside if e.layer_type == "softmax"]
     if fused:
         why = f"its attention ran as one fused op ({', '.join(fused)}): {_HOW}"
+    elif softmax:  # eager attention, or nn.MultiheadAttention with need_weights=True: its own softmax
+        why = (
+            f"it computes its attention weights itself, with a softmax ({', '.join(softmax)}): read them with "
+            f"history[{softmax[0]!r}].activation (nn.MultiheadAttention decomposes with need_weights=False)"
+        )
     elif any(e.layer_type == ATTENTION_TYPE for e in history.layer_list):
         why = "no decomposed attention ran inside it (other modules have some: pass the attention module's address)"
     else:
-        why = f"this pass has no decomposed attention anywhere: {_HOW} (and save the layers: layers_to_save='all')"
+        why = (
+            "no attention probabilities were recorded in this pass: for models whose attention calls "
+            f"F.scaled_dot_product_attention, {_HOW} (layers left out by layers_to_save are not kept)"
+        )
     raise AttentionNotFoundError(f"No attention probabilities for module {module!r}: {why}.")
 
 
