@@ -187,6 +187,26 @@ def test_a_step_that_runs_other_modules_is_not_given_a_reused_structure():
     assert "forward" not in vars(model)
 
 
+def test_encoder_decoder_and_beam_search():
+    """T5: the decoder's first call fills the cross-attention cache, the later ones reuse it, so
+    they are two structures (told apart by the cache being empty); beam search: one pass per step."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, decoder_start_token_id=0, pad_token_id=0
+    )
+    t5 = transformers.T5ForConditionalGeneration(config).eval()
+    options = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    gen = tl.log_generate(t5, PROMPT, layers_to_save=["lm_head"], **options)
+    assert torch.equal(gen.tokens, t5.generate(PROMPT, **options))
+    assert gen.prompt_length == 1 and gen.new_tokens.shape == (1, 4)  # after the decoder start token
+    assert gen.layer("lm_head").shape == (4, 1, 1, 50)
+    model = _gpt2()
+    beams = dict(max_new_tokens=4, min_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=0)
+    gen = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **beams)
+    assert torch.equal(gen.tokens, model.generate(PROMPT, **beams))
+    assert gen[1]["lm_head"].activation.shape[0] == 2  # one row per beam
+
+
 # ----- save_to, save and load ---------------------------------------------------------------------
 def test_save_to_streams_each_step_and_loads_back(tmp_path):
     model = _gpt2()

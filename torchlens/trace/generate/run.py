@@ -50,7 +50,16 @@ def _step_key(args: tuple, kwargs: dict) -> Tuple[Any, ...]:
         (name, tuple(kwargs[name].shape)) for name in _SHAPED_INPUTS if isinstance(kwargs.get(name), torch.Tensor)
     )
     positional = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
-    return named, shapes, positional
+    # a cache's first use fills it (an encoder-decoder's cross-attention keys are computed once)
+    empty = tuple(name for name, v in kwargs.items() if callable(getattr(v, "get_seq_length", None)) and _empty(v))
+    return named, shapes, positional, empty
+
+
+def _empty(cache: Any) -> bool:
+    try:
+        return int(cache.get_seq_length()) == 0
+    except Exception:  # a cache type that cannot say: the key does without
+        return False
 
 
 def _describe(entry: Any, tensor: torch.Tensor) -> None:
@@ -408,7 +417,8 @@ def log_generate(
         model_name=type(model).__name__,
         tokens=tokens,
         steps=steps.steps,
-        prompt_length=input_ids.shape[-1],
+        # what precedes the new tokens: the prompt, or an encoder-decoder's decoder start token
+        prompt_length=max(tokens.shape[-1] - len(steps.steps), 0),
         random_seed=seed,
         output=output,
         elapsed=perf_counter() - start,
