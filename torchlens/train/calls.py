@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..trace.observe import PassObserver, PassRecords, observe_pass, tensors_in, tensors_in_call
+from .compiled import named_modules
 
 
 @dataclass
@@ -165,7 +166,7 @@ class _CallRecorder(PassObserver):
 
     def __init__(self, model: nn.Module) -> None:
         self.records: Optional[PassRecords] = None
-        self.addresses = {id(m): a for a, m in model.named_modules()}
+        self.addresses = {id(m): a for a, m in named_modules(model)}  # compile wrappers left out
         self.calls: Dict[str, Call] = {}
         self.order: List[str] = []
         self.entries_in: Dict[str, List[Tuple[str, Any]]] = {}

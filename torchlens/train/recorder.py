@@ -33,6 +33,7 @@ from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
 from ..web.stats import combine_summaries, exact_summary
 from .calls import Call, _dotted, call_id, module_info, output_tensors
+from .compiled import named_modules
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
@@ -127,7 +128,7 @@ class StepRecorder:
     ) -> None:
         self.model = model
         self.input_grads = input_grads
-        self.addresses = {id(m): a for a, m in model.named_modules()}
+        self.addresses = {id(m): a for a, m in named_modules(model)}  # compile wrappers left out
         self.kinds = kinds
         self.sampler = sampler
         self.ignore_io_grad = ignore_io_grad_classes
@@ -146,6 +147,7 @@ class StepRecorder:
         self.split: List[_Alias] = []  # aliases whose gradient comes in parts (changed in place)
         self.touched: Dict[int, Tuple[torch.Tensor, List[Tuple[str, str]]]] = {}  # got .grad this backward
         self.nested_model_calls = 0  # the model calling itself (with include_model)
+        self.hidden: Set[int] = set()  # ids of modules never hooked (inside a fullgraph compile)
         self._module_hooks: list = []
         self._param_hooks: list = []
         self._tensor_hooks: list = []
@@ -162,7 +164,7 @@ class StepRecorder:
         self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
-        for address, module in self.model.named_modules():
+        for address, module in named_modules(self.model):
             for name, p in module._parameters.items():
                 if p is not None and p.requires_grad and not _is_lazy(p):
                     owners.setdefault(id(p), []).append((address, name))
@@ -175,7 +177,7 @@ class StepRecorder:
         the watch, unless ``include_model``)."""
         self.counts, self.stack, self.frames, self.nested_model_calls = {}, [], [], 0
         for module in self.model.modules():
-            if module is self.model and not include_model:
+            if (module is self.model and not include_model) or id(module) in self.hidden:
                 continue
             self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
             self._module_hooks.append(

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..web.stats import NUM_BINS
 from .calls import trace_calls
+from .compiled import CompileSwitch, unwrap
 from .recorder import ModelHook, StepRecorder
 from .sampling import Sampler
 from .sentinel import Sentinel, check_mode
@@ -88,7 +89,11 @@ class Watch:
         self._markers: list = []  # gradient hooks on the model's outputs
         self._steps = StepWriter(self)
         sampler = Sampler(sample_n, seed=random.SystemRandom().randrange(2**31))
-        self.recorder = StepRecorder(model, self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads)
+        self.recorder = StepRecorder(
+            unwrap(model), self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads
+        )
+        self._compile = CompileSwitch(model, self.recorder)  # keeps hooks out of compiled code
+        self._compile.next_logged = lambda: not manual_steps and self._next_step % self.log_freq == 0
         self.recorder.gate = lambda: self._tracing is None and self._training()
         self.recorder.on_gradient = self._gradient_arrived
         self._updates = None
@@ -139,6 +144,9 @@ class Watch:
         _WATCHES[id(model)] = self
         for m in model.modules():
             _MODULE_OWNERS[id(m)] = self
+        self._compile.watch_compile()  # model.compile() from now on is seen
+        self._compile.prepare_escape()
+        self._compile.after_forward()  # compiled in place already: step 0 runs eagerly
         atexit.register(self.close)
         if verbose:
             where = f"; explorer at {self.url}" if self.url else ""
@@ -196,6 +204,8 @@ class Watch:
 
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        if torch.compiler.is_compiling():  # the model compiled in place: compiled.py
+            return self._compile.inside_graph(self._root_pre, module, args, kwargs)
         if self._tracing is not None:
             return None  # the metadata pass
         self._depth += 1
@@ -209,9 +219,12 @@ class Watch:
         if not (self.delay and self._step is not None and not self._backward_seen):
             self._start_step(self._next_step, (args, kwargs))
         if self._logging:
+            self._compile.set_logging(True)
             self.recorder.begin_forward()
             self._forward_active = True
-            return self.recorder.pre(module, args, kwargs)  # the call's aliases of its inputs
+            replaced = self.recorder.pre(self.recorder.model, args, kwargs)  # the call's aliases of its inputs
+            self._compile.record_hidden(self.recorder)
+            return replaced
         return None
 
     def _training(self) -> bool:
@@ -221,7 +234,7 @@ class Watch:
         self._finish_step()
         self._step, self._next_step = step, step + 1
         self._backward_seen = self._end_queued = False
-        self._logging = step % self.log_freq == 0
+        self._logging = step % self.log_freq == 0 and self._compile.ready()
         self._sentinel.step_started(step)
         if self._logging:
             if not self._graph_done and call is not None:
@@ -241,19 +254,24 @@ class Watch:
         if step != self._step:
             self._start_step(int(step))
         self.recorder.end_forward()
+        self._compile.set_logging(self._logging)
         if self._logging:
             self.recorder.begin_forward(include_model=True)
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return self._compile.inside_graph(self._root_post, module, args, kwargs, output)
         if self._tracing is not None:
             return
         self._depth = max(self._depth - 1, 0)
         if self._depth > 0:
             return
+        if not self.manual_steps:
+            self._compile.after_forward()
         if self._forward_active:
             self._forward_active = False
             try:
-                self.recorder.post(module, args, kwargs, output)
+                self.recorder.post(self.recorder.model, args, kwargs, output)
             finally:
                 self.recorder.end_forward()
         if self._step is not None and (self._logging or self.delay) and self._training():
@@ -307,7 +325,8 @@ class Watch:
         self._graph_done = True
         calls = None
         try:
-            calls = trace_calls(self.model, args, kwargs, on_attach=self._set_tracing)
+            with self._compile.eager_pass():  # Dynamo must not compile the traced pass
+                calls = trace_calls(self.recorder.model, args, kwargs, on_attach=self._set_tracing)
         except Exception as error:  # the histograms do not depend on the graph: keep training
             warnings.warn(
                 f"torchlens.train: tracing the module graph of {type(self.model).__name__} failed "
@@ -351,6 +370,8 @@ class Watch:
         if self._updates is not None:
             self._updates.remove()
         self._sentinel.close()
+        self._compile.close()
+        self._compile.unwatch_compile()
         self._depth = 0
         self.recorder.end_forward()
         self.recorder.end_step()
