@@ -270,13 +270,17 @@ def test_the_fast_path_switch_is_restored_when_the_model_raises():
     assert all(all(after[k][n] is f for n, f in v.items()) for k, v in before.items())
 
 
-def test_an_explicit_mask_with_is_causal_raises_torchs_own_error():
-    q, k, v = _qkv(torch.float32)
-    model = Attention(is_causal=True)
+@pytest.mark.parametrize("case", ["mask and is_causal", "heads without enable_gqa", "heads that do not divide"])
+def test_calls_torch_refuses_raise_torchs_own_error(case):
+    q, k, v = _qkv(torch.float32, kv_heads=4 if case == "mask and is_causal" else 3)
+    if case == "mask and is_causal":
+        model, args = Attention(is_causal=True), (q, k, v, _padding())
+    else:
+        model, args = Attention(enable_gqa=case == "heads that do not divide"), (q, k, v)
     with pytest.raises(RuntimeError) as plain:
-        model(q, k, v, _padding())
+        model(*args)
     with pytest.raises(RuntimeError) as traced:
-        _decomposed(model, (q, k, v, _padding()))
+        _decomposed(model, args)
     assert str(plain.value).splitlines()[0] == str(traced.value).splitlines()[0]
 
 

@@ -88,9 +88,21 @@ def choose_sdpa(original: Callable, args: tuple, kwargs: dict) -> Callable:
     plain = all(
         t is None or (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested) for t in tensors
     )
-    if not plain or tensors[0] is None or (call.get("is_causal") and call.get("attn_mask") is not None):
+    if not plain or any(t is None for t in tensors[:3]) or (call.get("is_causal") and tensors[3] is not None):
+        return original
+    query, key, value = tensors[:3]
+    if min(query.dim(), key.dim(), value.dim()) >= 3 and not _heads_fit(
+        query.size(-3), key.size(-3), value.size(-3), bool(call.get("enable_gqa"))
+    ):
         return original
     return sdpa_math
+
+
+def _heads_fit(query_heads: int, key_heads: int, value_heads: int, gqa: bool) -> bool:
+    """Whether torch accepts these head counts (else it raises, and its message is the one to see)."""
+    if key_heads == query_heads and value_heads == query_heads:
+        return True
+    return gqa and key_heads == value_heads and key_heads > 0 and query_heads % key_heads == 0
 
 
 def sdpa_math(
