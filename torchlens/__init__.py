@@ -81,8 +81,8 @@ if TYPE_CHECKING:
         memory_report,
     )
     from .trace.capture.decompose import DecomposeError
-    from .trace.history.attention import AttentionNotFoundError
     from .trace.generate import GenerateHistory, log_generate
+    from .trace.history.attention import AttentionNotFoundError
     from .trace.patching import PatchError, PatchGrid, PatchResult, patch, patch_sweep
     from .trace.render import GraphvizNotFoundError, render_graph
     from .trace.rerun import RerunError
