@@ -260,12 +260,12 @@ class CompileSwitch:
         self.eager = on
 
     # ----- the watched model compiled in place --------------------------------------------
-    def inside_graph(self, hook: Callable, *args: Any) -> Any:
+    def inside_graph(self, hook: Callable, args: tuple) -> Any:
         """A root hook reached while Dynamo traces the watched model: run it across a graph break
         (Dynamo calls a disabled function as plain Python), or not at all in a fullgraph."""
         if self._escape is None or self.fullgraph:
             return None
-        return self._escape(hook, *args)
+        return self._escape(hook, args)
 
     def prepare_escape(self) -> None:
         if self._escape is None and "torch._dynamo" in sys.modules:
@@ -293,7 +293,7 @@ class CompileSwitch:
             vars(self.inner).pop("compile", None)
 
 
-def _call(hook: Callable, *args: Any) -> Any:
+def _call(hook: Callable, args: tuple) -> Any:
     return hook(*args)
 
 

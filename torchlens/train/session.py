@@ -205,7 +205,7 @@ class Watch:
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         if torch.compiler.is_compiling():  # the model compiled in place: compiled.py
-            return self._compile.inside_graph(self._root_pre, module, args, kwargs)
+            return self._compile.inside_graph(self._root_pre, (module, args, kwargs))
         if self._tracing is not None:
             return None  # the metadata pass
         self._depth += 1
@@ -260,7 +260,7 @@ class Watch:
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if torch.compiler.is_compiling():
-            return self._compile.inside_graph(self._root_post, module, args, kwargs, output)
+            return self._compile.inside_graph(self._root_post, (module, args, kwargs, output))
         if self._tracing is not None:
             return
         self._depth = max(self._depth - 1, 0)
