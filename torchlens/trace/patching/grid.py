@@ -53,7 +53,7 @@ class PatchGrid:
                 "patch_sweep: no clean metric to normalise by (the source's output does not line up with this run's, "
                 "or both metrics are equal); use effect() instead."
             )
-        return (self.values - self.corrupt) / (self.clean - self.corrupt)
+        return (self.values - self.corrupt) / (self.clean - self.corrupt) + 0.0  # + 0.0: no -0.0 in tables
 
     def sel(self, **where: Any) -> Any:
         """The value(s) at the named coordinates, e.g. ``grid.sel(layer='transformer.h.3', position=5)``."""
