@@ -187,9 +187,14 @@ class Watch:
 
         return notebook_html(self.run_dir)
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        from .notebook import mimebundle  # live where anywidget is installed, else the snapshot
+
+        return mimebundle(self)
+
     def show(self, height: int = 640) -> Any:
-        """Show the explorer inline in Jupyter, ``height`` pixels tall: a snapshot of the steps
-        written so far (``torchlens.train.serve.export.notebook_html``; run it again for newer ones).
+        """Show the explorer inline in Jupyter, ``height`` pixels tall: live while the watch is open
+        (``torchlens.train.notebook``), else a snapshot of the steps written so far (``notebook_html``).
 
         Example:
             >>> import tempfile, torch, torchlens as tl
@@ -198,9 +203,9 @@ class Watch:
             ...     model(torch.ones(1, 2)).sum().backward()
             >>> w.show(height=500)  # doctest: +SKIP
         """
-        from .serve.export import show_inline
+        from .notebook import show
 
-        return show_inline(self.run_dir, height)
+        return show(self, height)
 
     # ----- the model's hooks ----------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:

@@ -7,7 +7,9 @@
   "use strict";
 
   const EXPORTED = window.TORCHLENS_EXPORT || null;
-  const POLL_MS = 2000;
+  // a notebook's live view: the kernel pushes new steps into EXPORTED (live.js); polled locally
+  const LIVE = Boolean(EXPORTED && EXPORTED.live);
+  const POLL_MS = LIVE ? 400 : 2000;
   const KIND_ORDER = ["io", "io_grad", "params", "params_grad"];
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#e6550d", "#bcbd22"];
   const $ = (role) => document.querySelector(`[data-role="${role}"]`);
@@ -48,13 +50,17 @@
       const entry = EXPORTED.runs.find((r) => r.id === state.runId);
       throw new Error(entry && entry.error ? entry.error : `no run ${state.runId} in this file`);
     }
-    if (route === "run") return data.summary;
-    if (route === "poll") return { steps: [], stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length };
+    // copies: the page extends what it is given, and a live view's data keeps changing under it
+    if (route === "run") return structuredClone(data.summary);
+    if (route === "poll") {
+      const steps = data.summary.steps.filter((st) => st > (params.since ?? -1));
+      return { steps, stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length };
+    }
     if (route === "layout") {
       if (!(params.call in data.layouts)) throw new Error(`no layout for ${params.call}`);
       return data.layouts[params.call];
     }
-    if (route === "call_series") return data.call_series[params.call] || { call: params.call, series: [] };
+    if (route === "call_series") return structuredClone(data.call_series[params.call] || { call: params.call, series: [] });
     throw new Error(`unknown route ${route}`);
   }
 
@@ -147,7 +153,7 @@
     for (const cid of pinned) await pin(cid);
     renderEmptyHint();
     saveState();
-    if (!EXPORTED && !state.polling) { state.polling = true; setTimeout(poll, POLL_MS); }
+    if ((!EXPORTED || LIVE) && !state.polling) { state.polling = true; setTimeout(poll, POLL_MS); }
   }
 
   function updateStatus() {
@@ -577,19 +583,7 @@
       for (const s of Object.values(known)) if (s.steps.length) since = Math.max(since === null ? -Infinity : since, s.last_steps[s.last_steps.length - 1]);
     }
     const answer = await api("call_series", since === null ? { call: cid } : { call: cid, since });
-    const merged = restart ? {} : known;
-    for (const fresh of answer.series) {
-      const key = seriesKey(fresh);
-      const old = merged[key];
-      if (!old) { merged[key] = fresh; continue; }
-      // columns that began before the update are kept; a column that was still filling is replaced
-      const keep = old.steps.filter((st) => !fresh.steps.includes(st)).length;
-      for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite", ...window.TorchlensStrips.EXACT_FIELDS]) {
-        old[field] = old[field].slice(0, keep).concat(fresh[field]);
-      }
-      old.reason = fresh.reason;
-    }
-    state.series[cid] = merged;
+    state.series[cid] = window.TorchlensStrips.merge(restart ? {} : known, answer.series);
     renderPanel(cid);
   }
 

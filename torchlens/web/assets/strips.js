@@ -210,5 +210,21 @@
     return ticks;
   }
 
-  window.TorchlensStrips = { MARGIN, EXACT_FIELDS, draw, drawLine, stepTicks };
+  // new columns of a panel's series ({kind/name: series}) into what the page has: columns that
+  // began before the update are kept; a column that was still filling is replaced by its newer self
+  function merge(known, freshList) {
+    for (const fresh of freshList) {
+      const key = `${fresh.kind}/${fresh.name}`;
+      const old = known[key];
+      if (!old) { known[key] = fresh; continue; }
+      const keep = old.steps.filter((st) => !fresh.steps.includes(st)).length;
+      for (const field of ["steps", "last_steps", "lo", "hi", "counts", "nonfinite", ...EXACT_FIELDS]) {
+        old[field] = old[field].slice(0, keep).concat(fresh[field]);
+      }
+      old.reason = fresh.reason;
+    }
+    return known;
+  }
+
+  window.TorchlensStrips = { MARGIN, EXACT_FIELDS, draw, drawLine, stepTicks, merge };
 })();
