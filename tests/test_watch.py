@@ -391,7 +391,7 @@ def test_no_gradient_hook_outlives_its_step(tmp_path):
 
 def test_two_backward_passes_through_one_forward_are_one_step(tmp_path):
     """Two losses through one forward (retain_graph=True): the step has both passes' input and
-    output gradients, and params_grad is .grad after both; it is written when the next starts."""
+    output gradients, and params_grad is .grad after both; it is written when each backward ends."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0)
@@ -399,10 +399,11 @@ def test_two_backward_passes_through_one_forward_are_one_step(tmp_path):
     out.sum().backward(retain_graph=True)
     out.pow(2).sum().backward()
     grad = model.weight.grad.clone()
-    assert w.steps_logged == 0  # another backward could still come
+    assert w.steps_logged == 1  # written when the first backward ended, rewritten by the second
+    assert tl.open_run(w.run_dir).series("", "params_grad", "weight").max[0] == pytest.approx(grad.max().item())
     model.zero_grad()
     model(torch.randn(4, 3)).sum().backward()
-    assert w.steps_logged == 1
+    assert w.steps_logged == 2
     w.close()
     run = tl.open_run(w.run_dir)
     s = run.series("", "params_grad", "weight")
@@ -433,7 +434,7 @@ def test_manual_steps_overlay_micro_batches_and_keep_the_accumulated_grad(tmp_pa
         for _ in range(2):  # gradient accumulation: two backward passes, one optimizer step
             w.begin_step(step)
             model(torch.randn(4, 3)).pow(2).sum().backward()
-            assert w.steps_logged == step  # a manual step is written when the next one begins
+            assert w.steps_logged == step + 1  # written (again) when each backward ends
         accumulated.append(model.weight.grad.clone())
     w.close()
     run = tl.open_run(w.run_dir)

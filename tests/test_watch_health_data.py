@@ -4,6 +4,7 @@ the sample), the summary line under each strip, old runs still readable."""
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -191,3 +192,114 @@ def test_the_page_marks_values_beyond_the_histogram_and_draws_the_line(browser, 
         assert errors == []
     finally:
         context.close()
+
+
+# ----- the optimizer's updates ------------------------------------------------------------------
+FIVE = ("io", "io_grad", "params", "params_grad", "updates")
+
+
+def test_updates_of_plain_sgd_are_minus_lr_times_grad_bitwise(tmp_path):
+    from torchlens.web.stats import histograms
+
+    model = nn.Linear(4, 3, bias=False)
+    with torch.no_grad():  # small integers and lr = 1/2: every step of SGD is exact in float32
+        model.weight.copy_(torch.arange(12.0).reshape(3, 4) - 6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.tensor([[1.0, -2.0, 3.0, 0.0], [2.0, 1.0, -1.0, 4.0]])
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        opt.zero_grad()
+        model(x).sum().backward()
+        expected = -0.5 * model.weight.grad.clone()
+        before = model.weight.detach().clone()
+        opt.step()
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    assert torch.equal(model.weight.detach() - before, expected)
+    h = histograms([expected.flatten()], reject_proportion=0.0)
+    assert np.array_equal(s.counts[0], h.counts[0]) and s.min[0] == h.lo[0] and s.max[0] == h.hi[0]
+    assert s.true_min[0] == expected.min().item() and s.true_max[0] == expected.max().item()
+    assert s.mean[0] == expected.double().mean().item() and s.count[0] == 12
+    assert s.line[0] == pytest.approx((expected.norm() / before.norm()).item(), rel=1e-6)
+    assert s.line_label.startswith("update ratio")
+
+
+def test_updates_are_after_minus_before_and_training_stays_bitwise_the_same(tmp_path):
+    def run(watched):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        changes = []
+        w = quiet_watch(model, tmp_path / str(watched), log=FIVE, log_freq=2) if watched else None
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+            before = model[2].weight.detach().clone()
+            opt.step()
+            changes.append(model[2].weight.detach() - before)
+        if w is not None:
+            w.close()
+        return model, changes, w
+
+    plain, _, _ = run(False)
+    watched, changes, w = run(True)
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    s = tl.open_run(w.run_dir).series("2:1", "updates", "weight")
+    assert s.steps.tolist() == [0, 2, 4]
+    for i, step in enumerate([0, 2, 4]):
+        assert s.true_min[i] == changes[step].min().item() and s.true_max[i] == changes[step].max().item()
+
+
+def test_updates_come_only_from_the_optimizer_passed(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    with quiet_watch(model, tmp_path, log=("updates",), optimizer=first) as w:
+        model(torch.randn(2, 3)).sum().backward()
+        first.step()
+        second.step()
+    names = {(c, n) for c, k, n in tl.open_run(w.run_dir).series_names() if k == "updates"}
+    assert names == {("0:1", "weight"), ("0:1", "bias")}
+
+
+def test_manual_steps_get_updates_of_their_optimizer_step(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with quiet_watch(model, tmp_path, log=("params_grad", "updates"), manual_steps=True) as w:
+        for step in range(2):
+            w.begin_step(step)
+            for _ in range(2):  # two micro-batches, one optimizer step
+                model(torch.randn(2, 3)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            opt.zero_grad()
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    assert s.steps.tolist() == [0, 1]
+    assert s.true_max[1] == (model.weight.detach() - before).max().item()
+
+
+# ----- live -------------------------------------------------------------------------------------
+def test_a_step_is_readable_within_a_second_of_its_backward_and_a_second_backward_updates_it(tmp_path):
+    from torchlens.train.serve.data import Catalog
+
+    torch.manual_seed(0)
+    model = nn.Linear(5, 4)
+    w = quiet_watch(model, tmp_path, log=("params_grad",))
+    try:
+        out = model(torch.randn(3, 5))
+        out.sum().backward(retain_graph=True)
+        ended = time.monotonic()
+        run = tl.open_run(w.run_dir)
+        while 0 not in run.steps.tolist() and time.monotonic() - ended < 1.0:
+            time.sleep(0.02)
+        assert run.steps.tolist() == [0]  # no next step has started
+        first = run.series("", "params_grad", "weight").true_max[0]
+        assert first == model.weight.grad.max().item()
+        assert Catalog(w.run_dir).poll_json(None, -1)["steps"] == [0]  # the page sees it too
+        (3 * out).sum().backward()  # a second backward in the same step: .grad accumulates
+        s = run.series("", "params_grad", "weight")
+        assert s.steps.tolist() == [0] and s.true_max[0] == model.weight.grad.max().item() != first
+    finally:
+        w.close()
+    assert tl.open_run(w.run_dir).series("", "params_grad", "weight").true_max[0] == model.weight.grad.max().item()
