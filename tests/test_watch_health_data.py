@@ -303,3 +303,31 @@ def test_a_step_is_readable_within_a_second_of_its_backward_and_a_second_backwar
     finally:
         w.close()
     assert tl.open_run(w.run_dir).series("", "params_grad", "weight").true_max[0] == model.weight.grad.max().item()
+
+
+# ----- two runs ---------------------------------------------------------------------------------
+def test_compare_finds_the_first_step_where_two_runs_differ_and_not_sampling_noise(tmp_path):
+    def train(folder, jump_at=None, extra=False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        if extra:
+            model.append(nn.Identity())
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with quiet_watch(model, tmp_path / folder, log=("io", "params")) as w:
+            for step in range(6):
+                if step == jump_at:
+                    with torch.no_grad():
+                        model[0].weight.mul_(8.0)  # the first layer's weights blow up here
+                opt.zero_grad()
+                model(torch.randn(32, 8)).pow(2).mean().backward()
+                opt.step()
+        return tl.open_run(w.run_dir)
+
+    a, same, jumped, longer = train("a"), train("same"), train("jumped", jump_at=3), train("longer", extra=True)
+    assert all(c.first_step is None and c.steps_compared == 6 for c in a.compare(same))  # only the samples differ
+    found = {(c.call_id, c.kind, c.name): c for c in a.compare(jumped)}
+    assert found[("0:1", "params", "weight")].first_step == 3
+    assert found[("0:1", "io", "output 0")].first_step == 3
+    assert found[("0:1", "io", "input 0")].first_step is None  # the data did not change
+    only = [(c.call_id, c.only_in) for c in a.compare(longer) if c.only_in]
+    assert only and all(o == ("3:1", "b") for o in only)

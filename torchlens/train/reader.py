@@ -270,6 +270,27 @@ class Run:
 
         return health(self)
 
+    def compare(self, other: "Run", tolerance: float = 0.1) -> list:
+        """Per series, the first logged step where this run's distribution and ``other``'s
+        differ: a list of ``SeriesComparison`` (``torchlens.train.compare``, where the distance
+        and the tolerance are described); series only one run has say which.
+
+        Example:
+            >>> import tempfile, torch, torchlens as tl
+            >>> runs = []
+            >>> for scale in (1.0, 10.0):
+            ...     model, folder = torch.nn.Linear(3, 2), tempfile.mkdtemp()
+            ...     with tl.watch(model, run_dir=folder, backend=(), verbose=False, log=("io",)):
+            ...         for step in range(3):
+            ...             _ = model(torch.rand(50, 3) * (scale if step == 2 else 1.0))
+            ...     runs.append(tl.open_run(folder))
+            >>> [(c.name, c.first_step) for c in runs[0].compare(runs[1]) if c.name == "input 0"]
+            [('input 0', 2)]
+        """
+        from .compare import compare_runs
+
+        return compare_runs(self, other, tolerance=tolerance)
+
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
         names = self.series_names()
         calls = sorted({c for c, _, _ in names})
