@@ -1,0 +1,90 @@
+"""tl.watch under torch.distributed: the ranks' series add up to the global batch's
+(torchlens/train/distributed.py). Two gloo ranks on loopback, started by the test, each bounded
+in time (a short process-group timeout: a bug shows as an error, not a hang)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchlens.train.distributed import RankGroup, RankMismatchError
+from torchlens.web.stats import exact_summary, histograms
+
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
+    pytest.mark.slow,  # two spawned processes per test: about 20 s each on a shared 2-core machine
+]
+
+
+def _samples(rank: int, world: int) -> list:
+    """Each rank's share of three series (one with a nan, one constant, one empty on a rank)."""
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(64, generator=g), torch.rand(40, generator=g) * 10, torch.full((8,), 3.0)]
+    full[1][5] = float("nan")
+    return [t.chunk(world)[rank].clone() for t in full]
+
+
+def _worker(rank: int, world: int, init: str, out: str, case: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
+    try:
+        group = RankGroup(
+            torch.nn.Linear(2, 2) if case != "structure" or rank == 0 else torch.nn.Linear(3, 2), dist.group.WORLD
+        )
+        samples = _samples(rank, world)
+        keys = [("a:1", "io", "output 0"), ("b:1", "io", "output 0"), ("c:1", "params", "weight")]
+        if case == "branch" and rank == 1:  # a module that ran on this rank only
+            samples, keys = samples + [torch.ones(3)], keys + [("d:1", "io", "output 0")]
+        result = None
+        try:
+            h = group.histograms(samples, 0.0, [exact_summary(s) for s in samples], 4, keys)
+            result = (h.counts, h.lo, h.hi, h.nonfinite, h.exact, group.collectives)
+        except RankMismatchError as error:
+            result = ("error", str(error))
+        with open(f"{out}.{rank}", "wb") as f:
+            pickle.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(case: str) -> list:
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "init")
+        out = os.path.join(d, "out")
+        mp.start_processes(_worker, args=(2, init, out, case), nprocs=2, join=True, start_method="spawn")
+        results = []
+        for r in range(2):
+            with open(f"{out}.{r}", "rb") as f:
+                results.append(pickle.load(f))
+        return results
+
+
+def test_two_ranks_give_the_counts_of_one_process_on_the_whole_batch():
+    rank0, _ = _run("same")
+    whole = [torch.cat([a, b]) for a, b in zip(_samples(0, 2), _samples(1, 2))]
+    one = histograms(whole, 0.0, summaries=[exact_summary(s) for s in whole])
+    counts, lo, hi, nonfinite, exact, collectives = rank0
+    np.testing.assert_array_equal(counts, one.counts)
+    np.testing.assert_array_equal(lo, one.lo)
+    np.testing.assert_array_equal(hi, one.hi)
+    np.testing.assert_array_equal(nonfinite, one.nonfinite)
+    # exact statistics over both ranks: counts, min, max, nan/inf/zero counts exactly; mean, m2 to rounding
+    np.testing.assert_array_equal(exact[:, [0, 3, 4, 5, 6, 7, 8]], one.exact[:, [0, 3, 4, 5, 6, 7, 8]])
+    np.testing.assert_allclose(exact[:, 1:3], one.exact[:, 1:3], rtol=1e-9, atol=1e-9)
+    assert collectives == 3  # a constant number per logged step, whatever the number of series
+
+
+@pytest.mark.parametrize("case", ["branch", "structure"])
+def test_ranks_that_differ_all_raise(case):
+    results = _run(case)
+    assert all(r[0] == "error" for r in results), results
+    assert ("set of series" if case == "branch" else "module structure") in results[0][1]

@@ -1,0 +1,205 @@
+"""``tl.watch`` under ``torch.distributed`` (DDP, any process group): a series is the
+distribution over the GLOBAL batch.
+
+Every rank records its own samples; when a logged step is written, the ranks agree in three
+collectives, whatever the number of series:
+
+1. ``all_reduce(MIN)`` of a few numbers (and their negatives): the number of series, the step,
+   a checksum of the series' names and one of the model's module structure. Ranks that disagree
+   (a branch taken on one rank only, a different model) all learn it here and all raise
+   ``RankMismatchError``: nobody is left waiting in a later collective.
+2. ``all_reduce(MIN)`` of every series' smallest and (negated) largest finite sampled value:
+   the common bin edges, so the global histogram bins exactly as one process would on the
+   concatenated batch (chosen over fixed mergeable edges, which would need edges known in
+   advance or coarser bins: this costs one small collective of 2 numbers per series).
+3. ``all_gather`` of each rank's counts, non-finite counts and exact statistics; rank 0 sums
+   the counts, combines the statistics and writes. Only rank 0 writes the run.
+
+Steps that are not logged run no collective. A rank that stops calling the model (or calls it
+more often) while the others go on is found at the next logged step (different step numbers);
+a rank that never reaches it leaves the others waiting until the process group's timeout.
+The outlier rejection (``reject_outlier_proportion``) runs per rank before the edges are agreed;
+the exact "line" of gradient series (the median per-sample norm) is the median of the ranks'
+medians, the other exact statistics are exact over all ranks.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import TorchlensError
+from ..web.stats import NUM_BINS, Histograms, histograms, reject_outliers
+from .compiled import named_modules
+
+
+class RankMismatchError(TorchlensError, RuntimeError):
+    """The ranks of a distributed run recorded different things at the same logged step."""
+
+
+def active_group(model: nn.Module) -> Optional[Any]:
+    """The default process group when ``torch.distributed`` runs with more than one rank (None
+    otherwise). A ``DistributedDataParallel`` model without an initialised group is an error."""
+    dist = torch.distributed
+    ready = dist.is_available() and dist.is_initialized()
+    if not ready:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            raise RankMismatchError(
+                "tl.watch: the model is wrapped in DistributedDataParallel but no process group is "
+                "initialised (it was destroyed?). Call torch.distributed.init_process_group first."
+            )
+        return None
+    return dist.group.WORLD if dist.get_world_size() > 1 else None
+
+
+def _checksum(texts: Sequence[str]) -> float:
+    """A 32-bit checksum of some names, exact in float64."""
+    return float(zlib.crc32("\n".join(texts).encode()))
+
+
+def structure_checksum(model: nn.Module) -> float:
+    """Checksum of a model's module addresses, classes and parameter shapes."""
+    rows = []
+    for address, module in named_modules(model):
+        shapes = ",".join(f"{n}{tuple(p.shape)}" for n, p in module._parameters.items() if p is not None)
+        rows.append(f"{address}:{type(module).__name__}:{shapes}")
+    return _checksum(rows)
+
+
+class RankGroup:
+    """The collectives of one watch on a process group (see the module's docstring)."""
+
+    def __init__(self, model: nn.Module, group: Any) -> None:
+        dist = torch.distributed
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        cuda = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.structure = structure_checksum(model)
+        self.collectives = 0  # run so far (the benchmark and tests read it)
+
+    def _min(self, values: torch.Tensor) -> torch.Tensor:
+        values = values.to(self.device)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        self.collectives += 1
+        return values.cpu()
+
+    def agree(self, keys: Sequence[tuple], step: int) -> None:
+        """Collective 1: the same series, step and model on every rank, or an error on all."""
+        head = torch.tensor(
+            [len(keys), step, _checksum(["\x1f".join(k) for k in keys]), self.structure], dtype=torch.float64
+        )
+        both = self._min(torch.cat([head, -head]))
+        low, high = both[:4], -both[4:]
+        differ = [name for name, a, b in zip(("series", "step", "series", "structure"), low, high) if a != b]
+        if differ:
+            what = {
+                "structure": "module structure (addresses, classes, parameter shapes)",
+                "step": "step number (a rank called the model more or fewer times)",
+                "series": "set of series (a module or branch ran on some ranks only)",
+            }
+            raise RankMismatchError(
+                f"tl.watch: at logged step {step} the ranks of the process group differ in their "
+                f"{'; '.join(dict.fromkeys(what[d] for d in differ))}. Every rank must run the same "
+                "modules on logged steps; rank "
+                f"{self.rank} stops here, and so do the others."
+            )
+
+    def histograms(
+        self,
+        samples: Sequence[torch.Tensor],
+        reject: float,
+        summaries: Optional[list],
+        step: int,
+        keys: Sequence[tuple],
+    ) -> Histograms:
+        """The global histograms of the step's series (meaningful on rank 0)."""
+        self.agree(keys, step)
+        n = len(samples)
+        if n == 0:
+            return histograms([], 0.0)
+        nonfinite = np.array([int((~torch.isfinite(s)).sum()) for s in samples], np.float64)
+        kept = reject_outliers(samples, reject)
+        inf = float("inf")
+        lo = torch.stack(
+            [torch.where(torch.isfinite(s), s, inf).amin() if s.numel() else torch.tensor(inf) for s in kept]
+        )
+        hi = torch.stack(
+            [torch.where(torch.isfinite(s), s, -inf).amax() if s.numel() else torch.tensor(-inf) for s in kept]
+        )
+        edges = self._min(torch.cat([lo.double().cpu(), -hi.double().cpu()]))  # collective 2
+        glo, ghi = edges[:n], -edges[n:]
+        # The one binning rule (web/stats.py) on the common edges: each sample gets the global
+        # smallest and largest value appended, so its own [min, max] IS the common range; the
+        # two added values land in the first and last bin and are taken off again.
+        padded = []
+        for s, a, b in zip(kept, glo.tolist(), ghi.tolist()):
+            padded.append(torch.cat([s, torch.tensor([a, b], dtype=s.dtype, device=s.device)]) if a != inf else s)
+        h = histograms(padded, 0.0, summaries=summaries)
+        counts = h.counts.astype(np.float64)
+        sums, squares = h.sums.copy(), h.sums_of_squares.copy()
+        for i, (a, b) in enumerate(zip(glo.tolist(), ghi.tolist())):
+            if a != inf:
+                counts[i, 0] -= 1
+                counts[i, -1 if b > a else 0] -= 1
+                sums[i] -= a + b
+                squares[i] -= a * a + b * b
+        bins = counts.shape[1]
+        mine = torch.from_numpy(
+            np.concatenate([counts, nonfinite[:, None], sums[:, None], squares[:, None], h.exact], 1)
+        )
+        parts = [torch.empty_like(mine, device=self.device) for _ in range(self.world)]
+        torch.distributed.all_gather(parts, mine.to(self.device), group=self.group)  # collective 3
+        self.collectives += 1
+        every = torch.stack(parts).cpu().numpy()  # (ranks, series, columns)
+        glo_host, ghi_host = glo.numpy().copy(), ghi.numpy().copy()
+        empty = ~np.isfinite(glo_host)
+        glo_host[empty], ghi_host[empty] = np.nan, np.nan
+        return Histograms(
+            every[:, :, :bins].sum(0).astype(np.float32),
+            glo_host,
+            ghi_host,
+            every[:, :, bins].sum(0).astype(np.int64),
+            sums=every[:, :, bins + 1].sum(0),
+            sums_of_squares=every[:, :, bins + 2].sum(0),
+            exact=combine_exact(every[:, :, bins + 3 :]),
+        )
+
+
+def combine_exact(rows: np.ndarray) -> np.ndarray:
+    """``EXACT_FIELDS`` of the ranks' values together: ``rows`` is (ranks, series, fields).
+
+    Example:
+        >>> a = [2, 1.0, 2.0, 0.0, 2.0, 0, 0, 0, 1, np.nan]  # values 0 and 2
+        >>> b = [1, 4.0, 0.0, 4.0, 4.0, 1, 0, 0, 0, np.nan]  # value 4 and a nan
+        >>> combine_exact(np.array([[a], [b]]))[0, :6].tolist()
+        [3.0, 2.0, 8.0, 0.0, 4.0, 1.0]
+    """
+    count = np.nan_to_num(rows[:, :, 0])
+    total = count.sum(0)
+    means = np.where(count > 0, np.nan_to_num(rows[:, :, 1]), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(total > 0, (means * count).sum(0) / np.maximum(total, 1), np.nan)
+        spread = np.where(count > 0, np.nan_to_num(rows[:, :, 2]) + count * (means - np.nan_to_num(mean)) ** 2, 0).sum(
+            0
+        )
+    out = np.full(rows.shape[1:], np.nan)
+    out[:, 0], out[:, 1], out[:, 2] = total, mean, spread
+    missing = np.isnan(rows[:, :, 0]).all(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-nan columns: nan, as meant
+        out[:, 3] = np.where(total > 0, np.nanmin(rows[:, :, 3], axis=0), np.nan)
+        out[:, 4] = np.where(total > 0, np.nanmax(rows[:, :, 4], axis=0), np.nan)
+        out[:, 9] = np.nanmedian(rows[:, :, 9], axis=0)
+    out[:, 5:9] = np.nan_to_num(rows[:, :, 5:9]).sum(0)
+    out[missing] = np.nan
+    return out
+
+
+__all__ = ["RankGroup", "RankMismatchError", "active_group", "combine_exact", "structure_checksum", "NUM_BINS"]
