@@ -207,6 +207,18 @@ def test_encoder_decoder_and_beam_search():
     assert gen[1]["lm_head"].activation.shape[0] == 2  # one row per beam
 
 
+@pytest.mark.slow  # compiling takes ~15 s here
+def test_compiled_submodule_is_traced_eagerly():
+    """A torch.compile'd block runs its Python code in the traced steps: the same labels as uncompiled."""
+    model = _gpt2()
+    options = _options(do_sample=False)
+    plain = tl.log_generate(model, PROMPT, layers_to_save=None, **options)
+    model.transformer.h[0].mlp = torch.compile(model.transformer.h[0].mlp)
+    compiled = tl.log_generate(model, PROMPT, layers_to_save=None, **options)
+    assert torch.equal(compiled.tokens, plain.tokens)
+    assert [h.layer_labels for h in compiled.steps] == [h.layer_labels for h in plain.steps]
+
+
 # ----- save_to, save and load ---------------------------------------------------------------------
 def test_save_to_streams_each_step_and_loads_back(tmp_path):
     model = _gpt2()

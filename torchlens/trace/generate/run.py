@@ -31,6 +31,7 @@ from ..capture.args import tensors_in
 from ..capture.modules import ModelInventory, RngState, traced_addresses
 from ..capture.run import run_pass, seed_everything
 from ..capture.save_plan import SavePlan
+from ..capture.unwrap import eager_only
 from ..history.index import build_lookup
 from ..history.model_history import ModelHistory
 from ..input_copy import require_model
@@ -402,11 +403,15 @@ def log_generate(
             notes=notes,
         ),
     )
+    if hasattr(getattr(model, "generation_config", None), "disable_compile"):
+        # HF compiles the forward on GPUs with a static cache: the operations must run eagerly to be seen
+        generate_kwargs.setdefault("disable_compile", True)
     start = perf_counter()
     model.forward = steps.forward
     try:
         generate: Any = model.generate
-        output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
+        with eager_only():  # compiled submodules run their Python code, as in log_forward_pass
+            output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
     finally:
         del model.forward
     missing = [k for k in request.keys if k not in steps.matched_keys]
