@@ -3,7 +3,7 @@ is checked for NaN/Inf in the model's outputs, the gradient that reaches them (t
 parameters' gradients.
 
 The check stays on the device: one 0-d flag per output (``isfinite(t).all()``), one per gradient
-arriving at an output, and one fused ``_foreach_norm(grads, inf)`` over the parameters' ``.grad``
+arriving at an output, and one fused ``_foreach_norm`` (float32) over the parameters' ``.grad``
 when the backward pass ends; the flags are read together with one host transfer per step. Only
 when a step went non-finite (rare) does more run: the step's forward (and backward, when the
 forward was finite) is re-run on a copy of the model, with the inputs the step used and the random
@@ -148,8 +148,10 @@ class Sentinel:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None and _floating(p.grad)]
         flags = list(self.flags)
         if grads:
-            norms = torch._foreach_norm([g.detach() for g in grads], ord=float("inf"))  # NaN and Inf survive a max
-            flags.append(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all())
+            # one fused kernel per device and dtype; NaN/Inf make the norm non-finite (so does a
+            # finite gradient whose float32 norm overflows, values past ~1e19: as good as infinite)
+            norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=torch.float32)
+            flags.append(torch.isfinite(torch.stack([n.to(norms[0].device) for n in norms])).all())
         if not flags:
             return
         device = flags[-1].device
