@@ -372,3 +372,41 @@ def test_sweep_over_heads_patches_the_input_of_the_output_projection_like_a_pre_
     assert res.value == pytest.approx(grid.values[0, 0, 0], abs=1e-7)
     with pytest.raises(tl.PatchError, match="the run patched has no module transformer.h.9"):
         tl.patch(model, corrupt_ids, source=clean, at="transformer.h.9@input", metric=logit_diff)
+
+
+class _Recurrent(nn.Module):
+    """One cell applied once per time step: runs of different lengths have different passes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.inp, self.cell, self.head = nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def steps(self, x):
+        h, states = torch.zeros(x.shape[0], 4), []
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.cell(h) + self.inp(x[:, t]))
+            states.append(h)
+        return states
+
+    def forward(self, x):
+        return self.head(self.steps(x)[-1])
+
+
+def test_labels_of_runs_of_different_lengths_match_the_same_op_of_the_same_module():
+    model = _Recurrent()
+    long_x, short_x = torch.randn(1, 5, 3), torch.randn(1, 3, 3)
+    source = tl.log_forward_pass(model, long_x)
+    head = tl.log_forward_pass(model, short_x)["head"].label
+    res = tl.patch(model, short_x, source=source, at=head, metric=lambda out: out.sum())
+    assert res.patched == {head: source["head"].label}  # not the cell's 4th linear, which follows the same tanh
+    with torch.no_grad():
+        assert res.value == pytest.approx(model(long_x).sum().item(), abs=1e-6) and res.value == res.clean
+    tanh_2 = [e.label for e in source if e.layer_type == "tanh"][1]  # the state after step 2
+    res = tl.patch(model, short_x, source=source, at=tanh_2, metric=lambda out: out.sum())
+    with torch.no_grad():
+        h = model.steps(long_x)[1]  # the long run's state after step 2, then the short run's step 3
+        expected = model.head(torch.tanh(model.cell(h) + model.inp(short_x[:, 2]))).sum().item()
+    assert res.patched == {tanh_2: tanh_2} and res.value == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(tl.PatchError, match="module cell ran 3 time"):
+        tl.patch(model, long_x, source=tl.log_forward_pass(model, short_x), at="cell:5", metric=lambda out: out.sum())

@@ -5,9 +5,9 @@ patched, and its counterpart found in the source.
   module's output in both runs: for runs of different lengths that is the same module at the
   same step. A module that returns several tensors is patched at its first one (``':1.0'``).
 * ``'<module address>@input'``: the tensor entering that module call, in both runs (``sites.py``).
-* A layer label (``'add_12_204'``): the source's layer with that label when both runs have
-  the same structure; otherwise the layer the compare feature matches to it (by module, layer
-  type and place, ``answers/matching.py``).
+* A layer label (``'add_12_204'``, ``'tanh_1_6:3'``): the source's layer with that label when it
+  is the same kind of op in the same module; otherwise the layer the compare feature matches to
+  it (by module, layer type and place, ``answers/matching.py``), when that is in the same module.
 
 A key the source lacks, or a layer without a counterpart, is a ``PatchError`` naming what the
 source has instead.
@@ -62,8 +62,10 @@ def resolve(history: ModelHistory, source: ModelHistory, keys: List[Any]) -> Lis
             if module_key is not None:
                 counterpart = _same_module(source, module_key, e, key)
             else:
-                matching = matching or match_histories(history, source)
-                counterpart = _matched(matching, source, e, key)
+                counterpart = _same_label(source, e)
+                if counterpart is None:
+                    matching = matching or match_histories(history, source)
+                    counterpart = _matched(matching, source, e, key)
             if not isinstance(counterpart.activation, torch.Tensor):
                 raise PatchError(
                     f"patch: the source has no saved activation for {counterpart.label} (at={key!r}); trace the "
@@ -132,9 +134,18 @@ def _same_module(source: ModelHistory, key: str, e: TensorLogEntry, given: Any) 
     raise PatchError(f"patch: at={given!r}: the source run has no module {address}.{hint}")
 
 
+def _same_label(source: ModelHistory, e: TensorLogEntry) -> Optional[TensorLogEntry]:
+    """The source's layer of the same label, if it is the same kind of op in the same module."""
+    found = source.lookup_value(e.label)
+    if isinstance(found, TensorLogEntry) and found.label == e.label and found.layer_type == e.layer_type:
+        if _module_hint(found) == _module_hint(e):
+            return found
+    return None
+
+
 def _matched(matching: Matching, source: ModelHistory, e: TensorLogEntry, given: Any) -> TensorLogEntry:
     for a, b in matching.pairs:
-        if a.label == e.label:
+        if a.label == e.label and _module_hint(a) == _module_hint(b):  # matched ops of other modules: no
             return b
     if given in source:
         raise PatchError(
