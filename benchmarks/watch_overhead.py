@@ -11,7 +11,10 @@ interleaved (plain, not-logged, logged, plain, ...) so that all three see the sa
                     so each timed step carries one full logging cost), the model's own inputs
                     getting gradient strips through an alias that requires grad (the default);
 * ``no input grads`` -- the same with ``input_grads=False``: the extra backward work of the
-                    data's gradient strip is the difference between the two.
+                    data's gradient strip is the difference between the two;
+* ``5 kinds logged`` -- ``log_freq=1`` with the fifth kind, ``updates`` (the parameters copied
+                    before each optimizer step, their change recorded after it);
+* ``5 not logged`` -- ``log_freq=100`` with all five kinds: steps that are not logged.
 
 Ratios are medians of the per-step times over the median plain step. Models: ResNet-18
 (batch 16, 64x64) and a 4-layer GPT-2 (batch 8, 64 tokens, with ``attention_mask``).
@@ -91,7 +94,8 @@ def interleaved_steps(variants: Dict[str, nn.Module], loss_of: Callable, steps: 
 def measure(name: str, steps: int) -> Dict[str, float]:
     torch.manual_seed(0)
     base, loss_of = MODELS[name]()
-    keys = ("plain", "not logged", "logged", "no input grads")
+    keys = ("plain", "not logged", "logged", "no input grads", "5 kinds logged", "5 not logged")
+    five = ("io", "io_grad", "params", "params_grad", "updates")
     variants = {k: copy.deepcopy(base) for k in keys}
     folder = tempfile.mkdtemp()
     watches = [
@@ -105,6 +109,8 @@ def measure(name: str, steps: int) -> Dict[str, float]:
             verbose=False,
             input_grads=False,
         ),
+        tl.watch(variants["5 kinds logged"], log=five, run_dir=f"{folder}/d", backend=None, verbose=False),
+        tl.watch(variants["5 not logged"], log=five, log_freq=100, run_dir=f"{folder}/e", backend=None, verbose=False),
     ]
     times = interleaved_steps(variants, loss_of, steps)
     for w in watches:
@@ -152,7 +158,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.steps} timed steps per variant")
-    print(f"{'model':<10} {'plain step':>11} {'not logged':>11} {'logged':>8} {'no input grads':>15}")
+    print(
+        f"{'model':<10} {'plain step':>11} {'not logged':>11} {'logged':>8} {'no input grads':>15} "
+        f"{'5 kinds logged':>15} {'5 not logged':>13}"
+    )
     for name in args.models.split(","):
         try:
             r = measure(name, args.steps)
@@ -161,7 +170,7 @@ def main() -> None:
             continue
         print(
             f"{name:<10} {r['plain_ms']:>9.1f}ms {r['not logged']:>10.3f}x {r['logged']:>7.3f}x "
-            f"{r['no input grads']:>14.3f}x"
+            f"{r['no input grads']:>14.3f}x {r['5 kinds logged']:>14.3f}x {r['5 not logged']:>12.3f}x"
         )
     if args.backends:
         print("\nResNet-18, logged step (log_freq=1) per backend, against a plain step:")

@@ -39,6 +39,7 @@ class UpdateHooks:
             int, Tuple[int, List[torch.Tensor], List[torch.Tensor]]
         ] = {}  # id(opt) -> step, params, copies
         self._handles: list = []
+        self._owners_of: Tuple[Optional[int], Dict[int, List[Tuple[str, str]]]] = (None, {})  # step, owners
         chosen = list(optimizers) if optimizers is not None else None
         if chosen is None:
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -50,8 +51,11 @@ class UpdateHooks:
                 raise TypeError(f"tl.watch: optimizer= takes torch.optim.Optimizer objects, not {type(opt).__name__}.")
             self._handles += [opt.register_step_pre_hook(self._pre), opt.register_step_post_hook(self._post)]
 
-    def _owners(self) -> Dict[int, List[Tuple[str, str]]]:
-        """id(parameter) -> the (module address, name) pairs that hold it."""
+    def _owners(self, step: int) -> Dict[int, List[Tuple[str, str]]]:
+        """id(parameter) -> the (module address, name) pairs that hold it (once per step: the
+        global hooks see every optimizer of the process)."""
+        if self._owners_of[0] == step:
+            return self._owners_of[1]
         owners: Dict[int, List[Tuple[str, str]]] = {}
         for module in self.recorder.model.modules():
             address = self.recorder.addresses.get(id(module))
@@ -60,13 +64,14 @@ class UpdateHooks:
             for name, p in module._parameters.items():
                 if p is not None:
                     owners.setdefault(id(p), []).append((address, name))
+        self._owners_of = (step, owners)
         return owners
 
     def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         step = self.logging()
         if step is None:
             return  # a step that is not logged copies nothing
-        owners = self._owners()
+        owners = self._owners(step)
         params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in owners]
         if params:
             with torch.no_grad():
@@ -77,7 +82,7 @@ class UpdateHooks:
         if saved is None or saved[0] != self.logging():
             return
         step, params, before = saved
-        owners = self._owners()
+        owners = self._owners(step)
         with torch.no_grad():
             after = [p.detach() for p in params]
             changes = [a - b for a, b in zip(after, before)]
