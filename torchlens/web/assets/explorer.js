@@ -10,7 +10,7 @@
   // a notebook's live view: the kernel pushes new steps into EXPORTED (live.js); polled locally
   const LIVE = Boolean(EXPORTED && EXPORTED.live);
   const POLL_MS = LIVE ? 400 : 2000;
-  const KIND_ORDER = ["io", "io_grad", "params", "params_grad"];
+  const KIND_ORDER = ["io", "io_grad", "params", "params_grad", "updates"];
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#e6550d", "#bcbd22"];
   const $ = (role) => document.querySelector(`[data-role="${role}"]`);
   const UI = window.TorchlensUI;  // common.js, shared with the graph page
