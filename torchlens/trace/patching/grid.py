@@ -26,7 +26,15 @@ class PatchGrid:
     label in the run patched (the op painted on the graph page). ``corrupt`` / ``clean``: the
     metric of the run unpatched and of the source run (None when the source's output does not
     line up). ``seconds``: time of the sweep's cells; ``modes``: how many cells were replayed
-    from the graph and how many ran the model."""
+    from the graph and how many ran the model.
+
+    Example:
+        >>> import numpy as np
+        >>> g = PatchGrid(np.zeros((2, 3)), ("layer", "position"), {"layer": ["a", "b"], "position": [0, 1, 2]},
+        ...               labels=["x_1_1", "y_1_2"], corrupt=0.0, clean=1.0)
+        >>> g.to_pandas().shape, g.overlay()["scale"]
+        ((2, 3), 'diverging')
+    """
 
     values: np.ndarray
     dims: Tuple[str, ...]

@@ -25,7 +25,16 @@ class PatchResult:
     ``mode`` (``'replay'``: only the ops downstream were re-run from the saved graph; ``'model
     run'``: the graph could not be replayed, the model ran once with the patch as an
     intervention), ``changed`` ({label: relative change of its activation}, for each op
-    re-run), ``history`` (the trace of the run patched, unpatched)."""
+    re-run), ``history`` (the trace of the run patched, unpatched).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> clean = tl.log_forward_pass(model, torch.ones(1, 3, 2))
+        >>> res = tl.patch(model, torch.zeros(1, 3, 2), source=clean, at="1", metric=lambda out: out.sum())
+        >>> round(res.recovered, 6), res.mode, list(res.patched)
+        (1.0, 'replay', ['linear_2_2'])
+    """
 
     value: Optional[float]
     corrupt: Optional[float]
