@@ -354,3 +354,14 @@ def test_the_page_shows_the_health_panel_badges_and_opens_a_finding(browser, sic
         assert problems == []
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("lr, size", [(1e-7, "small"), (5.0, "large")])
+def test_a_learning_rate_too_small_or_too_large_is_found(tmp_path, lr, size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 1))  # no ReLU: a large step kills none
+    kinds = ("io", "io_grad", "params", "params_grad", "updates")
+    h = _fit(model, tmp_path, steps=3, lr=lr, log=kinds)
+    ratio = _rows(h, "update_ratio")
+    assert set(ratio.call) == {"0:1", "1:1"} and set(ratio.series) == {"updates/weight", "updates/bias"}
+    assert all(f"too {size}" in e for e in ratio.explanation), ratio.explanation.tolist()

@@ -331,3 +331,44 @@ def test_compare_finds_the_first_step_where_two_runs_differ_and_not_sampling_noi
     assert found[("0:1", "io", "input 0")].first_step is None  # the data did not change
     only = [(c.call_id, c.only_in) for c in a.compare(longer) if c.only_in]
     assert only and all(o == ("3:1", "b") for o in only)
+
+
+def test_lightning_runs_get_updates(tmp_path):
+    L = pytest.importorskip("lightning")
+    from torchlens.train.lightning import TorchlensCallback
+
+    class Regressor(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
+    callback = TorchlensCallback(run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("updates",))
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=2,  # two micro-batches per optimizer step
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=8))
+    run = tl.open_run(str(tmp_path / "run"))
+    s = run.series("net.0:1", "updates", "weight")
+    assert run.steps.tolist() == [0, 1] and s.steps.tolist() == [0, 1]
+    assert (s.line > 0).all() and (s.count == 24).all()
