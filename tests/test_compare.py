@@ -400,3 +400,31 @@ def test_import_torchlens_does_not_load_compare():
     )
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
     assert out.splitlines() == ["False", "True"]
+
+
+class _Recurrent(nn.Module):
+    """A cell applied once per time step, then a head: runs of different lengths differ in passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], 4)
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.cell(h) + x[:, t])
+        return self.head(h)
+
+
+def test_runs_of_different_lengths_pair_the_head_with_the_head_not_the_next_step_of_the_cell():
+    torch.manual_seed(0)
+    model = _Recurrent()
+    short = tl.log_forward_pass(model, torch.randn(1, 3, 4))
+    long = tl.log_forward_pass(model, torch.randn(1, 5, 4))
+    cmp = tl.compare(short, long)
+    pairs = {r.label_a: r.label_b for r in cmp.rows}
+    # the short run's last state feeds the head; in the long run the same state feeds the cell's
+    # 4th step, also a linear: that one lies in another module call, so it is not the head's match
+    assert pairs[short["head"].label] == long["head"].label
+    left = [long[label] for label in cmp.unmatched_b if long[label].layer_type == "linear"]
+    assert len(left) == 2 and {e.containing_module for e in left} == {"cell"}  # steps 4 and 5

@@ -10,7 +10,9 @@
      ``h.0``; calls left over are paired by depth and order;
    * along edges: an op whose parents are all matched takes the unmatched child of their
      counterparts with the same layer type and the same parents (the one in the corresponding
-     module call first, else the first in execution order);
+     module call first, else the first in execution order), never one inside a module call
+     that corresponds to another call (in a run with more time steps, the last state's child
+     in the cell's next step is not the head that follows it in the shorter run);
    * by place: otherwise the op with the same layer type and the same position among ops of
      that type in the corresponding module call, unless their matched parents disagree;
    * then a sweep from the outputs back: an unmatched parent of a matched op takes the
@@ -29,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..history.model_history import ModelHistory
 from ..records.tensor_log import TensorLogEntry
@@ -104,13 +106,35 @@ def _calls(history: ModelHistory) -> Dict[Call, Tuple[int, List[str]]]:
 
 
 def align_calls(a: ModelHistory, b: ModelHistory) -> Dict[Call, Call]:
-    """Module call of ``b`` -> the module call of ``a`` it corresponds to. Signatures leave the
-    depth out, so a model wrapped in another module (``gpt.h.0`` against ``h.0``) still aligns."""
+    """Module call of ``b`` -> the module call of ``a`` it corresponds to. Calls of the same
+    module with the same signature anchor the alignment (so in runs with more time steps the
+    extra steps of a cell stay unmatched instead of shifting the head onto the cell); the calls
+    between anchors align by signature alone, which leaves the address and depth out, so a port
+    (``blk.lin_a`` against ``block.fc1``) or a model wrapped in another module (``gpt.h.0``
+    against ``h.0``) still aligns."""
     calls_a, calls_b = _calls(a), _calls(b)
     keys_a, keys_b = list(calls_a), list(calls_b)
-    sigs_a = [tuple(types) for _, types in calls_a.values()]
-    sigs_b = [tuple(types) for _, types in calls_b.values()]
+    named_a = [(k[0], tuple(types)) for k, (_, types) in calls_a.items()]
+    named_b = [(k[0], tuple(types)) for k, (_, types) in calls_b.items()]
     mapping: Dict[Call, Call] = {}
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, named_a, named_b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            mapping.update(zip(keys_b[j1:j2], keys_a[i1:i2]))
+        else:
+            mapping.update(_align_by_signature(calls_a, calls_b, keys_a[i1:i2], keys_b[j1:j2]))
+    taken = set(mapping.values())
+    for call in keys_b:  # left over: the same address, if the other side has it free
+        if call not in mapping and call in calls_a and call not in taken:
+            mapping[call] = call
+    return mapping
+
+
+def _align_by_signature(calls_a: Dict[Call, Any], calls_b: Dict[Call, Any], keys_a: List[Call], keys_b: List[Call]):
+    """Calls of ``b`` -> calls of ``a`` between two anchors: equal signatures in order, and in
+    a stretch of different content, by depth within it, in order."""
+    mapping: Dict[Call, Call] = {}
+    sigs_a = [tuple(calls_a[k][1]) for k in keys_a]
+    sigs_b = [tuple(calls_b[k][1]) for k in keys_b]
     for tag, i1, i2, j1, j2 in SequenceMatcher(None, sigs_a, sigs_b, autojunk=False).get_opcodes():
         if tag == "equal":
             mapping.update(zip(keys_b[j1:j2], keys_a[i1:i2]))
@@ -120,10 +144,6 @@ def align_calls(a: ModelHistory, b: ModelHistory) -> Dict[Call, Call]:
             for block in SequenceMatcher(None, depths_a, depths_b, autojunk=False).get_matching_blocks():
                 for n in range(block.size):
                     mapping[keys_b[j1 + block.b + n]] = keys_a[i1 + block.a + n]
-    taken = set(mapping.values())
-    for call in keys_b:  # left over: the same address, if the other side has it free
-        if call not in mapping and call in calls_a and call not in taken:
-            mapping[call] = call
     return mapping
 
 
@@ -138,6 +158,7 @@ class _Matcher:
         self.entry_a = {e.label: e for e in a.layer_list}
         self.entry_b = {e.label: e for e in b.layer_list}
         self.calls = align_calls(a, b)
+        self.aligned_a = set(self.calls.values())
         self.ab: Dict[str, str] = {}
         self.ba: Dict[str, str] = {}
         self.how: Dict[str, str] = {}
@@ -208,6 +229,9 @@ class _Matcher:
                     candidates.append(ea)
             elif not self.contradicts(ea, eb):
                 candidates.append(ea)
+        target = self.calls.get(_innermost(eb))
+        if target is not None:  # a child inside a call that corresponds to another one is not it
+            candidates = [ea for ea in candidates if _innermost(ea) == target or _innermost(ea) not in self.aligned_a]
         if not candidates:
             return None
         place = self.place_b.get(eb.label)
