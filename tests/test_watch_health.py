@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import types
 
 import pytest
 import torch
@@ -301,18 +302,19 @@ def test_the_rerun_copy_carries_no_probe_of_a_saturating_activation(tmp_path):
 
 # ----- the page ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def sick_url(tmp_path_factory):
+def sick(tmp_path_factory):
     from torchlens.examples.health_images import train_run
     from torchlens.train.serve import explore
 
     run_dir = str(tmp_path_factory.mktemp("sick") / "run")
     train_run(run_dir)
     server = explore(run_dir, port=0, block=False)
-    yield server.url
+    yield types.SimpleNamespace(url=server.url, run_dir=run_dir)
     server.close()
 
 
-def test_the_page_shows_the_health_panel_badges_and_opens_a_finding(browser, sick_url):
+def test_the_page_shows_the_health_panel_badges_and_opens_a_finding(browser, sick):
+    sick_url = sick.url
     from torchlens.examples.health_images import NAN_STEP
 
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -365,3 +367,23 @@ def test_a_learning_rate_too_small_or_too_large_is_found(tmp_path, lr, size):
     ratio = _rows(h, "update_ratio")
     assert set(ratio.call) == {"0:1", "1:1"} and set(ratio.series) == {"updates/weight", "updates/bias"}
     assert all(f"too {size}" in e for e in ratio.explanation), ratio.explanation.tolist()
+
+
+def test_an_exported_page_carries_the_health_panel(browser, tmp_path, sick):
+    from torchlens.train.serve import export_html
+
+    path = export_html(sick.run_dir, str(tmp_path / "run.html"))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"file://{path}")
+        page.wait_for_selector('[data-role="health"] li')
+        assert "since step" in page.inner_text('[data-role="health-status"]')
+        assert page.query_selector('[data-node="encoder:1"] .health-badge') is not None
+        assert page.query_selector('[data-role="health"] a.op-page') is None  # that file is not in the export
+        assert errors == []
+    finally:
+        context.close()

@@ -14,14 +14,15 @@ from .data import Catalog, NotFound
 
 
 def _run_data(catalog: Catalog, run_id: str) -> dict:
-    """What the page asks of one run: its summary, the layout of every call with children, and
-    the series of every call."""
+    """What the page asks of one run: its summary, the layout of every call with children, the
+    series of every call, and its health findings."""
     summary = catalog.summary_json(run_id)
     layouts = {
         cid: catalog.layout_json(run_id, cid) for cid, call in summary["calls"].items() if call["children"] or cid == ""
     }
     call_series = {cid: catalog.call_series_json(run_id, cid) for cid in summary["series"]}
-    return {"summary": summary, "layouts": layouts, "call_series": call_series}
+    health = catalog.health_json(run_id)  # the Health panel (health.js reads it from here offline)
+    return {"summary": summary, "layouts": layouts, "call_series": call_series, "health": health}
 
 
 def export_page(run_dir: str, run_id: Optional[str] = None, packed: bool = False) -> str:

@@ -2,7 +2,8 @@
  * the header, and badges on graph nodes whose subtree has a finding. Data: GET /api/health.
  * Clicking a finding opens the call's parent graph, pins the call's strips and marks the step.
  * Loaded before explorer.js; works through window.TorchlensExplorer and its "torchlens:graph"
- * event. An exported page (no server) has no health data: nothing is shown. */
+ * event. An exported page (no server) carries the findings in its data (without the links to
+ * the operation pages, which stay in the run folder). */
 (function () {
   "use strict";
 
@@ -19,7 +20,10 @@
     if (!ex || !ex.state.summary) return;
     let answer;
     try {
-      answer = await ex.api("health");
+      const exported = window.TORCHLENS_EXPORT;  // a file with the data inline: its findings came with it
+      const data = exported && (exported.runs ? exported.run_data[ex.state.runId] : exported);
+      answer = exported ? data.health : await ex.api("health");
+      if (!answer) throw new Error("no health data");
     } catch (error) {  // an exported page, or a server without the route: no panel
       health.findings = [];
       health.status = "";
@@ -87,7 +91,7 @@
       why.className = "why";
       why.textContent = f.explanation;
       item.append(chip, " ", where, when, why);
-      if (f.page) {
+      if (f.page && !window.TORCHLENS_EXPORT) {  // the page is a file of the run folder, not in an export
         const a = document.createElement("a");
         a.href = `/run-file?${new URLSearchParams({ run: app().state.runId || ".", name: f.page })}`;
         a.target = "_blank";
