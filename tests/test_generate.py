@@ -9,6 +9,7 @@ of the graph page in Chromium; bad input."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -93,6 +94,28 @@ def test_tokens_equal_plain_generate(model, extra):
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_generate_calls_forward_as_without_torchlens(model):
+    """generate reads forward's signature (logits_to_keep=1 in the prefill where supported): the
+    calls it makes under log_generate have the same arguments as in a plain generate."""
+    seen = []
+
+    def note(module, args, kwargs):
+        seen.append(
+            (len(args), {k: (tuple(v.shape) if torch.is_tensor(v) else v) for k, v in kwargs.items() if k != "cache"})
+        )
+
+    handle = model.register_forward_pre_hook(note, with_kwargs=True)
+    try:
+        model.generate(PROMPT, **_options(do_sample=False))
+        plain, seen[:] = list(seen), []
+        gen = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=False))
+    finally:
+        handle.remove()
+    assert seen == plain
+    kept = 1 if plain[0][1].get("logits_to_keep") == 1 else PROMPT.shape[1]  # positions the prefill scores
+    assert gen[0]["lm_head"].activation.shape[1] == kept
+
+
 @pytest.mark.parametrize("reuse", [True, False], ids=["reused", "traced"])
 def test_steps_hold_the_logits_generate_used(model, reuse):
     """gen[i]['lm_head'] at the last position is the score row generate chose token i from."""
@@ -106,10 +129,7 @@ def test_steps_hold_the_logits_generate_used(model, reuse):
     assert len(gen.output.logits) == len(gen.steps)
     for i, logits in enumerate(gen.output.logits):
         assert torch.equal(gen[i]["lm_head"].activation[:, -1, :], logits)
-    assert gen[0]["lm_head"].activation.shape[1] == PROMPT.shape[1]  # the prefill sees the whole prompt
     assert gen[3]["lm_head"].activation.shape[1] == 1
-    stacked = gen.layer("lm_head")  # prefill positions, then one per decode step, along the sequence
-    assert stacked.shape[:2] == (1, PROMPT.shape[1] + 5)
     assert torch.equal(gen.layer("lm_head", steps=slice(1, None))[:, 0, -1], torch.cat(gen.output.logits[1:]))
 
 
@@ -146,10 +166,13 @@ def test_user_loop_gives_the_same_labels(model):
     """A loop over the cache traced with log_forward_pass per step: the labels of log_generate's steps."""
     gen = tl.log_generate(model, PROMPT, layers_to_save=None, **_options(do_sample=False))
     cache = transformers.DynamicCache(config=model.config)
-    ids = PROMPT
+    ids, seen = PROMPT, 0
     for i in range(len(gen.steps)):
-        history = tl.log_forward_pass(model, [], dict(input_ids=ids, cache=cache, use_cache=True), layers_to_save=None)
+        positions = torch.arange(seen, seen + ids.shape[1]).unsqueeze(0)  # what generate passes too
+        call = dict(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        history = tl.log_forward_pass(model, [], call, layers_to_save=None)
         assert history.layer_labels == gen[i].layer_labels, f"step {i}"
+        seen += ids.shape[1]
         ids = gen.tokens[:, PROMPT.shape[1] + i : PROMPT.shape[1] + i + 1]
     assert cache.get_seq_length() == PROMPT.shape[1] + len(gen.steps) - 1
 
@@ -217,6 +240,39 @@ def test_compiled_submodule_is_traced_eagerly():
     compiled = tl.log_generate(model, PROMPT, layers_to_save=None, **options)
     assert torch.equal(compiled.tokens, plain.tokens)
     assert [h.layer_labels for h in compiled.steps] == [h.layer_labels for h in plain.steps]
+
+
+def test_layer_over_steps_stacks_or_concatenates():
+    """Prefill positions then one per step along the sequence (without logits_to_keep), or stacked."""
+    model = _gpt2()
+    gen = tl.log_generate(model, PROMPT, layers_to_save=["transformer.ln_f"], **_options(do_sample=False))
+    assert gen[0]["transformer.ln_f"].activation.shape[1] == PROMPT.shape[1]  # the prefill sees the whole prompt
+    assert gen.layer("transformer.ln_f").shape == (1, PROMPT.shape[1] + 5, 32)
+    assert gen.layer("transformer.ln_f", steps=slice(1, None)).shape == (5, 1, 1, 32)
+    with pytest.raises(ValueError, match="no saved activation at step"):
+        gen.layer("lm_head")
+
+
+def test_a_forward_wrapper_of_the_users_own_is_kept():
+    """A model whose forward is already wrapped (accelerate's hooks do this): the wrapper runs once
+    per step and is back in place afterwards."""
+    model = _llama()
+    inner, ran = model.forward, []
+
+    def own(*args, **kwargs):
+        ran.append(1)
+        return inner(*args, **kwargs)
+
+    functools.update_wrapper(own, inner)
+    model.forward = own
+    try:
+        plain = model.generate(PROMPT, **_options(do_sample=False))
+        ran.clear()
+        gen = tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **_options(do_sample=False))
+        assert torch.equal(gen.tokens, plain) and len(ran) == len(gen.steps)
+        assert vars(model)["forward"] is own
+    finally:
+        del model.forward
 
 
 # ----- save_to, save and load ---------------------------------------------------------------------

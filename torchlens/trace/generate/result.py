@@ -29,8 +29,12 @@ class GenerateHistory:
         ...                                                              vocab_size=50)).eval()
         >>> gen = tl.log_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=3,
         ...                       layers_to_save=["lm_head"], do_sample=False, pad_token_id=0)
-        >>> gen.layer("lm_head").shape      # prefill (3 positions) and two decode steps, along the sequence
-        torch.Size([1, 5, 50])
+        >>> gen.layer("lm_head").shape      # 3 steps; generate asks each for the last position's logits only
+        torch.Size([3, 1, 1, 50])
+        >>> gen.layer("transformer.h.0").shape   # not saved: the error names the steps and the way to save it
+        Traceback (most recent call last):
+        ...
+        ValueError: layer('transformer.h.0'): no saved activation at step(s) 0, 1, 2 (of 3). ...
         >>> gen.new_tokens.shape
         torch.Size([1, 3])
     """

@@ -1,8 +1,9 @@
 """``tl.log_generate``: HuggingFace's own ``model.generate`` runs, and each forward call it
 makes (the prefill, then one per new token) is traced into a ``ModelHistory``.
 
-How: for the length of ``generate`` the model's ``forward`` is replaced by ``_Steps.forward``
-(an instance attribute, removed afterwards). Each call is traced by the usual pass
+How: for the length of ``generate`` the model's ``forward`` is replaced by a function with the
+original's signature (an instance attribute; the model's own is put back afterwards) that runs
+``_Steps.step``. Each call is traced by the usual pass
 (``capture.run.run_pass``) and post-processed into a history, and its output is handed back to
 ``generate``, which goes on exactly as without torchlens: the pass restores the caller's random
 number generators, so sampling draws the same numbers as a plain ``generate``.
@@ -19,6 +20,7 @@ raises ``StepStructureError``); ``reuse_structure=False`` traces every step.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 from time import perf_counter
@@ -41,6 +43,13 @@ from ..records.meta import refuse_meta
 from .errors import GenerateArgumentError, NotGenerativeError, StepStructureError
 from .result import STEP_FOLDER, GenerateHistory, write_manifest
 
+_ROOT_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 _SHAPED_INPUTS = ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds")
 
 
@@ -96,7 +105,8 @@ class _Steps:
         self.seed: int = options["seed"]
         self.keep_unsaved: bool = options["keep_unsaved"]
         self.save_to: Optional[str] = options["save_to"]
-        self.original = model.forward  # the bound forward of the model's class
+        self.original = model.forward  # the class's bound forward, or a wrapper of its own (accelerate's)
+        self.own_forward = vars(model).get("forward")  # put back afterwards, and in place during a pass
         self.steps: List[ModelHistory] = []
         self.templates: Dict[Tuple[Any, ...], _Template] = {}
         self.matched_keys: set = set()
@@ -112,8 +122,23 @@ class _Steps:
         self.wanted = {i: a for i, a in self.addresses.items() if a in names}  # module id -> address
         self.calls: Optional[List[str]] = None  # module calls of the step in progress
 
-    # ----- the replacement of model.forward ---------------------------------------------------
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # generate reads forward's signature (it passes logits_to_keep, position_ids only where
+        # accepted): the replacement shows the original's
+        @functools.wraps(self.original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self.step(*args, **kwargs)
+
+        self.forward = forward
+
+    def restore_forward(self) -> None:
+        """The model's ``forward`` as it was before ``log_generate``."""
+        if self.own_forward is not None:
+            self.model.forward = self.own_forward
+        else:
+            vars(self.model).pop("forward", None)
+
+    # ----- what replaces model.forward ----------------------------------------------------------
+    def step(self, *args: Any, **kwargs: Any) -> Any:
         index = len(self.steps)
         key = _step_key(args, kwargs)
         template = self.templates.get(key)
@@ -168,17 +193,29 @@ class _Steps:
         template = self.templates.get(key)
         plan = self._request_plan(stream, template)
         outputs: List[Any] = []
-        del self.model.forward  # the pass calls the class's forward; a hook hands us its output
-        handle = self.model.register_forward_hook(lambda module, a, output: outputs.append(output))
+        model = self.model
+        self.restore_forward()  # the pass calls the model's own forward; a hook hands us its output
+
+        def keep_output(module: nn.Module, a: Any, output: Any) -> None:
+            if module is model:
+                outputs.append(output)
+
+        # the root's own hooks ran around this call already (generate called the model): not again inside
+        own_hooks = {name: vars(model)[name] for name in _ROOT_HOOKS if name in vars(model)}
+        for name, hooks in own_hooks.items():
+            setattr(model, name, type(hooks)())
+        handle = nn.modules.module.register_module_forward_hook(keep_output)
         calls = self.calls = []
         recorder = nn.modules.module.register_module_forward_pre_hook(self._record_calls)
         try:
-            result = run_pass(self.model, args, kwargs, plan, random_seed=self.seed + index)
+            result = run_pass(model, args, kwargs, plan, random_seed=self.seed + index)
         finally:
             recorder.remove()
             self.calls = None
             handle.remove()
-            self.model.forward = self.forward
+            for name, hooks in own_hooks.items():
+                setattr(model, name, hooks)
+            model.forward = self.forward
         history = build_history(result)
         for note in history.notes:
             if note not in self.options["notes"]:
@@ -367,11 +404,6 @@ def log_generate(
         (4, torch.Size([1, 7]), torch.Size([1, 1, 50]))
     """
     _check(model, input_ids, max_new_tokens)
-    if "forward" in vars(model):
-        raise GenerateArgumentError(
-            "log_generate replaces the model's forward for the length of generate, and this model already has an "
-            "instance attribute 'forward' (another tool's wrapper?). Remove it first."
-        )
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
     else:
@@ -413,7 +445,7 @@ def log_generate(
         with eager_only():  # compiled submodules run their Python code, as in log_forward_pass
             output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
     finally:
-        del model.forward
+        steps.restore_forward()
     missing = [k for k in request.keys if k not in steps.matched_keys]
     if missing:
         raise ValueError(f"layers_to_save: {missing} match no layer label, module address or substring in any step.")
