@@ -88,3 +88,75 @@ def test_ranks_that_differ_all_raise(case):
     results = _run(case)
     assert all(r[0] == "error" for r in results), results
     assert ("set of series" if case == "branch" else "module structure") in results[0][1]
+
+
+def _exact_model() -> torch.nn.Module:
+    """float64 weights and data on a grid of eighths: every sum is exact, so the DDP run and the
+    single process compute bit for bit the same values (DDP's averaged gradient is the single
+    process's sum halved exactly: the same bins)."""
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-8, 9, p.shape, generator=g).double() / 8)
+    return model
+
+
+def _batch(step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(-16, 17, (16, 4), generator=g).double() / 8
+
+
+def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torchlens as tl
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_exact_model())
+        w = tl.watch(
+            model, run_dir=out + ".run", backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
+        )
+        for step in range(3):
+            model(_batch(step).chunk(world)[rank]).sum().backward()
+            model.zero_grad(set_to_none=True)  # .grad was read when the backward pass ended
+        w.close()
+        with open(f"{out}.{rank}", "wb") as f:
+            pickle.dump((w.run_dir, w._ranks.collectives), f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _series(run_dir: str) -> dict:
+    import torchlens as tl
+
+    run = tl.open_run(run_dir)
+    return {key: run.series(*key) for key in run.series_names()}
+
+
+def test_ddp_watch_counts_the_global_batch(tmp_path):
+    import torchlens as tl
+
+    out = str(tmp_path / "ddp")
+    mp.start_processes(_ddp_worker, args=(2, "file://" + str(tmp_path / "init"), out), nprocs=2, start_method="spawn")
+    results = [pickle.load(open(f"{out}.{r}", "rb")) for r in range(2)]
+    assert results[0][0] == out + ".run" and results[1][0] is None  # rank 0 writes
+    assert results[0][1] == results[1][1] == 3 * 3  # 3 collectives per logged step written
+    model = _exact_model()
+    w = tl.watch(
+        model, run_dir=str(tmp_path / "one"), backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
+    )
+    for step in range(3):
+        model(_batch(step)).sum().backward()
+        model.zero_grad(set_to_none=True)
+    w.close()
+    ddp, one = _series(out + ".run"), _series(w.run_dir)
+    assert sorted(ddp) == sorted(one)
+    kinds = {k[1] for k in one}
+    assert kinds >= {"io", "io_grad", "params", "params_grad"}
+    for key in one:
+        np.testing.assert_array_equal(ddp[key].counts, one[key].counts, err_msg=str(key))
+        scale = 0.5 if key[1] == "params_grad" else 1.0  # DDP's gradient is the mean of the ranks'
+        np.testing.assert_array_equal(np.asarray(ddp[key].min), np.asarray(one[key].min) * scale, err_msg=str(key))
+        np.testing.assert_array_equal(np.asarray(ddp[key].max), np.asarray(one[key].max) * scale, err_msg=str(key))

@@ -399,7 +399,7 @@ def test_ddp_two_processes_only_rank0_records(tmp_path):
         assert rc == 0, f"rank {rank} failed:\n{out}\n{err}"
 
     r0, r1 = (torch.load(tmp_path / f"out{rank}.pt") for rank in range(2))
-    # rank 0 records, rank 1 gets an object that records nothing
+    # rank 0 writes the run; rank 1 records and sends its counts to rank 0 (no folder of its own)
     assert r0["watch_type"] == "Watch"
     assert r0["watch_run_dir"] == str(tmp_path / "run0")
     assert r1["watch_run_dir"] is None

@@ -273,24 +273,43 @@ class CompileSwitch:
 
     def watch_compile(self) -> None:
         """Learn of ``model.compile()`` called on the watched model while it is watched: the
-        instance's ``compile`` runs ``nn.Module.compile`` and then sets the switch."""
+        instance's ``compile`` (``_CompileSpy``) runs ``nn.Module.compile``, then sets the switch."""
         if "compile" in vars(self.inner):
             return
-        switch = self
-
-        def compile(*args: Any, **kwargs: Any) -> None:
-            nn.Module.compile(switch.inner, *args, **kwargs)
-            switch.prepare_escape()
-            switch.refresh()
-            switch.after_forward()
-
-        object.__setattr__(self.inner, "compile", compile)
+        object.__setattr__(self.inner, "compile", _CompileSpy(self.inner, self))
         self._compile_attr = True
+
+    def compiled(self) -> None:
+        """The watched model was just compiled in place."""
+        self.prepare_escape()
+        self.refresh()
+        self.after_forward()
 
     def unwatch_compile(self) -> None:
         if self._compile_attr:
             self._compile_attr = False
             vars(self.inner).pop("compile", None)
+
+
+class _CompileSpy:
+    """``model.compile`` while the model is watched. A copy of the model (``copy.deepcopy``,
+    pickle) gets one that only compiles: copies are not watched."""
+
+    __slots__ = ("module", "switch")
+
+    def __init__(self, module: nn.Module, switch: Optional[CompileSwitch] = None) -> None:
+        self.module, self.switch = module, switch
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        nn.Module.compile(self.module, *args, **kwargs)
+        if self.switch is not None:
+            self.switch.compiled()
+
+    def __deepcopy__(self, memo: dict) -> "_CompileSpy":
+        return _CompileSpy(memo.get(id(self.module), self.module))  # the copy of the model
+
+    def __reduce__(self) -> tuple:
+        return (_CompileSpy, (self.module,))
 
 
 def _call(hook: Callable, args: tuple) -> Any:

@@ -13,7 +13,9 @@ collectives, whatever the number of series:
    concatenated batch (chosen over fixed mergeable edges, which would need edges known in
    advance or coarser bins: this costs one small collective of 2 numbers per series).
 3. ``all_gather`` of each rank's counts, non-finite counts and exact statistics; rank 0 sums
-   the counts, combines the statistics and writes. Only rank 0 writes the run.
+   the counts of ``io`` and ``io_grad`` (each rank saw its part of the batch), combines their
+   statistics, and writes. ``params``, ``params_grad`` and ``updates`` are replicated under DDP
+   (the same on every rank, gradients averaged): rank 0's copy is the series, not the sum.
 
 Steps that are not logged run no collective. A rank that stops calling the model (or calls it
 more often) while the others go on is found at the next logged step (different step numbers);
@@ -36,6 +38,8 @@ from torch import nn
 from ..errors import TorchlensError
 from ..web.stats import NUM_BINS, Histograms, histograms, reject_outliers
 from .compiled import named_modules
+
+REPLICATED = ("params", "params_grad", "updates")  # the same on every rank under DDP
 
 
 class RankMismatchError(TorchlensError, RuntimeError):
@@ -158,18 +162,37 @@ class RankGroup:
         torch.distributed.all_gather(parts, mine.to(self.device), group=self.group)  # collective 3
         self.collectives += 1
         every = torch.stack(parts).cpu().numpy()  # (ranks, series, columns)
+        # a parameter (its gradient, its update) is replicated under DDP: one copy, rank 0's, is
+        # its distribution; activations and their gradients are split over the ranks: summed
+        copy = np.array([k[1] in REPLICATED for k in keys])[:, None]
+        summed = np.where(copy, every[0], every.sum(0))
+        exact = np.where(copy, every[0, :, bins + 3 :], combine_exact(every[:, :, bins + 3 :]))
         glo_host, ghi_host = glo.numpy().copy(), ghi.numpy().copy()
         empty = ~np.isfinite(glo_host)
         glo_host[empty], ghi_host[empty] = np.nan, np.nan
         return Histograms(
-            every[:, :, :bins].sum(0).astype(np.float32),
+            summed[:, :bins].astype(np.float32),
             glo_host,
             ghi_host,
-            every[:, :, bins].sum(0).astype(np.int64),
-            sums=every[:, :, bins + 1].sum(0),
-            sums_of_squares=every[:, :, bins + 2].sum(0),
-            exact=combine_exact(every[:, :, bins + 3 :]),
+            summed[:, bins].astype(np.int64),
+            sums=summed[:, bins + 1],
+            sums_of_squares=summed[:, bins + 2],
+            exact=exact,
         )
+
+
+def rank_group(model: nn.Module) -> Optional[RankGroup]:
+    """The collectives of a watch of ``model`` when ``torch.distributed`` runs with several ranks."""
+    group = active_group(model)
+    return RankGroup(model, group) if group is not None else None
+
+
+def step_histograms(ranks: Optional[RankGroup], data: Any, reject: float, step: int) -> Histograms:
+    """A logged step's histograms (``data``: the recorder's ``StepData``): of this process, or
+    of the global batch under ``torch.distributed``."""
+    if ranks is None:
+        return histograms(data.samples, reject, summaries=data.summaries)
+    return ranks.histograms(data.samples, reject, data.summaries, step=step, keys=data.keys)
 
 
 def combine_exact(rows: np.ndarray) -> np.ndarray:
@@ -202,4 +225,13 @@ def combine_exact(rows: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["RankGroup", "RankMismatchError", "active_group", "combine_exact", "structure_checksum", "NUM_BINS"]
+__all__ = [
+    "RankGroup",
+    "RankMismatchError",
+    "active_group",
+    "rank_group",
+    "step_histograms",
+    "combine_exact",
+    "structure_checksum",
+    "NUM_BINS",
+]

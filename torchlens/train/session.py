@@ -22,6 +22,7 @@ from torch import nn
 from ..web.stats import NUM_BINS
 from .calls import trace_calls
 from .compiled import CompileSwitch, unwrap
+from .distributed import active_group, rank_group
 from .recorder import ModelHook, StepRecorder
 from .sampling import Sampler
 from .sentinel import Sentinel, check_mode
@@ -79,6 +80,9 @@ class Watch:
         self._inplace_flags: list = []
         self._tracing = None  # the call recorder of the metadata pass, while it runs
         self._graph_done = False
+        self._ranks = rank_group(model)  # under torch.distributed: distributed.py
+        if self._ranks is not None and self._ranks.rank != 0:  # rank 0 writes; the others send it their counts
+            backends, verbose, self._graph_done = (), False, True
         self._step: Optional[int] = None  # the training step in progress
         self._next_step = 0
         self._logging = False  # the step in progress is logged
@@ -120,8 +124,9 @@ class Watch:
                 from .backends import WandbBackend
 
                 self.backends.append(WandbBackend(html_every=wandb_html_every))
-            self.run_dir = new_run_dir(run_dir, type(model).__name__)
-            self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
+            if self._ranks is None or self._ranks.rank == 0:
+                self.run_dir = new_run_dir(run_dir, type(model).__name__)
+                self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
             if "tensorboard" in backends:
                 from .backends import TensorboardBackend
 
@@ -404,32 +409,6 @@ class Watch:
         atexit.unregister(self.close)
 
 
-class _Inactive:
-    """What ``watch`` returns on ranks other than 0 of a distributed run: nothing is installed."""
-
-    run_dir = None
-    url = None
-    closed = True
-    steps_logged = 0
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "_Inactive":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-def _is_nonzero_rank() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
-
-
 def watch(
     model: nn.Module,
     log_freq: int = 1,
@@ -451,13 +430,15 @@ def watch(
     input_grads: bool = True,
     on_nonfinite: Optional[str] = None,
     optimizer: Any = None,
-) -> Union[Watch, _Inactive]:
+) -> Watch:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
 
     Args:
-        model: the ``nn.Module`` to watch (a ``DistributedDataParallel`` wrapper is unwrapped;
-            only rank 0 records).
+        model: the ``nn.Module`` to watch (a ``DistributedDataParallel`` wrapper is unwrapped).
+            Under ``torch.distributed`` call ``watch`` on every rank: each logged step's series
+            are those of the global batch, rank 0 writes the run (``w.run_dir`` is None on the
+            others); every rank must call ``close()``.
         log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
             mode with gradients enabled), the first one included. A logged step is written to
             the run when its backward pass ends (readable at once), and again when a later
@@ -516,6 +497,7 @@ def watch(
         >>> len(run.steps), sorted(run.calls)
         (5, ['', '0:1', '1:1', '2:1'])
     """
+    active_group(model)  # a DistributedDataParallel model without a process group is an error
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
     if not isinstance(model, nn.Module):
@@ -547,8 +529,6 @@ def watch(
             "tl.watch: a module of this model is already watched as part of another model. Close that watch first."
         )
     check_mode(on_nonfinite)
-    if _is_nonzero_rank():
-        return _Inactive()
     return Watch(
         model,
         log_freq,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Set, Tuple
 
 from ..web.stats import histograms
+from .distributed import step_histograms
 from .recorder import StepData
 
 
@@ -23,6 +24,7 @@ class StepWriter:
         self.watch = watch
         self.written = 0  # logged steps written so far
         self._clean: Optional[Tuple[int, int]] = None  # (step, recorder version) last written whole
+        self._last: Any = None  # the histograms of that write
 
     def update(self, step: int, kinds: Optional[Set[str]] = None) -> None:
         """Write what step ``step`` has now: every series, or those of ``kinds``."""
@@ -31,9 +33,9 @@ class StepWriter:
         data = recorder.collect(kinds)
         if kinds is not None and not data.keys:
             return
-        self._write(step, data)
+        h = self._write(step, data)
         if kinds is None:
-            self._clean = (step, version)
+            self._clean, self._last = (step, version), h
 
     def updates_added(self, step: int, added: int) -> None:
         """An optimizer step added ``added`` updates: write them (a step not written yet waits)."""
@@ -52,16 +54,22 @@ class StepWriter:
         self._clean = None
         if unchanged and not w.backends:
             return
-        h = self._write(step, data) if not unchanged else histograms(data.samples, w.reject, summaries=data.summaries)
+        # unchanged: the last write's histograms (under torch.distributed, global ones: no rank
+        # but 0 has backends, so none may run a collective here)
+        h = self._write(step, data) if not unchanged else self._last
+        if h is None:
+            h = histograms(data.samples, w.reject, summaries=data.summaries)
         for backend in w.backends:
             backend.log_step(step, data.keys, h, w.run_dir)
 
     def _write(self, step: int, data: StepData) -> Any:
         w = self.watch
         new_calls = w.recorder.take_new_calls()
-        if new_calls:
+        if new_calls and w._writer is not None:
             w._writer.add_calls(new_calls)
-        h = histograms(data.samples, w.reject, summaries=data.summaries)
+        h = step_histograms(w._ranks, data, w.reject, step)  # global under torch.distributed
+        if w._writer is None:  # a rank other than 0: its counts went to rank 0
+            return h
         new = w._writer.write_step(
             step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
         )
