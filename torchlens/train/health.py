@@ -15,8 +15,9 @@ One finding per (call, series, signal), worst first. The signals and their thres
 - ``dead``: at least ``DEAD_FRACTION`` (90%) of an output's values are exactly 0 (dead ReLUs).
 - ``saturated``: at least ``SATURATED_FRACTION`` (90%) of a Tanh / Sigmoid / Hardtanh /
   Hardsigmoid output lies within 1e-3 of its bounds (``saturation.py`` counts all values).
-- ``update_ratio``: with ``log=(..., "updates")``, a parameter's ``||dw|| / ||w||`` per step
-  outside [1e-4, 1e-2] (about 1e-3 is healthy).
+- ``update_ratio``: with ``log=(..., "updates")``, a weight's ``||dw|| / ||w||`` per step
+  outside [1e-4, 1e-2] (about 1e-3 is healthy). Only weights of two or more dimensions: a bias
+  or a normalisation parameter starts at 0 or 1, where the ratio says nothing of the step size.
 
 Gradients, dead and saturated outputs are judged on calls that contain no other call (a
 container's output is its last inner call's); the root model's own operations are included
@@ -73,7 +74,7 @@ def findings(run: Any) -> List[Dict[str, Any]]:
     rows += _gradients({key: s for key, s in outputs.items() if key[1] == "io_grad"}, loss_grads)
     rows += _dead({key: s for key, s in outputs.items() if key[1] == "io"})
     rows += _saturated(run.run_dir, calls)
-    rows += _updates(run, names)
+    rows += _updates(run, names, calls)
     for row in rows:
         row.setdefault("page", None)
         row["address"] = calls[row["call"]].address if row["call"] in calls else row["call"]
@@ -302,11 +303,12 @@ def _saturated(run_dir: str, calls: Dict[str, Any]) -> List[Dict[str, Any]]:
     return rows
 
 
-def _updates(run: Any, names: List[Tuple[str, str, str]]) -> List[Dict[str, Any]]:
+def _updates(run: Any, names: List[Tuple[str, str, str]], calls: Dict[str, Any]) -> List[Dict[str, Any]]:
     lo, hi = UPDATE_RATIO
     rows = []
     for cid, kind, name in names:
-        if kind != "updates":
+        shape = dict((n, s) for n, s in calls[cid].params).get(name) if cid in calls else None
+        if kind != "updates" or shape is None or len(shape) < 2:  # weights only (see the module's doc)
             continue
         s = run.series(cid, kind, name)
         ratio = s.line
