@@ -387,3 +387,24 @@ def test_an_exported_page_carries_the_health_panel(browser, tmp_path, sick):
         assert errors == []
     finally:
         context.close()
+
+
+def test_manual_steps_are_checked_and_evaluation_is_not(tmp_path):
+    model = Drift(LogAct())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.rand(16, 4)
+
+    def train_step(n):
+        w.begin_step(n)
+        opt.zero_grad()
+        model(x).mean().backward()
+
+    with _watch(model, tmp_path, on_nonfinite="warn", manual_steps=True, log_freq=2) as w:
+        train_step(30)  # finite
+        _break(model)
+        model.eval()
+        model(x).mean().backward()  # NaN in evaluation mode (gradients on): not a training step
+        model.train()
+        with pytest.warns(NonfiniteWarning, match="step 31 .*'act:1'"):
+            train_step(31)
+    assert [e["step"] for e in _events(tmp_path)] == [31]
