@@ -47,10 +47,12 @@ class Series:
     of the values with outliers rejected (``tl.watch``'s ``sample_n`` and
     ``reject_outlier_proportion``). The other arrays are over ALL values of the tensor in
     the column's steps: ``true_min``/``true_max`` (of the finite values), ``mean`` and ``std``
-    (population std, ``correction=0``, of the finite values), the numbers of values ``count``,
-    ``nan``, ``posinf``, ``neginf`` and ``zeros`` (exactly 0), and ``line``, the scalar drawn
-    under the strip (``line_label``: std for ``io``/``params``, the median per-sample norm for
-    ``io_grad``, the norm of the finite values for ``params_grad``). For ``io_grad`` the values
+    (population std, ``correction=0``, of the finite values; summed in float64, a float32
+    tensor's std is good to about 1e-7 relative), the numbers of values ``count``, ``nan``,
+    ``posinf``, ``neginf`` and ``zeros`` (exactly 0), and ``line``, the scalar drawn under the
+    strip (``line_label``: std for ``io``/``params``, the median per-sample norm for
+    ``io_grad``, the norm of the finite values for ``params_grad``, ``||dw|| / ||w||`` for
+    ``updates``). For ``io_grad`` the values
     are the per-sample gradient norms, as in its histogram. A column holding several steps
     sums the counts, pools mean and std, and averages the line. All nan in runs written before
     these were recorded (``reason`` then says so).
