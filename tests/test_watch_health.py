@@ -217,6 +217,19 @@ def test_health_names_the_nan_step_and_the_producing_call(tmp_path):
     assert len(_rows(h, "nonfinite")) == 1  # the producer, not 'out:1' or the model it reached
 
 
+def test_health_names_the_call_whose_backward_made_the_nan(tmp_path):
+    model = Drift(SqrtAbs())  # finite forward, NaN gradient from sqrt(abs(0))
+    with _watch(model, tmp_path, log_freq=1) as w:
+        _train(model, BAD_STEP + 2)
+    first = tl.open_run(w.run_dir).health().iloc[0]
+    assert (first.signal, first.call, first.first_step, first.series) == (
+        "nonfinite",
+        "act:1",
+        BAD_STEP,
+        "io_grad/input",
+    )
+
+
 def test_health_with_the_sentinel_has_the_operation_and_its_page(tmp_path):
     model = Drift(LogAct())
     with _watch(model, tmp_path, log_freq=4, on_nonfinite="trace") as w:

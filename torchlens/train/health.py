@@ -6,7 +6,9 @@ One finding per (call, series, signal), worst first. The signals and their thres
 - ``nonfinite``: NaN or Inf. The call is the producer, not the calls it propagated to: from the
   NaN sentinel's record (``tl.watch(on_nonfinite=...)``, exact, any step) when there is one;
   otherwise, at the first logged step with a non-finite output, the first call (in call order)
-  whose output holds NaN/Inf while its inputs did not, leaving containers to their inner calls.
+  whose output holds NaN/Inf while its inputs did not, leaving containers to their inner calls;
+  when the forward stayed finite, the last call whose backward sent NaN/Inf to its inputs while
+  the gradient reaching its outputs was finite.
 - ``exploding`` / ``vanishing``: the median per-sample norm of the gradient arriving at a call's
   output (the ``io_grad`` line) is more than ``FAR`` (1000) times above / below the run's median
   of that line (over every call and logged step); exploding also needs it to be larger than the
@@ -143,38 +145,61 @@ def _nonfinite(run: Any, calls: Dict[str, Any], names: List[Tuple[str, str, str]
     events = _events(run.run_dir)
     if events:
         return [_event_row(e) for e in events[:1]]
-    io = [(c, n, run.series(c, "io", n)) for c, k, n in names if k == "io"]
+    forward = _first_bad(run, [(c, n) for c, k, n in names if k == "io"], "io")
+    backward = _first_bad(run, [(c, n) for c, k, n in names if k == "io_grad"], "io_grad")
+    if forward is None and backward is None:
+        return []
+    order = list(calls)
+
+    def producer(at: Dict[str, Dict[str, float]], bad: str, good: str, last: bool) -> str:
+        found = [c for c, v in at.items() if v[bad] > 0 and v[good] == 0]
+        inner = [c for c in found if not any(_inside(calls, o, c) for o in found if o != c)]
+        rank = sorted(inner or found or list(at), key=lambda c: order.index(c) if c in order else len(order))
+        return rank[-1] if last else rank[0]
+
+    if forward is not None and (backward is None or forward[0] <= backward[0]):
+        step, at = forward
+        chosen = producer(at, "out", "in", last=False)
+        n = at.get(chosen, {}).get("out", 0)
+        series, why = "io/output", f"its output held {int(n)} NaN/Inf value(s) while its inputs were finite"
+    else:
+        assert backward is not None
+        step, at = backward
+        chosen = producer(at, "in", "out", last=True)  # backward runs the calls in reverse
+        n = at.get(chosen, {}).get("in", 0)
+        series = "io_grad/input"
+        why = f"its backward sent {int(n)} NaN/Inf gradient value(s) to its inputs from a finite gradient"
+    return [
+        {
+            "call": chosen,
+            "series": series,
+            "signal": "nonfinite",
+            "first_step": step,
+            "latest_value": n,
+            "explanation": f"{why} (the first logged step with any)",
+        }
+    ]
+
+
+def _first_bad(run: Any, keys: List[Tuple[str, str]], kind: str) -> Optional[Tuple[int, Dict[str, Dict[str, float]]]]:
+    """The first logged step where a series of ``kind`` holds NaN/Inf, and per call the number of
+    such values in its inputs and its outputs at that step (None: never)."""
+    series = [(c, n, run.series(c, kind, n)) for c, n in keys]
     first: Optional[int] = None
-    for _, _, s in io:
+    for _, _, s in series:
         hit = np.nonzero(_bad(s) > 0)[0]
         if len(hit):
             step = int(s.steps[hit[0]])
             first = step if first is None else min(first, step)
     if first is None:
-        return []
-    at: Dict[str, Dict[str, float]] = {}  # call -> {'in': bad inputs, 'out': bad outputs} at that step
-    for cid, name, s in io:
+        return None
+    at: Dict[str, Dict[str, float]] = {}
+    for cid, name, s in series:
         where = np.nonzero(s.steps == first)[0]
         if len(where):
-            side = "out" if name.startswith("output") else "in"
             counts = at.setdefault(cid, {"in": 0.0, "out": 0.0})
-            counts[side] += float(_bad(s)[where[0]])
-    producing = [c for c, v in at.items() if v["out"] > 0 and v["in"] == 0]
-    inner = [c for c in producing if not any(calls.get(o) and _inside(calls, o, c) for o in producing if o != c)]
-    order = list(calls)
-    chosen = min(inner or producing or list(at), key=lambda c: order.index(c) if c in order else len(order))
-    n = at.get(chosen, {}).get("out", 0)
-    return [
-        {
-            "call": chosen,
-            "series": "io/output",
-            "signal": "nonfinite",
-            "first_step": first,
-            "latest_value": n,
-            "explanation": f"its output held {int(n)} NaN/Inf value(s) while its inputs were finite "
-            "(the first logged step with any)",
-        }
-    ]
+            counts["out" if name.startswith("output") else "in"] += float(_bad(s)[where[0]])
+    return first, at
 
 
 def _inside(calls: Dict[str, Any], cid: str, ancestor: str) -> bool:
