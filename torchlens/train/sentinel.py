@@ -155,7 +155,8 @@ class Sentinel:
         if not flags:
             return
         device = flags[-1].device
-        ok = torch.stack([f.to(device, non_blocking=True) for f in flags]).all()
+        fast = device.type != "cpu"  # a non-blocking copy to the host could be read before it lands
+        ok = torch.stack([f.to(device, non_blocking=fast) for f in flags]).all()
         if bool(ok):  # the one host transfer of the step
             return
         self._found(step)
