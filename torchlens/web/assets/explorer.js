@@ -545,7 +545,7 @@
     for (const [field, label] of [["nan", "NaN"], ["posinf", "+inf"], ["neginf", "−inf"], ["zeros", "zeros"]]) {
       if (s[field][i]) parts.push(`${Math.round(s[field][i])} ${label}`);
     }
-    if (s.line[i] !== null && s.line_label) parts.push(`${s.line_label} ${format(s.line[i])}`);
+    if (s.line[i] !== null && s.line_label && s.line_label !== "std") parts.push(`${s.line_label} ${format(s.line[i])}`);
     return "\n" + parts.join(" · ");
   }
 
