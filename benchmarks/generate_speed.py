@@ -15,7 +15,9 @@ config), greedy decoding of a 5-token prompt with a DynamicCache, one torch thre
 * ``traced``    -- ``layers_to_save=['lm_head'], reuse_structure=False`` (every step traced
                    fully), 100 new tokens, for comparison.
 
-Each figure is the median of ``--repeats`` runs (default 3), after one untimed run of each.
+Times are CPU time of this process (``time.process_time``; one torch thread, so it is the work
+done, less disturbed by other processes on a shared machine than wall time), the median of
+``--repeats`` alternating rounds (default 3), after one untimed run of each.
 Run: ``.venv/bin/python benchmarks/generate_speed.py [--repeats 3]``
 """
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 import torch
 import transformers
@@ -52,36 +54,36 @@ def llama() -> Any:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def median_time(run: Callable[[], Any], repeats: int) -> float:
-    run()  # untimed: first calls of each torch function cost more
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(model: Any, repeats: int) -> Dict[str, float]:
     def options(n: int) -> Dict[str, Any]:
         return dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
 
-    plain = median_time(lambda: model.generate(PROMPT, **options(100)), repeats)
-    plain50 = median_time(lambda: model.generate(PROMPT, **options(50)), repeats)
-    head = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **options(100)), repeats)
-    traced = median_time(
-        lambda: tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], reuse_structure=False, **options(100)),
-        repeats,
-    )
-    meta100 = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(100)), repeats)
-    meta50 = median_time(lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(50)), repeats)
+    runs: Dict[str, Callable[[], Any]] = {
+        "plain": lambda: model.generate(PROMPT, **options(100)),
+        "plain50": lambda: model.generate(PROMPT, **options(50)),
+        "head": lambda: tl.log_generate(model, PROMPT, layers_to_save=["lm_head"], **options(100)),
+        "traced": lambda: tl.log_generate(
+            model, PROMPT, layers_to_save=["lm_head"], reuse_structure=False, **options(100)
+        ),
+        "meta100": lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(100)),
+        "meta50": lambda: tl.log_generate(model, PROMPT, layers_to_save=None, **options(50)),
+    }
+    for run in runs.values():
+        run()  # untimed: first calls of each torch function cost more
+    times: Dict[str, List[float]] = {name: [] for name in runs}
+    for _ in range(repeats):  # in alternating rounds, so that a busy spell of the machine hits all alike
+        for name, run in runs.items():
+            start = time.process_time()
+            run()
+            times[name].append(time.process_time() - start)
+    t = {name: statistics.median(values) for name, values in times.items()}
     return {
-        "plain_ms": plain * 1000,
-        "lm_head": head / plain,
-        "metadata": meta100 / plain,
-        "100/50": meta100 / meta50,
-        "plain 100/50": plain / plain50,
-        "traced": traced / plain,
+        "plain_ms": t["plain"] * 1000,
+        "lm_head": t["head"] / t["plain"],
+        "metadata": t["meta100"] / t["plain"],
+        "100/50": t["meta100"] / t["meta50"],
+        "plain 100/50": t["plain"] / t["plain50"],
+        "traced": t["traced"] / t["plain"],
     }
 
 
