@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
 import json
 import queue
 import re
@@ -64,7 +65,7 @@ def test_feed_sends_only_what_is_new(tmp_path):
         news = feed.update()
         assert news["steps"] == [2] and "summary" not in news  # no new call: no summary again
         weight = next(s for s in news["series"]["0:1"]["series"] if s["name"] == "weight")
-        assert weight["steps"] == [1, 2]  # the last column sent (it may have been written again) and the new one
+        assert weight["steps"] == [2]  # only the new column
         again = feed.update(since=-1)  # a front end that lacks everything (reloaded) gets it all
         assert again["steps"] == [0, 1, 2] and "summary" in again
         assert feed.update(again=True)["series"]["0:1"]["series"][0]["steps"] == [2]
@@ -84,13 +85,20 @@ def test_feed_restarts_the_columns_when_the_stride_grows(tmp_path):
             _step(model)
         w.flush()
         assert "restart" not in feed.update()
-        for _ in range(5):
+        for _ in range(3):  # 6 steps in at most 4 columns: two steps a column
             _step(model)
         w.flush()
         news = feed.update()
         assert news["restart"] is True and news["stride"] > 1
         weight = next(s for s in news["series"]["0:1"]["series"] if s["name"] == "weight")
         assert weight["steps"][0] == 0  # every column again, merged at the new stride
+        for _ in range(2):  # a column of two steps: sent when it begins, again when it fills
+            _step(model)
+            w.flush()
+            news = feed.update()
+            weight = next(s for s in news["series"]["0:1"]["series"] if s["name"] == "weight")
+            assert len(weight["steps"]) == 1 and weight["last_steps"] == news["steps"][-1:]
+        assert weight["steps"][0] < weight["last_steps"][0]
     finally:
         w.close()
         feed.close()
@@ -135,6 +143,11 @@ def _execute(kc, code, timeout=120):
     return messages
 
 
+def _srcdoc(frame):
+    """The page inside an ``<iframe srcdoc>``."""
+    return html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
+
+
 def _page_steps(page):
     """The steps in a packed explorer page's data."""
     packed = re.search(r'<script type="application/octet-stream" id="tl-packed">([^<]*)</script>', page).group(1)
@@ -154,8 +167,11 @@ def test_a_kernel_pushes_each_cells_steps_to_the_widget(kernel, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbconvert = pytest.importorskip("nbconvert")
     first = _execute(kernel, TRAIN_CELL)
-    result = next(m["content"]["data"] for m in first if m["msg_type"] == "execute_result")
+    shown = next(m["content"] for m in first if m["msg_type"] == "display_data")
+    result = shown["data"]
     assert WIDGET_VIEW in result and result["text/html"].startswith("<iframe srcdoc=")  # live, and the snapshot
+    text = next(m["content"]["data"] for m in first if m["msg_type"] == "execute_result")
+    assert "torchlens watch of Sequential" in text["text/plain"] and "iframe" not in text["text/html"]  # one view
     opened = next(
         m["content"]["data"]["state"]
         for m in first
@@ -165,15 +181,21 @@ def test_a_kernel_pushes_each_cells_steps_to_the_widget(kernel, tmp_path):
     assert opened["height"] == 640
     # step 1, the cell's last, is written when the cell ends at the latest (not when a next step
     # begins), and pushed if the snapshot lacks it
-    shown = _page_steps(opened["page"]) + [s for u in _updates(first) for s in u["steps"]]
-    assert shown == [0, 1]
-    second = _execute(kernel, "train(3)")
+    seen = _page_steps(opened["page"]) + [s for u in _updates(first) for s in u["steps"]]
+    assert seen == [0, 1]
+    second = _execute(kernel, "import time\ntrain(3)\ntime.sleep(2)")
     pushed = _updates(second)
     assert [s for u in pushed for s in u["steps"]] == [2, 3, 4]
+    idle = next(i for i, m in enumerate(second) if m["content"].get("execution_state") == "idle")
+    assert _updates(second[:idle])  # live: pushed while the cell still runs, not only after it
     weight = [s for u in pushed for s in u["series"]["0:1"]["series"] if s["name"] == "weight"]
     assert weight[-1]["steps"][-1] == 4 and len(weight[-1]["counts"][-1]) == NUM_BINS
-    closing = _updates(_execute(kernel, "w.close()"))
-    assert closing[-1]["status"] == "finished"
+    closing = _execute(kernel, "w.close()")
+    assert _updates(closing)[-1]["status"] == "finished"
+    # then the output is replaced by the final snapshot: what a notebook saved now keeps
+    final = next(m["content"] for m in closing if m["msg_type"] == "update_display_data")
+    assert final["transient"]["display_id"] == shown["transient"]["display_id"]
+    assert WIDGET_VIEW not in final["data"] and _page_steps(_srcdoc(final["data"]["text/html"])) == [0, 1, 2, 3, 4]
     # saved without widget state (JupyterLab's default) and converted: the snapshot shows
     book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(TRAIN_CELL)])
     book.cells[0].outputs = [nbformat.v4.new_output("execute_result", data=result, execution_count=1)]
@@ -185,9 +207,8 @@ def test_a_kernel_pushes_each_cells_steps_to_the_widget(kernel, tmp_path):
 # ----- a real JupyterLab, driven by Chromium --------------------------------------------------
 def _notebook(path):
     nbformat = pytest.importorskip("nbformat")
-    book = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(TRAIN_CELL), nbformat.v4.new_code_cell("train(3)")]
-    )
+    cells = [nbformat.v4.new_code_cell(code) for code in (TRAIN_CELL, "train(3)", "w.close()")]
+    book = nbformat.v4.new_notebook(cells=cells)
     book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.write_text(json.dumps(book), encoding="utf-8")
 
@@ -245,6 +266,18 @@ def test_jupyterlab_inline_explorer_gains_the_next_cells_column(browser, tmp_pat
             frame.wait_for_selector(f'{columns}[data-columns="5"]', timeout=60_000)  # the second cell's 3 more
             assert "5 logged steps (last 4)" in frame.inner_text('[data-role="status"]')
             assert frame.evaluate("window.__sameDocument === true")  # updated in place, not reloaded
-            assert problems == [] and outside == []
+            assert problems == []
+            # the run ends: the output becomes the final snapshot, which the saved notebook keeps
+            _run_cell(tab, 2)
+            tab.wait_for_selector('iframe[data-role="torchlens-live"]', state="detached")
+            tab.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+            tab.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            saved = json.loads((tmp_path / "live.ipynb").read_text(encoding="utf-8"))
+            assert [WIDGET_VIEW in o.get("data", {}) for o in saved["cells"][0]["outputs"]] == [False, False]
+            tab.reload()  # reopened without a kernel: the snapshot, with every step
+            snapshot = tab.wait_for_selector(".jp-OutputArea-output iframe[srcdoc]").content_frame()
+            snapshot.wait_for_selector('[data-node="0:1"]')
+            assert "5 logged steps (last 4) · finished" in snapshot.inner_text('[data-role="status"]')
+            assert outside == []
         finally:
             context.close()

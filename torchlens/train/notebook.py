@@ -19,9 +19,11 @@ without widgets, nbconvert, and a notebook opened later without its kernel show 
 
 from __future__ import annotations
 
+import html
 import sys
 import threading
 import time
+import uuid
 from typing import Any, Dict, Optional
 
 from ..web.embed import packed_page, read_asset, srcdoc_frame
@@ -106,8 +108,9 @@ class LiveFeed:
         else:
             names = self.catalog.run(".").series_names() if news["steps"] or again else []
             series_ids = list(dict.fromkeys(cid for cid, _, _ in names))
-        # columns ending at or after the last step sent: the one still filling, and the new ones
-        column_since = None if restart else since
+        # the columns that gained steps: new ones, and the one still filling (stride > 1); with
+        # ``again``, the last one sent too
+        column_since = None if restart else (since if again else since + 1)
         update["series"] = {cid: self.catalog.call_series_json(".", cid, since=column_since) for cid in series_ids}
         if news["steps"]:
             self.last_step = max(self.last_step, news["steps"][-1])
@@ -142,6 +145,8 @@ class LiveView:
         self.feed = LiveFeed(watch.run_dir)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.height = int(height)
+        self.display_id = f"torchlens-live-{uuid.uuid4().hex}"
         data = self.feed.page_data()
         page = packed_page("index.html", data, "TORCHLENS_EXPORT", extra_scripts=["live.js"])
         self.static_html = srcdoc_frame(page, height)  # the fallback: the same page, left as it is
@@ -161,10 +166,12 @@ class LiveView:
         return update is not None or self.feed.status == "running"
 
     def _run(self) -> None:
+        finished = False
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
                 if not self._push():
+                    finished = True
                     break
                 # reading every call's new columns costs the training process: never more than a
                 # fifth of its time however large the model
@@ -175,6 +182,19 @@ class LiveView:
             self._unregister()
             with self._lock:
                 self.feed.close()
+        if finished:
+            self._settle()
+
+    def _settle(self) -> None:
+        """The run is over: the output becomes the final snapshot. A notebook saved with a widget
+        whose kernel is gone shows an error in JupyterLab ("model not found"); a snapshot shows."""
+        from IPython.display import update_display
+
+        from .serve.export import notebook_html
+
+        final = {"text/html": notebook_html(self.watch.run_dir, self.height), "text/plain": repr(self.watch)}
+        update_display(final, raw=True, display_id=self.display_id)
+        self.widget.close()
 
     def _on_message(self, widget: Any, content: Any, buffers: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "sync" and self._thread.is_alive():
@@ -206,12 +226,25 @@ class LiveView:
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         return {**data, "text/html": self.static_html, "text/plain": repr(self.watch)}
 
+    def display(self) -> None:
+        """Show the view as a display of its own (an id lets the end of the run replace it)."""
+        from IPython.display import display
+
+        display(self.mimebundle(), raw=True, display_id=self.display_id)
+
 
 def mimebundle(watch: Any, height: int = 640) -> Dict[str, str]:
     """What Jupyter shows for ``watch``: the live view where one can run (a kernel with anywidget,
-    a watch still open), else the static snapshot (``notebook_html``)."""
+    a watch still open), else the static snapshot (``notebook_html``).
+
+    The live view is displayed here, as a display of its own, and only the watch's text is
+    returned: a cell's result cannot be replaced later (only a display with an id can), and the
+    view is replaced by the final snapshot when the run ends, so that the saved notebook keeps it.
+    """
     if live_available() and not watch.closed and watch.run_dir is not None:
-        return live_view(watch, height).mimebundle()
+        live_view(watch, height).display()
+        text = repr(watch)  # as HTML too: else Jupyter would add the snapshot (_repr_html_) below the view
+        return {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
     from .serve.export import notebook_html
 
     return {"text/html": notebook_html(watch.run_dir, height), "text/plain": repr(watch)}
@@ -232,9 +265,12 @@ def show(watch: Any, height: int = 640) -> Any:
         from .serve.export import show_inline
 
         return show_inline(watch.run_dir, height)  # raises, naming the alternatives
-    from IPython.display import display
+    if live_available() and not watch.closed and watch.run_dir is not None:
+        live_view(watch, height).display()
+    else:
+        from IPython.display import display
 
-    display(mimebundle(watch, height), raw=True)
+        display(mimebundle(watch, height), raw=True)
     return None  # returning the view would show it twice when show() ends a cell
 
 
