@@ -421,3 +421,26 @@ def test_manual_steps_are_checked_and_evaluation_is_not(tmp_path):
         with pytest.warns(NonfiniteWarning, match="step 31 .*'act:1'"):
             train_step(31)
     assert [e["step"] for e in _events(tmp_path)] == [31]
+
+
+def test_health_of_a_run_with_a_gradient_series_without_values(tmp_path):
+    class Quantize(nn.Module):
+        def forward(self, x):
+            return x.round().long()  # stops the gradient: its io_grad series has no columns
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4)
+            self.quant = Quantize()
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h + self.quant(h).float()
+
+    model = Net()
+    with _watch(model, tmp_path) as w:
+        for _ in range(3):
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+    h = tl.open_run(w.run_dir).health()
+    assert "quant:1" not in set(h.call)

@@ -249,8 +249,12 @@ def _gradients(grads: Dict[Tuple[str, str, str], Any], loss_grads: List[Any]) ->
             sent[step] = max(sent.get(step, -math.inf), value)
     rows = []
     for (cid, kind, name), s in grads.items():
+        if not len(s.steps) or len(s.line) != len(s.steps):  # no values (a reason says why), or an old run
+            continue
         ratio = s.line / reference
-        amplified = np.array([v > sent.get(st, -math.inf) for st, v in zip(s.steps.tolist(), s.line.tolist())])
+        amplified = np.array(
+            [v > sent.get(st, -math.inf) for st, v in zip(s.steps.tolist(), s.line.tolist())], dtype=bool
+        )
         for signal, hit in (("exploding", (ratio > FAR) & amplified), ("vanishing", ratio < 1 / FAR)):
             where = np.nonzero(hit & np.isfinite(ratio))[0]
             if not len(where):
