@@ -7,7 +7,8 @@ Example (needs ``pip install lightning``)::
     trainer.fit(module, loader)
 
 The watch starts at ``on_fit_start`` and closes at ``on_fit_end`` (also when fitting fails).
-Only training steps are logged (validation runs in eval mode without gradients), and
+Under ``strategy="ddp"`` every process watches its replica and rank 0 writes one run with the
+series of the global batch (``torchlens.train.distributed``). Only training steps are logged (validation runs in eval mode without gradients), and
 ``log_freq`` counts optimizer steps (``trainer.global_step``): with gradient accumulation, the
 forward passes of one optimizer step are overlaid as one step. Every module call in
 ``training_step`` is recorded; the data-flow edges of the module graph come from a trace of the
@@ -45,8 +46,7 @@ class TorchlensCallback(Callback):
         self.watch: Optional[Any] = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.global_rank != 0:
-            return
+        # every rank watches: under strategy="ddp" the ranks' counts go to rank 0, which writes
         self.watch = watch(pl_module, manual_steps=True, **self.watch_options)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -57,7 +57,10 @@ class TorchlensCallback(Callback):
         self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close()
+        if self.watch is not None and getattr(self.watch, "_ranks", None) is not None:
+            self.watch._release()  # the other ranks may not reach the last step's collectives
+        else:
+            self._close()
 
     def _close(self) -> None:
         if self.watch is not None:

@@ -223,7 +223,9 @@ class Watch:
             return None  # the model calling itself is part of the running pass; evaluation logs nothing
         self._sentinel.forward_started(args, kwargs)
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
-            if self._logging and not self._graph_done:
+            # not a call whose forward Lightning swapped for training_step (under DDP): tracing
+            # it would run training_step twice (the run then has calls without data-flow edges)
+            if self._logging and not self._graph_done and "forward" not in vars(module):
                 self._trace_graph(args, kwargs)
             return None
         if not (self.delay and self._step is not None and not self._backward_seen):
