@@ -281,3 +281,59 @@ def test_jupyterlab_inline_explorer_gains_the_next_cells_column(browser, tmp_pat
             assert outside == []
         finally:
             context.close()
+
+
+# ----- the page's side alone, in Chromium: live.js fed as the widget feeds it ----------------------
+def test_live_page_applies_pushed_updates(browser, tmp_path):
+    """The live page in a sandboxed iframe, fed real updates by a parent page as the widget
+    does: new columns drawn without a reload, an update applied twice counts once, and a
+    stopped feed says so in the status line."""
+    from torchlens.web.embed import packed_page
+
+    model = _model()
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
+    feed = LiveFeed(w.run_dir)
+    try:
+        for _ in range(2):
+            _step(model)
+        w.flush()
+        page = packed_page("index.html", feed.page_data(), "TORCHLENS_EXPORT", extra_scripts=["live.js"])
+        for _ in range(2):
+            _step(model)
+        w.flush()
+        update = feed.update()
+    finally:
+        w.close()
+        feed.close()
+    wrapper = tmp_path / "wrapper.html"
+    wrapper.write_text(
+        f'<iframe id="f" sandbox="allow-scripts" style="width:1200px;height:800px" srcdoc="{html.escape(page)}">'
+        "</iframe><script>window.addEventListener('message', (e) => { if (e.data.torchlens === 'ready') "
+        "window.readyLast = e.data.last; });</script>",
+        encoding="utf-8",
+    )
+    send = "(m) => document.getElementById('f').contentWindow.postMessage(m, '*')"
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    context.set_default_timeout(20_000)
+    try:
+        tab = context.new_page()
+        problems = []
+        tab.on("pageerror", lambda e: problems.append(str(e)))
+        tab.goto(wrapper.as_uri())
+        tab.wait_for_function("window.readyLast === 1")  # the page says which steps it has
+        frame = tab.frame_locator("#f")
+        frame.locator('[data-node="0:1"]').drag_to(frame.locator('[data-role="panels"]'))
+        strip = frame.locator('[data-panel="0:1"] canvas[data-series="params/weight"]')
+        strip.and_(frame.locator('[data-columns="2"]')).wait_for()
+        frame.locator("body").evaluate("b => { window.sameDocument = true; }")
+        for _ in range(2):  # the widget replays what it has to a page that opens late: no double
+            tab.evaluate(send, {"torchlens": "update", "update": update})
+        strip.and_(frame.locator('[data-columns="4"]')).wait_for()
+        status = frame.locator('[data-role="status"]')
+        assert "4 logged steps (last 3)" in status.inner_text()
+        assert frame.locator("body").evaluate("() => window.sameDocument === true")
+        tab.evaluate(send, {"torchlens": "error", "message": "torchlens: the live view stopped: test"})
+        frame.locator('[data-role="status"]:has-text("the live view stopped")').wait_for()
+        assert problems == []
+    finally:
+        context.close()

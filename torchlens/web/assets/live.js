@@ -41,8 +41,10 @@
 
   window.addEventListener("message", (event) => {
     const message = event.data;
-    if (event.source !== window.parent || !message || message.torchlens !== "update") return;
-    apply(message.update);
+    if (event.source !== window.parent || !message) return;
+    if (message.torchlens === "update") apply(message.update);
+    // the kernel's feed stopped: the status line says so (the page polls it), what is drawn stays
+    if (message.torchlens === "error") data.summary.status = message.message;
   });
   window.parent.postMessage({ torchlens: "ready", last: lastStep() }, "*");
 })();

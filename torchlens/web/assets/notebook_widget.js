@@ -38,7 +38,10 @@ function render({ model, el }) {
     // what was pushed before this front end listened (a reload, a late start) is asked for
     model.send({ type: "sync", since: event.data.last });
   };
-  const onKernel = (message) => { if (ready && message && message.type === "update") post(message.update); };
+  const onKernel = (message) => {
+    if (ready && message && message.type === "update") post(message.update);
+    if (message && message.type === "error") frame.contentWindow.postMessage({ torchlens: "error", message: message.message }, "*");
+  };
   window.addEventListener("message", onPage);
   model.on("msg:custom", onKernel);
   return () => {
