@@ -53,7 +53,7 @@ def test_exact_statistics_cover_all_values_while_the_histogram_is_sampled(tmp_pa
     for i, out in enumerate(seen[-3:]):
         flat = out.double().flatten()
         assert s.true_min[i] == flat.min().item() and s.true_max[i] == flat.max().item()
-        assert s.mean[i] == pytest.approx(flat.mean().item(), rel=1e-9)
+        assert s.mean[i] == pytest.approx(flat.mean().item(), rel=1e-6)
         assert s.std[i] == pytest.approx(flat.std(correction=0).item(), rel=1e-6)
         assert s.count[i] == flat.numel() and s.zeros[i] == (flat == 0).sum().item()
         assert s.nan[i] == s.posinf[i] == s.neginf[i] == 0
@@ -131,7 +131,7 @@ def test_several_forwards_of_one_step_and_merged_columns_pool_the_statistics(tmp
         values = torch.cat([o.double().flatten() for o in seen[-8:][4 * column : 4 * column + 4]])
         assert s.count[column] == values.numel()
         assert s.true_min[column] == values.min().item() and s.true_max[column] == values.max().item()
-        assert s.mean[column] == pytest.approx(values.mean().item(), rel=1e-9)
+        assert s.mean[column] == pytest.approx(values.mean().item(), rel=1e-6)
         assert s.std[column] == pytest.approx(values.std(correction=0).item(), rel=1e-6)
 
 

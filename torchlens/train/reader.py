@@ -47,8 +47,8 @@ class Series:
     of the values with outliers rejected (``tl.watch``'s ``sample_n`` and
     ``reject_outlier_proportion``). The other arrays are over ALL values of the tensor in
     the column's steps: ``true_min``/``true_max`` (of the finite values), ``mean`` and ``std``
-    (population std, ``correction=0``, of the finite values; summed in float64, a float32
-    tensor's std is good to about 1e-7 relative), the numbers of values ``count``, ``nan``,
+    (population std, ``correction=0``, of the finite values; mean and std of a float32
+    tensor are good to float32 precision, about 1e-7 relative), the numbers of values ``count``, ``nan``,
     ``posinf``, ``neginf`` and ``zeros`` (exactly 0), and ``line``, the scalar drawn under the
     strip (``line_label``: std for ``io``/``params``, the median per-sample norm for
     ``io_grad``, the norm of the finite values for ``params_grad``, ``||dw|| / ||w||`` for

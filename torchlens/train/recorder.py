@@ -24,6 +24,7 @@ is off. A gradient series without values gets a reason (``REASONS``).
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -139,6 +140,9 @@ class StepRecorder:
         self.param_grads: Dict[Tuple[str, str], Part] = {}
         self.updates: Dict[Tuple[str, str], Part] = {}  # (module address, name) -> its optimizer update
         self.version = 0  # grows with every value recorded: the step changed since it was written
+        # id(tensor) -> (weak ref, its _version, its part): a tensor seen by several calls (a
+        # block's output is its last layer's and the next block's input) is measured once
+        self._seen: Dict[int, Tuple[Any, int, Part]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
@@ -160,7 +164,7 @@ class StepRecorder:
         them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
-        self.updates = {}
+        self.updates, self._seen = {}, {}
         self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
@@ -241,7 +245,7 @@ class StepRecorder:
         data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
-        self.updates = {}
+        self.updates, self._seen = {}, {}
         return data
 
     def take_new_calls(self) -> List[Call]:
@@ -407,9 +411,19 @@ class StepRecorder:
 
     def _values(self, t: torch.Tensor) -> Optional[Part]:
         """A sample of ``t`` and its statistics over all values, taken now (before any later
-        in-place change)."""
+        in-place change); the same for a tensor already measured unchanged in this step."""
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
         sample = self.sampler.values(t)
-        return None if sample is None else (sample, exact_summary(t), None)
+        if sample is None:
+            return None
+        part = (sample, exact_summary(t), None)
+        try:
+            self._seen[id(t)] = (weakref.ref(t), t._version, part)
+        except TypeError:  # a tensor subclass without weak references: measured each time
+            pass
+        return part
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:
         norms = self.sampler.norms(grad)
