@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.trace.answers import NonfiniteError
+from torchlens.trace.answers import NonfiniteReportError
 
 
 def line_of(method, text: str) -> int:
@@ -318,9 +318,9 @@ def test_history_first_nonfinite_matches():
 
 def test_history_first_nonfinite_needs_activations():
     history = tl.get_model_metadata(Log(), torch.ones(2))
-    with pytest.raises(NonfiniteError, match="layers_to_save='all'"):
+    with pytest.raises(NonfiniteReportError, match="layers_to_save='all'"):
         history.first_nonfinite()
-    assert issubclass(NonfiniteError, tl.TorchlensError) and issubclass(NonfiniteError, ValueError)
+    assert issubclass(NonfiniteReportError, tl.TorchlensError) and issubclass(NonfiniteReportError, ValueError)
 
 
 def test_bad_loss_fn():

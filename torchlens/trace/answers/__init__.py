@@ -12,7 +12,7 @@ from .comparison import ComparedOp, CompareError, Comparison, NothingInCommonErr
 from .memory import MemoryReport, memory_report
 from .nonfinite import find_nonfinite
 from .precision import PrecisionComparison, compare_precision
-from .report import NonfiniteError, NonfiniteReport, ParentStats
+from .report import NonfiniteReport, NonfiniteReportError, ParentStats
 from .walk import first_nonfinite
 
 provide("first_nonfinite", first_nonfinite)
@@ -20,7 +20,7 @@ provide("first_nonfinite", first_nonfinite)
 __all__ = [
     "find_nonfinite",
     "NonfiniteReport",
-    "NonfiniteError",
+    "NonfiniteReportError",
     "ParentStats",
     "compare",
     "compare_precision",

@@ -17,7 +17,7 @@ PHASES = ("input", "parameter", "forward", "loss", "backward")
 CATEGORY_COLORS = (("producer", "#d7301f"), ("first NaN", "#7a0177"), ("propagated", "#fdae6b"), ("finite", "#d9f0d3"))
 
 
-class NonfiniteError(TorchlensError, ValueError):
+class NonfiniteReportError(TorchlensError, ValueError):
     """``first_nonfinite`` / ``find_nonfinite`` cannot answer (the message says why and what to do)."""
 
 
@@ -190,7 +190,9 @@ class NonfiniteReport:
             True
         """
         if self.history is None:
-            raise NonfiniteError("this report has no history to draw; it comes from find_nonfinite or first_nonfinite.")
+            raise NonfiniteReportError(
+                "this report has no history to draw; it comes from find_nonfinite or first_nonfinite."
+            )
         overlay, focus = self._page_view()
         return self.history.to_html(path, overlay=overlay, focus=focus)
 
@@ -287,4 +289,4 @@ def _story(r: NonfiniteReport) -> str:
     return "\n".join([text] + [f"Note: {note}" for note in extra])
 
 
-__all__ = ["NonfiniteReport", "ParentStats", "NonfiniteError", "nonfinite_kind", "parent_stats", "PHASES"]
+__all__ = ["NonfiniteReport", "ParentStats", "NonfiniteReportError", "nonfinite_kind", "parent_stats", "PHASES"]

@@ -9,7 +9,7 @@ from ..history.model_history import ModelHistory
 from ..records.func_call import FuncCallLocation
 from ..records.tensor_log import TensorLogEntry
 from .flags import as_finite, as_nan_free, finite_flag, read_flags
-from .report import NonfiniteError, NonfiniteReport, nonfinite_kind, parent_stats
+from .report import NonfiniteReport, NonfiniteReportError, nonfinite_kind, parent_stats
 
 Flags = Dict[str, Optional[bool]]
 _MADE = ("op", "untraced", "buffer")
@@ -105,7 +105,7 @@ def first_nonfinite(history: ModelHistory) -> NonfiniteReport:
     activations saved in ``history`` (layers without a saved activation count as unknown)."""
     values = [e.activation for e in history.layer_list]
     if not any(finite_flag(v) is not None for v in values):
-        raise NonfiniteError(
+        raise NonfiniteReportError(
             "first_nonfinite needs saved floating activations, and this history has none (traced with "
             "layers_to_save=None, or saved nothing floating). Trace with log_forward_pass(..., layers_to_save='all'), "
             "or call torchlens.find_nonfinite(model, inputs), which needs no saved activations."
