@@ -160,3 +160,54 @@ def test_ddp_watch_counts_the_global_batch(tmp_path):
         scale = 0.5 if key[1] == "params_grad" else 1.0  # DDP's gradient is the mean of the ranks'
         np.testing.assert_array_equal(np.asarray(ddp[key].min), np.asarray(one[key].min) * scale, err_msg=str(key))
         np.testing.assert_array_equal(np.asarray(ddp[key].max), np.asarray(one[key].max) * scale, err_msg=str(key))
+
+
+def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import torchlens as tl
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        model = _exact_model()
+        mesh = init_device_mesh("cpu", (world,))
+        fully_shard(model[0], mesh=mesh)  # its weight and bias become DTensors, sharded over the ranks
+        fully_shard(model, mesh=mesh)
+        w = tl.watch(
+            model, run_dir=out + ".run", backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
+        )
+        for step in range(2):
+            model(_batch(step).chunk(world)[rank]).sum().backward()
+            model.zero_grad(set_to_none=True)
+        w.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_sharded_parameters_describe_the_full_parameter(tmp_path):
+    """FSDP2 on gloo: a sharded parameter's params_grad is made of the ranks' shards (summed
+    counts, no gather), and equals the single process's (halved: FSDP averages)."""
+    import torchlens as tl
+
+    pytest.importorskip("torch.distributed.fsdp")
+    out = str(tmp_path / "fsdp")
+    mp.start_processes(_fsdp_worker, args=(2, "file://" + str(tmp_path / "init"), out), nprocs=2, start_method="spawn")
+    model = _exact_model()
+    w = tl.watch(
+        model, run_dir=str(tmp_path / "one"), backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
+    )
+    for step in range(2):
+        model(_batch(step)).sum().backward()
+        model.zero_grad(set_to_none=True)
+    w.close()
+    fsdp, one = _series(out + ".run"), _series(w.run_dir)
+    checked = [k for k in one if k[0] == "0:1" or k[1] in ("io", "io_grad")]
+    assert ("0:1", "params_grad", "weight") in checked
+    for key in checked:
+        assert key in fsdp, key
+        np.testing.assert_array_equal(fsdp[key].counts, one[key].counts, err_msg=str(key))
+        scale = 0.5 if key[1] == "params_grad" else 1.0
+        np.testing.assert_array_equal(np.asarray(fsdp[key].max), np.asarray(one[key].max) * scale, err_msg=str(key))

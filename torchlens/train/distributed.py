@@ -61,6 +61,24 @@ def active_group(model: nn.Module) -> Optional[Any]:
     return dist.group.WORLD if dist.get_world_size() > 1 else None
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s local shard (a plain tensor); any other tensor as it is."""
+    if type(t).__name__ == "DTensor" and hasattr(t, "to_local"):
+        return t.to_local()
+    return t
+
+
+def sharded_parameters(model: nn.Module) -> set:
+    """``(module address, name)`` of the parameters that are ``DTensor``s (FSDP2, tensor
+    parallel): their gradients are split over the ranks, so the ranks' counts are summed."""
+    return {
+        (address, name)
+        for address, module in named_modules(model)
+        for name, p in module._parameters.items()
+        if p is not None and type(p).__name__ == "DTensor"
+    }
+
+
 def _checksum(texts: Sequence[str]) -> float:
     """A 32-bit checksum of some names, exact in float64."""
     return float(zlib.crc32("\n".join(texts).encode()))
@@ -86,6 +104,7 @@ class RankGroup:
         cuda = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.structure = structure_checksum(model)
+        self.sharded = sharded_parameters(model)
         self.collectives = 0  # run so far (the benchmark and tests read it)
 
     def _min(self, values: torch.Tensor) -> torch.Tensor:
@@ -93,6 +112,10 @@ class RankGroup:
         torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MIN, group=self.group)
         self.collectives += 1
         return values.cpu()
+
+    def _split(self, key: tuple) -> bool:
+        """A gradient (or update) of a sharded parameter: each rank holds its shard."""
+        return key[1] != "params" and (key[0].rpartition(":")[0] if ":" in key[0] else "", key[2]) in self.sharded
 
     def agree(self, keys: Sequence[tuple], step: int) -> None:
         """Collective 1: the same series, step and model on every rank, or an error on all."""
@@ -164,7 +187,7 @@ class RankGroup:
         every = torch.stack(parts).cpu().numpy()  # (ranks, series, columns)
         # a parameter (its gradient, its update) is replicated under DDP: one copy, rank 0's, is
         # its distribution; activations and their gradients are split over the ranks: summed
-        copy = np.array([k[1] in REPLICATED for k in keys])[:, None]
+        copy = np.array([k[1] in REPLICATED and not self._split(k) for k in keys])[:, None]
         summed = np.where(copy, every[0], every.sum(0))
         exact = np.where(copy, every[0, :, bins + 3 :], combine_exact(every[:, :, bins + 3 :]))
         glo_host, ghi_host = glo.numpy().copy(), ghi.numpy().copy()

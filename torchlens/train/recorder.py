@@ -35,6 +35,7 @@ from ..trace.observe import tensors_in_call
 from ..web.stats import combine_summaries, exact_summary
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
+from .distributed import local_shard
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
@@ -412,6 +413,7 @@ class StepRecorder:
     def _values(self, t: torch.Tensor) -> Optional[Part]:
         """A sample of ``t`` and its statistics over all values, taken now (before any later
         in-place change); the same for a tensor already measured unchanged in this step."""
+        t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]

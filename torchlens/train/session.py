@@ -82,7 +82,7 @@ class Watch:
         self._graph_done = False
         self._ranks = rank_group(model)  # under torch.distributed: distributed.py
         if self._ranks is not None and self._ranks.rank != 0:  # rank 0 writes; the others send it their counts
-            backends, verbose, self._graph_done = (), False, True
+            backends, verbose = (), False  # it traces the graph too: FSDP's gathers need every rank
         self._step: Optional[int] = None  # the training step in progress
         self._next_step = 0
         self._logging = False  # the step in progress is logged
@@ -348,7 +348,8 @@ class Watch:
                 stacklevel=3,
             )
         if calls:
-            self._writer.add_calls(calls.values())
+            if self._writer is not None:
+                self._writer.add_calls(calls.values())
             self.recorder.known_calls.update(calls)
 
     def _set_tracing(self, recorder) -> None:
