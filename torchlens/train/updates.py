@@ -35,9 +35,8 @@ class UpdateHooks:
         self.recorder = recorder
         self.logging = logging
         self.written = written
-        self._before: Dict[
-            int, Tuple[int, List[torch.Tensor], List[torch.Tensor]]
-        ] = {}  # id(opt) -> step, params, copies
+        # id(optimizer) -> (step, its watched params, their copies, their norms) before its step
+        self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]] = {}
         self._handles: list = []
         self._owners_of: Tuple[Optional[int], Dict[int, List[Tuple[str, str]]]] = (None, {})  # step, owners
         chosen = list(optimizers) if optimizers is not None else None
@@ -75,21 +74,22 @@ class UpdateHooks:
         params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in owners]
         if params:
             with torch.no_grad():
-                self._before[id(optimizer)] = (step, params, [p.detach().clone() for p in params])
+                copies = [p.detach().clone() for p in params]
+                norms = [torch.linalg.vector_norm(c.float()) for c in copies]
+                self._before[id(optimizer)] = (step, params, copies, norms)
 
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         saved = self._before.pop(id(optimizer), None)
         if saved is None or saved[0] != self.logging():
             return
-        step, params, before = saved
+        step, params, changes, norms = saved
         owners = self._owners(step)
         with torch.no_grad():
-            after = [p.detach() for p in params]
-            changes = [a - b for a, b in zip(after, before)]
-            ratios = [
-                torch.linalg.vector_norm(d.float()) / torch.linalg.vector_norm(b.float())
-                for d, b in zip(changes, before)
-            ]
+            # after - before, computed in the copies (no new memory): -(before - after) is the
+            # same float, as rounding is symmetric
+            torch._foreach_sub_(changes, [p.detach() for p in params])
+            torch._foreach_neg_(changes)
+            ratios = [torch.linalg.vector_norm(d.float()) / w for d, w in zip(changes, norms)]
             added = 0
             for p, change, ratio in zip(params, changes, ratios):
                 sample = self.recorder.sampler.values(change)
