@@ -67,6 +67,7 @@ _LAZY = {
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
     **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning")},
+    "RankMismatchError": "torchlens.train.distributed",
 }
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
     from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
     from .trace.validate import validate_history
     from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
+    from .train.distributed import RankMismatchError
     from .train.sentinel import NonfiniteError, NonfiniteWarning
 
 
@@ -151,6 +153,7 @@ __all__ = [
     "Watch",
     "NonfiniteError",
     "NonfiniteWarning",
+    "RankMismatchError",
     "TorchlensError",
     "__version__",
 ]
