@@ -18,10 +18,8 @@ import torch.multiprocessing as mp
 from torchlens.train.distributed import RankGroup, RankMismatchError
 from torchlens.web.stats import exact_summary, histograms
 
-pytestmark = [
-    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
-    pytest.mark.slow,  # two spawned processes per test: about 20 s each on a shared 2-core machine
-]
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+slow = pytest.mark.slow  # two spawned processes: about 20 s each on a shared 2-core machine
 
 
 def _samples(rank: int, world: int) -> list:
@@ -68,6 +66,7 @@ def _run(case: str) -> list:
         return results
 
 
+@slow
 def test_two_ranks_give_the_counts_of_one_process_on_the_whole_batch():
     rank0, _ = _run("same")
     whole = [torch.cat([a, b]) for a, b in zip(_samples(0, 2), _samples(1, 2))]
@@ -83,6 +82,7 @@ def test_two_ranks_give_the_counts_of_one_process_on_the_whole_batch():
     assert collectives == 3  # a constant number per logged step, whatever the number of series
 
 
+@slow
 @pytest.mark.parametrize("case", ["branch", "structure"])
 def test_ranks_that_differ_all_raise(case):
     results = _run(case)
@@ -135,6 +135,7 @@ def _series(run_dir: str) -> dict:
     return {key: run.series(*key) for key in run.series_names()}
 
 
+@slow
 def test_ddp_watch_counts_the_global_batch(tmp_path):
     import torchlens as tl
 
@@ -187,6 +188,7 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@slow
 def test_fsdp2_sharded_parameters_describe_the_full_parameter(tmp_path):
     """FSDP2 on gloo: a sharded parameter's params_grad is made of the ranks' shards (summed
     counts, no gather), and equals the single process's (halved: FSDP averages)."""
@@ -211,3 +213,16 @@ def test_fsdp2_sharded_parameters_describe_the_full_parameter(tmp_path):
         np.testing.assert_array_equal(fsdp[key].counts, one[key].counts, err_msg=str(key))
         scale = 0.5 if key[1] == "params_grad" else 1.0
         np.testing.assert_array_equal(np.asarray(fsdp[key].max), np.asarray(one[key].max) * scale, err_msg=str(key))
+
+
+def test_ddp_model_without_a_process_group_is_a_clear_error(tmp_path):
+    import torchlens as tl
+
+    dist.init_process_group("gloo", init_method="file://" + str(tmp_path / "init"), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(tl.RankMismatchError, match="no process group is initialised"):
+        tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
+    assert not (tmp_path / "run").exists()
