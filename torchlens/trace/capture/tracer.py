@@ -143,6 +143,8 @@ class Tracer:
         # by id: hashing a code object hashes its bytecode and constants, at every frame
         self.skip_code_ids = _skip_code_ids()
         self.stop_code = Tracer.run_model.__code__
+        # id(code) -> (code, its call sites or None when skipped): see _walk_frames
+        self.code_sites: Dict[int, Tuple[Any, Optional[dict]]] = {}
 
     # ----- running the model ----------------------------------------------------------------
     def run_model(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -430,15 +432,32 @@ class Tracer:
             self.frames_cache = self._walk_frames(self.caller_frame)
         return self.frames_cache
 
+    def _sites_of(self, code) -> Optional[dict]:
+        """``code``'s call sites seen so far (bytecode offset -> frame record), or None for
+        torchlens's own frames and torch's module-call machinery (never part of a stack)."""
+        known = self.code_sites.get(id(code))
+        if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
+            keep = id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE
+            known = self.code_sites[id(code)] = (code, {} if keep else None)
+        return known[1]
+
     def _walk_frames(self, frame) -> tuple:
         found = []
-        skip, stop = self.skip_code_ids, self.stop_code
+        stop, code_sites = self.stop_code, self.code_sites
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
-            if id(code) not in skip and code.co_filename != _MODULE_CALL_FILE:
-                found.append((code, frame.f_lineno, frame.f_lasti))
+            known = code_sites.get(id(code))
+            sites = known[1] if known is not None else self._sites_of(code)
+            if sites is not None:
+                # the line is a function of the code and the offset: read once (f_lineno
+                # decodes the line table at every read), the same record shared by later calls
+                lasti = frame.f_lasti
+                site = sites.get(lasti)
+                if site is None:
+                    site = sites[lasti] = (code, frame.f_lineno, lasti)
+                found.append(site)
             frame = frame.f_back
         found.reverse()
         return tuple(found)
@@ -446,12 +465,13 @@ class Tracer:
     def _count_frames(self, frame) -> int:
         """``len(self._walk_frames(frame))``, without building the records."""
         count = 0
-        skip, stop = self.skip_code_ids, self.stop_code
+        stop, code_sites = self.stop_code, self.code_sites
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
-            if id(code) not in skip and code.co_filename != _MODULE_CALL_FILE:
+            known = code_sites.get(id(code))
+            if (known[1] if known is not None else self._sites_of(code)) is not None:
                 count += 1
             frame = frame.f_back
         return count
