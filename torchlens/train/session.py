@@ -142,7 +142,12 @@ class Watch:
                 if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
                     self._inplace_flags.append(m)
                     m.inplace = False  # type: ignore[assignment]
-        self._root_hooks.append(model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True))
+        # FSDP2: before its pre-forward gathers the root's parameters, so the step's gradient hooks
+        # go on the sharded parameters, which receive the gradients
+        first = self._ranks is not None and bool(self._ranks.sharded)
+        self._root_hooks.append(
+            model.register_forward_pre_hook(ModelHook(self._root_pre), with_kwargs=True, prepend=first)
+        )
         self._root_hooks.append(
             model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)
         )
@@ -249,9 +254,15 @@ class Watch:
         self._logging = step % self.log_freq == 0 and self._compile.ready()
         self._sentinel.step_started(step)
         if self._logging:
+            # lazy modules get their parameters in the traced pass (hooks after it); FSDP swaps the
+            # parameters in it (hooks before it, on the sharded ones that receive the gradients)
+            sharded = self._ranks is not None and bool(self._ranks.sharded)
+            if sharded:
+                self.recorder.begin_step(step)
             if not self._graph_done and call is not None:
                 self._trace_graph(*call)
-            self.recorder.begin_step(step)
+            if not sharded:
+                self.recorder.begin_step(step)
 
     def begin_step(self, step: int) -> None:
         """With ``manual_steps=True``: training step ``step`` begins now (every forward pass
