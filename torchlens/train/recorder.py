@@ -144,6 +144,8 @@ class StepRecorder:
         # id(tensor) -> (weak ref, its _version, its part): a tensor seen by several calls (a
         # block's output is its last layer's and the next block's input) is measured once
         self._seen: Dict[int, Tuple[Any, int, Part]] = {}
+        # a series' summary, kept while its parts stay the same (a step is written more than once)
+        self._summaries: Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
@@ -165,7 +167,7 @@ class StepRecorder:
         them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
-        self.updates, self._seen = {}, {}
+        self.updates, self._seen, self._summaries = {}, {}, {}
         self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
@@ -232,7 +234,10 @@ class StepRecorder:
         for key, parts in pending.items():
             data.keys.append(key)
             data.samples.append(parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]))
-            data.summaries.append(_summary_of(parts))
+            known = self._summaries.get(key)
+            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
+                known = self._summaries[key] = (parts, _summary_of(parts))
+            data.summaries.append(known[1])
         data.reasons = reasons
         return data
 
@@ -246,7 +251,7 @@ class StepRecorder:
         data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
-        self.updates, self._seen = {}, {}
+        self.updates, self._seen, self._summaries = {}, {}, {}
         return data
 
     def take_new_calls(self) -> List[Call]:
