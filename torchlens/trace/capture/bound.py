@@ -34,6 +34,7 @@ class BoundReferences:
 
     def install(self) -> None:
         seen_classes, seen_globals = set(), set()
+        seen_containers: Dict[int, int] = {}  # every module's globals hold __builtins__: looked into once
         for module in self.modules if self.modules is not None else self.model.modules():
             cls = type(module)
             if cls not in seen_classes:
@@ -43,11 +44,13 @@ class BoundReferences:
                     if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
                         seen_globals.add(id(mod))
                         self._wrap_in(vars(mod), all_values=True)
-                        tensors_held(vars(mod), self.global_tensors, depth=1)
+                        tensors_held(vars(mod), self.global_tensors, depth=1, seen=seen_containers)
             self._wrap_in(vars(module), all_values=False)
 
     def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
         by_original, originals = self.table.by_original, self.table.originals
+        if by_original.keys().isdisjoint(map(id, namespace.values())):
+            return  # nothing of torch's here (checked in C: most namespaces hold none)
         if all_values:
             items = list(namespace.items())
         else:  # a module's own attributes: only plain functions can be torch's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -153,25 +153,59 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _SCALARS = frozenset((bool, int, float, str, type(None)))
 
 
-def tensors_held(namespace: Dict[str, Any], found: Dict[int, torch.Tensor], depth: int = 2) -> None:
+def tensors_held(
+    namespace: Dict[str, Any], found: Dict[int, torch.Tensor], depth: int = 2, seen: Optional[Dict[int, int]] = None
+) -> None:
     """Add the tensors among ``namespace``'s values, and inside its lists, tuples and dicts
-    (``depth`` levels), to ``found``."""
+    (``depth`` levels), to ``found``. ``seen``: containers already looked into (id -> levels),
+    shared by calls over namespaces that hold the same ones (every module's ``__builtins__``)."""
+    kinds = _KINDS
     for key in namespace.keys() - _MODULE_INTERNALS:
         value = namespace[key]
-        if type(value) in _SCALARS:
-            continue
-        if isinstance(value, _Tensor):
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(value)
+        if kind == _TENSOR:
             found[id(value)] = value
-        elif depth and isinstance(value, (list, tuple, dict)) and value:
-            _held_in(value, found, depth - 1)
+        elif kind == _CONTAINER and depth and value:
+            _held_in(value, found, depth - 1, seen)
 
 
-def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int) -> None:
+def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int, seen: Optional[Dict[int, int]]) -> None:
+    if seen is not None:  # the caller keeps the containers alive, so their ids stay theirs
+        if seen.get(id(container), -1) >= depth:
+            return
+        seen[id(container)] = depth
+    kinds = _KINDS
     for value in container.values() if isinstance(container, dict) else container:
-        if isinstance(value, _Tensor):
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(value)
+        if kind == _TENSOR:
             found[id(value)] = value
-        elif depth and isinstance(value, (list, tuple, dict)) and value:
-            _held_in(value, found, depth - 1)
+        elif kind == _CONTAINER and depth and value:
+            _held_in(value, found, depth - 1, seen)
+
+
+# What a value is to the scans above, by its type: isinstance on torch.Tensor goes through its
+# metaclass (slow, and most of the scan of a module's globals). Cached only for types whose
+# instances cannot claim another class: isinstance also reads ``__class__``, which a proxy or
+# mock may redefine.
+_OTHER, _TENSOR, _CONTAINER = 0, 1, 2
+_KINDS: Dict[Any, int] = dict.fromkeys(_SCALARS, _OTHER)
+_C_SLOT = type(object.__getattribute__)
+
+
+def _kind(value: Any) -> int:
+    kind = _TENSOR if isinstance(value, _Tensor) else _CONTAINER if isinstance(value, (list, tuple, dict)) else _OTHER
+    cls = type(value)
+    honest = all(
+        "__class__" not in vars(base) and type(vars(base).get("__getattribute__", object.__getattribute__)) is _C_SLOT
+        for base in cls.__mro__[:-1]
+    )
+    if honest and len(_KINDS) < 10_000:  # bounded: classes made on the fly would pile up
+        _KINDS[cls] = kind
+    return kind
 
 
 class RngState:

@@ -1,0 +1,74 @@
+"""What the tracer's caches must not change: source locations read once per call site, the
+per-type verdicts of the scans for tensors held by modules and module globals."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.trace.capture.modules import tensors_held
+
+
+class _Claims:
+    """A proxy whose ``__class__`` is its target's (as ``unittest.mock``'s ``spec`` does):
+    isinstance answers for the target, so two instances of one type answer differently."""
+
+    def __init__(self, target: object) -> None:
+        self._target = target
+
+    @property  # type: ignore[misc]
+    def __class__(self):  # noqa: D105
+        return type(self._target)
+
+
+def test_held_tensors_follow_isinstance_for_objects_claiming_a_class() -> None:
+    tensor_proxy, int_proxy = _Claims(torch.zeros(1)), _Claims(3)
+    for first, second in ((int_proxy, tensor_proxy), (tensor_proxy, int_proxy)):
+        found: dict = {}
+        tensors_held({"a": first, "b": second}, found)
+        assert found == {id(tensor_proxy): tensor_proxy}
+
+
+def test_a_container_seen_shallow_is_looked_into_again_deeper() -> None:
+    outer, inner = torch.zeros(1), torch.ones(1)
+    shared = [outer, [inner]]
+    found: dict = {}
+    seen: dict = {}
+    tensors_held({"x": shared}, found, depth=1, seen=seen)
+    assert set(found) == {id(outer)}
+    tensors_held({"y": shared}, found, depth=2, seen=seen)
+    assert set(found) == {id(outer), id(inner)}
+
+
+class _Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = torch.relu(self.fc(x))
+        return torch.sigmoid(x) + 1
+
+
+def test_source_lines_of_repeated_and_distinct_call_sites() -> None:
+    history = tl.log_forward_pass(_Loop(), torch.rand(2, 3), layers_to_save=None)
+    lines, start = inspect.getsourcelines(_Loop.forward)
+    line_of = {text.strip().split("(")[0]: start + i for i, text in enumerate(lines)}
+    expected = {
+        "relu": line_of["x = torch.relu"],
+        "sigmoid": line_of["return torch.sigmoid"],
+        "add": line_of["return torch.sigmoid"],
+    }
+    seen: dict = {}
+    for e in history.layer_list:
+        if e.layer_type in expected:
+            code, line, offset = e.call_frames[-1]
+            assert code is _Loop.forward.__code__ and line == expected[e.layer_type]
+            seen.setdefault(e.layer_type, set()).add(offset)
+    # three passes of relu at one instruction; sigmoid and add at two instructions of one line
+    assert len(seen["relu"]) == 1 and seen["sigmoid"] != seen["add"]
+    assert len([e for e in history.layer_list if e.layer_type == "relu"]) == 3
