@@ -40,57 +40,67 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     lookup: Dict[Key, Found] = {}
     # key -> (what it names, its labels as an ordered set: a module may return a tensor twice)
     shared: Dict[str, Tuple[str, Dict[str, None]]] = {}
+    # per entry: the keys it was given, and the keys of its places in module outputs
+    given: List[Tuple[List[Key], List[Key]]] = []
 
-    def add(key: Key, e: TensorLogEntry) -> None:
-        lookup[key] = e
-
-    def add_shared(key: str, what: str, e: TensorLogEntry) -> None:
-        shared.setdefault(key, (what, {}))[1][e.label] = None
-
+    # inlined dict stores and f-strings: this runs for every entry of every pass (decode steps)
     total = len(entries)
     for i, e in enumerate(entries):
         e.module_passes = module_passes
-        keys: List[Key] = [i - total, i, e.label]
-        add(i, e)
-        add(i - total, e)
-        add(e.label, e)
-        add(f"{e.layer_label}:{e.pass_num}", e)
-        add(f"{e.short_label}:{e.pass_num}", e)
+        label, layer_label, short_label, pass_num = e.label, e.layer_label, e.short_label, e.pass_num
+        keys: List[Key] = [i - total, i, label]
+        lookup[i] = e
+        lookup[i - total] = e
+        lookup[label] = e
+        lookup[f"{layer_label}:{pass_num}"] = e
+        lookup[f"{short_label}:{pass_num}"] = e
         if e.num_passes == 1:
-            keys.append(f"{e.layer_label}:1")
-            add(e.layer_label, e)
-            add(e.short_label, e)
+            keys.append(f"{layer_label}:1")
+            lookup[layer_label] = e
+            lookup[short_label] = e
         else:
-            add_shared(e.layer_label, f"layer {e.layer_label} has {e.num_passes} passes", e)
-            add_shared(e.short_label, f"layer {e.layer_label} has {e.num_passes} passes", e)
-        for (address, pass_num), position in (e.module_output_positions or {}).items():
-            if position != ():
-                add(output_key(address, pass_num, position), e)
-        for address, pass_num in e.output_of_modules:
-            with_pass = f"{address}:{pass_num}"
+            what = f"layer {layer_label} has {e.num_passes} passes"
+            shared.setdefault(layer_label, (what, {}))[1][label] = None
+            shared.setdefault(short_label, (what, {}))[1][label] = None
+        module_keys: List[Key] = []
+        if e.module_output_positions:
+            for (address, module_pass), position in e.module_output_positions.items():
+                if position != ():
+                    out_key = output_key(address, module_pass, position)
+                    lookup[out_key] = e
+                    module_keys.append(out_key)
+        for address, module_pass in e.output_of_modules:
+            with_pass = f"{address}:{module_pass}"
             passes = module_passes.get(address, 1)
-            add_shared(with_pass, f"module call {with_pass} returned several tensors", e)
-            add_shared(
-                address,
-                f"module {address} has {passes} passes" if passes > 1 else f"module {address} returned several tensors",
-                e,
-            )
-            keys.extend([address, with_pass] if passes == 1 else [with_pass])
+            shared.setdefault(with_pass, (f"module call {with_pass} returned several tensors", {}))[1][label] = None
+            if address not in shared:
+                shared[address] = (
+                    f"module {address} has {passes} passes"
+                    if passes > 1
+                    else f"module {address} returned several tensors",
+                    {},
+                )
+            shared[address][1][label] = None
+            if passes == 1:
+                keys.append(address)
+            keys.append(with_pass)
         if e.address:
-            add(e.address, e)
+            lookup[e.address] = e
             keys.append(e.address)
-        e.lookup_keys = keys
+        given.append((keys, module_keys))
     by_label = {e.label: e for e in entries}
     for shared_key, (what, labels) in shared.items():
         if shared_key in lookup:
             continue
         lookup[shared_key] = by_label[next(iter(labels))] if len(labels) == 1 else Ambiguous(what, list(labels))
     for key, found in lookup.items():
-        if isinstance(found, Ambiguous):
+        if type(found) is Ambiguous:
             found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]
-    for e in entries:
-        module_keys = [output_key(a, p, pos) for (a, p), pos in (e.module_output_positions or {}).items() if pos != ()]
-        e.lookup_keys = [k for k in _sorted_keys(e.lookup_keys + module_keys) if lookup.get(k) is e]
+    get = lookup.get
+    for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
+        # the two ordinals (only this entry's) first, then the names it alone answers to, sorted
+        names = sorted(set(keys[2:] + module_keys))
+        e.lookup_keys = [i - total, i] + [k for k in names if get(k) is e]
     return lookup
 
 
@@ -106,12 +116,6 @@ def _specific_key(lookup: Dict[Key, Found], e: TensorLogEntry, key: Key) -> Key:
                 candidates.append(output_key(a, pass_num, position))
     candidates.append(e.label)
     return next(k for k in candidates if lookup.get(k) is e)
-
-
-def _sorted_keys(keys: List[Key]) -> List[Key]:
-    ints = sorted({k for k in keys if isinstance(k, int)})
-    strs = sorted({k for k in keys if isinstance(k, str)})
-    return ints + strs
 
 
 __all__ = ["Ambiguous", "Found", "Key", "build_lookup", "output_key"]
