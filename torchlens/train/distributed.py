@@ -106,6 +106,7 @@ class RankGroup:
         self.structure = structure_checksum(model)
         self.sharded = sharded_parameters(model)
         self.collectives = 0  # run so far (the benchmark and tests read it)
+        self.broken: Optional[str] = None  # the mismatch found: every rank knows it, none reduces again
 
     def _min(self, values: torch.Tensor) -> torch.Tensor:
         values = values.to(self.device)
@@ -119,6 +120,8 @@ class RankGroup:
 
     def agree(self, keys: Sequence[tuple], step: int) -> None:
         """Collective 1: the same series, step and model on every rank, or an error on all."""
+        if self.broken is not None:  # every rank learnt it at the same collective: none runs another
+            raise RankMismatchError(self.broken)
         head = torch.tensor(
             [len(keys), step, _checksum(["\x1f".join(k) for k in keys]), self.structure], dtype=torch.float64
         )
@@ -131,12 +134,13 @@ class RankGroup:
                 "step": "step number (a rank called the model more or fewer times)",
                 "series": "set of series (a module or branch ran on some ranks only)",
             }
-            raise RankMismatchError(
+            self.broken = (
                 f"tl.watch: at logged step {step} the ranks of the process group differ in their "
                 f"{'; '.join(dict.fromkeys(what[d] for d in differ))}. Every rank must run the same "
                 "modules on logged steps; rank "
                 f"{self.rank} stops here, and so do the others."
             )
+            raise RankMismatchError(self.broken)
 
     def histograms(
         self,
