@@ -45,6 +45,9 @@ def group_passes(
     groups: Dict[Tuple[Any, ...], List[Tuple[TensorLogEntry, Hashable]]] = {}
     anchors: Dict[int, Tuple[int, Hashable]] = {}  # raw_index -> (raw index of anchor, its key)
     no_anchor: Tuple[int, Hashable] = (-1, None)
+    # module stacks are shared by the records made in one module call: their addresses and the
+    # depth of the innermost weighted module's forward, worked out once per stack
+    per_stack: Dict[int, Tuple[tuple, tuple, Optional[int]]] = {}
     for e in entries:
         if e.kind != "op":
             key: Tuple[Any, ...] = ("own", e.raw_index)
@@ -53,9 +56,18 @@ def group_passes(
             key = ("params", e.layer_type, e.param_addresses, e.output_index)
             anchor = (e.raw_index, key)
         else:
-            anchor = max((anchors[p.raw_index] for p, _ in e.parent_refs), default=no_anchor, key=lambda a: a[0])
-            modules = tuple(address for address, _ in e.module_stack)
-            key = ("site", e.func_name, modules, _site_frames(e, depths), e.output_index)
+            anchor = no_anchor  # the latest anchor among the parents' (the first of equals)
+            for p, _ in e.parent_refs:
+                candidate = anchors[p.raw_index]
+                if candidate[0] > anchor[0]:
+                    anchor = candidate
+            stack = e.module_stack
+            known = per_stack.get(id(stack))
+            if known is None or known[0] is not stack:
+                known = per_stack[id(stack)] = (stack, tuple([a for a, _ in stack]), _frame_depth(stack, depths))
+            depth = known[2]
+            frames = e.call_frames if depth is None else e.call_frames[depth:]
+            key = ("site", e.func_name, known[1], frames, e.output_index)
         anchors[e.raw_index] = anchor
         groups.setdefault(key, []).append((e, anchor[1]))
     layers: List[List[TensorLogEntry]] = []
@@ -68,12 +80,13 @@ def group_passes(
     return layers
 
 
-def _site_frames(e: TensorLogEntry, depths: Dict[Tuple[str, int], int]) -> tuple:
-    for module_pass in reversed(e.module_stack):
+def _frame_depth(module_stack: tuple, depths: Dict[Tuple[str, int], int]) -> Optional[int]:
+    """Call frames above the forward of the innermost module with parameters in the stack."""
+    for module_pass in reversed(module_stack):
         depth = depths.get(module_pass)
         if depth is not None:
-            return e.call_frames[depth:]
-    return e.call_frames
+            return depth
+    return None
 
 
 def _split_by_anchor(occurrences: List[Tuple[TensorLogEntry, Hashable]]) -> List[List[TensorLogEntry]]:
