@@ -15,12 +15,9 @@ meet. Series are matched by (call id, kind, name).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .reader import Run
 
 TOLERANCE = 0.1  # a KS distance above this: the distributions differ
 
@@ -71,8 +68,9 @@ def column_distance(a: tuple, b: tuple) -> float:
     return float(np.max(np.abs(_cdf(a[0], a[1], a[2], grid) - _cdf(b[0], b[1], b[2], grid))))
 
 
-def compare_runs(run_a: "Run", run_b: "Run", tolerance: float = TOLERANCE) -> List[SeriesComparison]:
-    """Per series of either run, where the two runs first differ (see the module's text)."""
+def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[SeriesComparison]:
+    """Per series of either run (``Run`` objects: the reader imports this module, not the
+    other way round), where the two runs first differ (see the module's text)."""
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"compare: tolerance is a KS distance in [0, 1), not {tolerance!r}.")
     names_a, names_b = run_a.series_names(), run_b.series_names()
