@@ -78,7 +78,11 @@ def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[S
     out: List[SeriesComparison] = []
     for key in names_a:
         if key not in in_b:
-            out.append(SeriesComparison(*key, first_step=None, distance=float("nan"), steps_compared=0, only_in="a"))
+            out.append(
+                SeriesComparison(
+                    key[0], key[1], key[2], first_step=None, distance=float("nan"), steps_compared=0, only_in="a"
+                )
+            )
             continue
         sa, sb = run_a.series(*key), run_b.series(*key)
         where_b = {(int(s), int(e)): i for i, (s, e) in enumerate(zip(sb.steps, sb.last_steps))}
@@ -98,11 +102,15 @@ def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[S
                 first, worst = span[0], d
                 break
             worst = max(worst, d)
-        out.append(SeriesComparison(*key, first_step=first, distance=worst, steps_compared=compared))
+        out.append(SeriesComparison(key[0], key[1], key[2], first_step=first, distance=worst, steps_compared=compared))
     seen = set(names_a)
     for key in names_b:
         if key not in seen:
-            out.append(SeriesComparison(*key, first_step=None, distance=float("nan"), steps_compared=0, only_in="b"))
+            out.append(
+                SeriesComparison(
+                    key[0], key[1], key[2], first_step=None, distance=float("nan"), steps_compared=0, only_in="b"
+                )
+            )
     return out
 
 
