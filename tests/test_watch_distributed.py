@@ -275,3 +275,113 @@ def test_a_branch_on_one_rank_stops_every_rank_with_a_clear_error(tmp_path):
     )
     errors = [pickle.load(open(f"{out}.{r}", "rb")) for r in range(2)]
     assert all(e and "set of series" in e and "logged step 0" in e for e in errors), errors
+
+
+class _RootNet(torch.nn.Module):
+    """Takes the square root of its input: a negative input makes NaN. With ``aside`` the root
+    is a second output the loss does not use (no gradient carries the NaN to the other rank);
+    otherwise it feeds the linear layer (DDP's gradient all-reduce spreads it to every rank)."""
+
+    def __init__(self, aside: bool) -> None:
+        super().__init__()
+        self.lin, self.aside = torch.nn.Linear(4, 2), aside
+
+    def forward(self, x: torch.Tensor) -> object:
+        if self.aside:
+            return self.lin(x), x.detach().sqrt()
+        return self.lin(x.sqrt())
+
+
+NAN_STEP = 2  # one rank's input holds a negative value at this step only
+# (on_nonfinite, NaN aside from the gradients, the rank whose input makes it)
+SCENARIOS = [("raise", True, 0), ("raise", False, 0), ("warn", True, 0), ("trace", False, 1), ("trace", True, 1)]
+
+
+def _nan_worker(rank: int, world: int, init: str, out: str) -> None:
+    import json
+    import warnings
+
+    import torchlens as tl
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
+    results = {}
+    try:
+        for mode, aside, culprit in SCENARIOS:
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(_RootNet(aside))
+            run_dir = f"{out}.{mode}{int(aside)}{culprit}.run"
+            w = tl.watch(model, run_dir=run_dir, backend=None, verbose=False, on_nonfinite=mode)
+            stopped, steps = None, 0
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    for step in range(5):
+                        x = torch.rand(8, 4, generator=torch.Generator().manual_seed(10 * step + rank)) + 0.1
+                        if rank == culprit and step == NAN_STEP:
+                            x[0, 0] = -1.0
+                        output = model(x)
+                        (output[0] if aside else output).sum().backward()
+                        model.zero_grad(set_to_none=True)
+                        steps += 1
+                except tl.NonfiniteError as error:
+                    stopped = (step, str(error))
+                finally:
+                    w.close()
+            said = [str(c.message) for c in caught if issubclass(c.category, tl.NonfiniteWarning)]
+            events = None
+            if w.run_dir and os.path.exists(os.path.join(w.run_dir, "nonfinite.json")):
+                events = json.load(open(os.path.join(w.run_dir, "nonfinite.json")))["events"]
+            results[(mode, aside, culprit)] = (stopped, steps, said, events)
+    finally:
+        with open(f"{out}.{rank}", "wb") as f:
+            pickle.dump(results, f)
+        dist.destroy_process_group()
+
+
+@slow
+def test_a_nan_on_one_rank_stops_or_warns_every_rank_at_the_same_step(tmp_path):
+    out = str(tmp_path / "nan")
+    mp.start_processes(_nan_worker, args=(2, "file://" + str(tmp_path / "init"), out), nprocs=2, start_method="spawn")
+    ranks = [pickle.load(open(f"{out}.{r}", "rb")) for r in range(2)]
+    for scenario in SCENARIOS:
+        assert all(scenario in r for r in ranks), (scenario, ranks)
+    for aside in (True, False):  # raise: both ranks stop at the NaN step, with the same message
+        (s0, n0, _, events), (s1, n1, _, _) = ranks[0][("raise", aside, 0)], ranks[1][("raise", aside, 0)]
+        assert s0 is not None and s1 is not None and s0[0] == s1[0] == NAN_STEP, (aside, s0, s1)
+        assert n0 == n1 == NAN_STEP
+        assert s0[1] == s1[1] and "on rank 0" in s0[1]
+        assert events[0]["step"] == NAN_STEP and events[0]["rank"] == 0
+    # warn: training goes on everywhere; rank 0 warns once, the others stay silent
+    (s0, n0, said0, events), (s1, n1, said1, _) = ranks[0][("warn", True, 0)], ranks[1][("warn", True, 0)]
+    assert s0 is s1 is None and n0 == n1 == 5
+    assert len(said0) == 1 and f"step {NAN_STEP}" in said0[0] and said1 == []
+    assert events[0]["phase"] == "forward" and events[0]["rank"] == 0
+    # trace: the rank whose input made the NaN re-runs its step alone (no collective) and names
+    # the op; rank 0 writes that rank's event and warns
+    for aside, culprit in ((False, 1), (True, 1)):  # spread: its own values decide, not the gradients
+        (s0, n0, said0, events), (s1, n1, said1, _) = (
+            ranks[0][("trace", aside, culprit)],
+            ranks[1][("trace", aside, culprit)],
+        )
+        assert s0 is s1 is None and n0 == n1 == 5
+        assert len(said0) == 1 and f"on rank {culprit}" in said0[0] and said1 == []
+        event = events[0]
+        assert event["step"] == NAN_STEP and event["rank"] == culprit and event["phase"] == "forward"
+        assert event["report"]["found"] and "sqrt" in event["report"]["label"], event
+
+
+def test_the_ranks_nonfinite_decision_names_the_rank_whose_own_values_went_bad(tmp_path):
+    """One number decides for all ranks: own values (outputs, their gradients) before the
+    parameters' gradients (averaged under DDP, so non-finite everywhere at once)."""
+    dist.init_process_group("gloo", init_method="file://" + str(tmp_path / "init"), rank=0, world_size=1)
+    try:
+        group = RankGroup(torch.nn.Linear(2, 2), dist.group.WORLD)
+        yes, no = torch.tensor(True), torch.tensor(False)
+        assert group.first_nonfinite(yes, yes) is None and group.first_nonfinite(None, None) is None
+        assert group.first_nonfinite(no, yes) == 0 and group.first_nonfinite(yes, no) == 0
+        assert group.first_nonfinite(None, no) == 0 and group.first_nonfinite(no, None) == 0
+        assert group.collectives == 6  # one each
+    finally:
+        dist.destroy_process_group()

@@ -142,6 +142,32 @@ class RankGroup:
             )
             raise RankMismatchError(self.broken)
 
+    def first_nonfinite(self, own: Optional[torch.Tensor], grads: Optional[torch.Tensor]) -> Optional[int]:
+        """The NaN sentinel's step-end decision, the same on every rank (None: the step is finite).
+
+        ``own``: this rank's flag of its outputs and the gradients reaching them (they differ
+        per rank); ``grads``: of the parameters' gradients (under DDP averaged, so the same
+        everywhere). One ``all_reduce(MIN)`` of one number, on every checked step: the lowest
+        rank whose own values went non-finite, else the lowest whose parameters' gradients did.
+        Its one read is the sentinel's host read of the step."""
+        world = self.world
+        code = torch.tensor(2 * world, dtype=torch.int64, device=self.device)  # 2 * world: all finite
+        if grads is not None:
+            code = torch.where(grads.to(self.device), code, world + self.rank)
+        if own is not None:
+            code = torch.where(own.to(self.device), code, self.rank)
+        torch.distributed.all_reduce(code, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        self.collectives += 1
+        value = int(code)
+        return None if value == 2 * world else value % world
+
+    def share(self, value: Any, source: int) -> Any:
+        """``value`` of rank ``source``, on every rank (a rare collective: a non-finite step's event)."""
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=source, group=self.group, device=self.device)
+        self.collectives += 1
+        return box[0]
+
     def histograms(
         self,
         samples: Sequence[torch.Tensor],

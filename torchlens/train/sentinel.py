@@ -152,20 +152,41 @@ class Sentinel:
             # finite gradient whose float32 norm overflows, values past ~1e19: as good as infinite)
             norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=torch.float32)
             flags.append(torch.isfinite(torch.stack([n.to(norms[0].device) for n in norms])).all())
+        ranks = getattr(self.watch, "_ranks", None)
+        if ranks is not None and ranks.broken is None:
+            # the ranks decide together (a NaN in one rank's outputs must stop them all): one
+            # all_reduce of one number, whose read is the step's host read (distributed.py)
+            own = self._all(flags[: len(self.flags)])
+            source = ranks.first_nonfinite(own, flags[-1] if grads else None)
+            if source is not None:
+                self._found(step, source)
+            return
         if not flags:
             return
-        device = flags[-1].device
-        fast = device.type != "cpu"  # a non-blocking copy to the host could be read before it lands
-        ok = torch.stack([f.to(device, non_blocking=fast) for f in flags]).all()
-        if bool(ok):  # the one host transfer of the step
+        if bool(self._all(flags)):  # the one host transfer of the step
             return
         self._found(step)
 
+    @staticmethod
+    def _all(flags: List[torch.Tensor]) -> Optional[torch.Tensor]:
+        if not flags:
+            return None
+        device = flags[-1].device
+        fast = device.type != "cpu"  # a non-blocking copy to the host could be read before it lands
+        return torch.stack([f.to(device, non_blocking=fast) for f in flags]).all()
+
     # ----- a non-finite step ----------------------------------------------------------------------
-    def _found(self, step: int) -> None:
-        event = self._describe(step)
-        if self.mode == "trace":
-            self._trace(event)
+    def _found(self, step: int, source: Optional[int] = None) -> None:
+        """Report a non-finite step; under a process group ``source`` is the rank that re-runs
+        its step alone (on the unwrapped model's copy: no collective) and tells the others."""
+        ranks = getattr(self.watch, "_ranks", None) if source is not None else None
+        event: Any = None
+        if ranks is None or ranks.rank == source:
+            event = self._describe(step, source)
+            if self.mode == "trace":
+                self._trace(event)
+        if ranks is not None:
+            event = ranks.share(event, source)
         self.events.append(event)
         self._save()
         message = event["message"]
@@ -178,18 +199,24 @@ class Sentinel:
         self.quiet = True
         self._clear()
         self.inputs = self.rng = None
-        warnings.warn(NonfiniteWarning(message), stacklevel=2)
+        if ranks is None or ranks.rank == 0:  # one warning per run, not one per rank
+            warnings.warn(NonfiniteWarning(message), stacklevel=2)
 
-    def _describe(self, step: int) -> Dict[str, Any]:
+    def _describe(self, step: int, rank: Optional[int] = None) -> Dict[str, Any]:
         """Re-run the step on a copy of the model to name the call that produced the value."""
         event: Dict[str, Any] = {"step": step, "call": None, "phase": None}
+        if rank is not None:
+            event["rank"] = rank
         try:
+            if rank is not None and self.watch._ranks.sharded:
+                raise ValueError("its parameters are sharded over the ranks (a rerun on one rank alone would hang)")
             phase, cid, detail = locate(self.model, self.inputs, self.rng, self._surrogate())
             event.update(phase=phase, call=cid, detail=detail)
         except Exception as error:  # the rerun failed: the step is still reported
             event["detail"] = f"re-running the step to find the call failed ({type(error).__name__}: {error})"
         where = f" in '{event['call'] or type(self.model).__name__}'" if event["phase"] else ""
-        event["message"] = f"torchlens: step {step} went non-finite{where}: {event['detail']}."
+        on = f" on rank {rank}" if rank is not None else ""
+        event["message"] = f"torchlens: step {step} went non-finite{on}{where}: {event['detail']}."
         return event
 
     def _surrogate(self) -> Any:
@@ -214,7 +241,7 @@ class Sentinel:
         """The op-level answer: find_nonfinite's engine on a copy, from the step's generator states."""
         from ..trace.answers import find_nonfinite
 
-        if self.inputs is None:
+        if self.inputs is None or (self.watch._ranks is not None and self.watch._ranks.sharded):
             return
         try:
             twin = copy.deepcopy(self.model)
