@@ -17,7 +17,8 @@ collectives, whatever the number of series:
    statistics, and writes. ``params``, ``params_grad`` and ``updates`` are replicated under DDP
    (the same on every rank, gradients averaged): rank 0's copy is the series, not the sum.
 
-Steps that are not logged run no collective. A rank that stops calling the model (or calls it
+Steps that are not logged run no collective, except with the NaN sentinel (``on_nonfinite=``):
+its ``first_nonfinite`` runs one ``all_reduce`` of one number on every step. A rank that stops calling the model (or calls it
 more often) while the others go on is found at the next logged step (different step numbers);
 a rank that never reaches it leaves the others waiting until the process group's timeout.
 The outlier rejection (``reject_outlier_proportion``) runs per rank before the edges are agreed;

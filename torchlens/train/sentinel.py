@@ -11,6 +11,10 @@ generators as they were when it began, to name the call that produced the value;
 also the tracer (``tl.find_nonfinite``'s engine) names the operation and its line. All of this
 happens before ``optimizer.step()``: the parameters are those the failing step saw.
 
+Under ``torch.distributed`` the ranks decide together (``RankGroup.first_nonfinite``: one
+``all_reduce`` per step); the rank whose own values went non-finite re-runs its step alone and
+sends its event to the others: every rank raises, or rank 0 warns, at the same step.
+
 What a step is checked for: values the model returns and the gradients that flow through it. A
 NaN in a loss computed outside the model is seen through the gradient it sends into the model's
 outputs (a loss that is NaN with a finite gradient is not seen).
