@@ -51,7 +51,7 @@ import torchlens as tl  # noqa: E402
 from torchlens.trace.capture import decorate, ops  # noqa: E402
 from torchlens.trace.capture.run import run_pass  # noqa: E402
 from torchlens.trace.capture.save_plan import SavePlan  # noqa: E402
-from torchlens.trace.capture.tracer import Tracer  # noqa: E402
+from torchlens.trace.capture.stack import StackWalker  # noqa: E402
 from torchlens.trace.postprocess import build_history  # noqa: E402
 
 
@@ -101,12 +101,12 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
             ops.uninstall(table)
 
     def records() -> Any:
-        original = Tracer._walk_frames
-        Tracer._walk_frames = lambda self, frame: ()  # type: ignore[method-assign]
+        original = StackWalker.walk
+        StackWalker.walk = lambda self, frame: ()  # type: ignore[method-assign]
         try:
             return run_pass(model, args, kwargs, SavePlan(), 0)
         finally:
-            Tracer._walk_frames = original  # type: ignore[method-assign]
+            StackWalker.walk = original  # type: ignore[method-assign]
 
     found: Dict[str, Callable[[], Any]] = {
         "plain": plain,

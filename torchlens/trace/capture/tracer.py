@@ -8,13 +8,13 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
 
 - *One wrapper code object.* Every wrapper made by ``decorate._make_wrapper`` shares one
   ``__code__`` (closures differ, code does not), so a call stack skips wrapper frames with one
-  set lookup by id (``skip_code_ids``: that code, ``on_call``'s, the opaque wrappers' codes and
+  set lookup by id (``capture/stack.py``'s skip set: that code, ``on_call``'s, the opaque wrappers' codes and
   the tensor classes' call hook, capture/constructors.py). A wrapper
   written another way would show up as a frame of the model's source.
 - *Frame depths.* ``on_call`` is entered from the wrapper, which is entered from the model's
   code: ``sys._getframe(2)`` in ``on_call`` is the caller's frame, and ``sys._getframe(1)`` in
   the module hooks is the hook's caller. Walking stops at ``run_model``'s frame
-  (``stop_code``), so frames of the user's script are never part of a ``func_call_stack``.
+  (``capture/stack.py``), so frames of the user's script are never part of a ``func_call_stack``.
   Adding a Python layer between the wrapper and ``on_call`` shifts these numbers.
 - *``depth`` vs ``paused``.* ``depth`` counts torch calls in progress. A call made while
   ``depth > 0`` runs inside another torch function (a composite such as ``F.layer_norm`` calling
@@ -63,12 +63,11 @@ from .preexisting import PassStart
 from .save_plan import SavePlan
 from .sites import KERNEL_FILES, grad_fn_of, raise_site, run_kernel_call
 from .sites import rng_state as rng_state_now
+from .stack import StackWalker
 from .unwrap import scripted_output
 
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident
-# Frames of torch's module-call machinery are not part of any func_call_stack.
-_MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
 
 
 def write_through_view(
@@ -140,11 +139,8 @@ class Tracer:
         self.error_context: Optional[str] = None
         self.notes: List[str] = []  # for history.notes
         self.pending_condition: Optional[TensorLogEntry] = None
-        # by id: hashing a code object hashes its bytecode and constants, at every frame
-        self.skip_code_ids = _skip_code_ids()
-        self.stop_code = Tracer.run_model.__code__
-        # id(code) -> (code, its call sites or None when skipped): see _walk_frames
-        self.code_sites: Dict[int, Tuple[Any, Optional[dict]]] = {}
+        # call stacks up to (not including) run_model's frame, without torchlens's own frames
+        self.stack = StackWalker(Tracer.run_model.__code__, _skip_code_ids())
 
     # ----- running the model ----------------------------------------------------------------
     def run_model(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -429,52 +425,8 @@ class Tracer:
 
     def _frames(self) -> tuple:
         if self.frames_cache is None:
-            self.frames_cache = self._walk_frames(self.caller_frame)
+            self.frames_cache = self.stack.walk(self.caller_frame)
         return self.frames_cache
-
-    def _sites_of(self, code) -> Optional[dict]:
-        """``code``'s call sites seen so far (bytecode offset -> frame record), or None for
-        torchlens's own frames and torch's module-call machinery (never part of a stack)."""
-        known = self.code_sites.get(id(code))
-        if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
-            keep = id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE
-            known = self.code_sites[id(code)] = (code, {} if keep else None)
-        return known[1]
-
-    def _walk_frames(self, frame) -> tuple:
-        found = []
-        stop, code_sites = self.stop_code, self.code_sites
-        while frame is not None:
-            code = frame.f_code
-            if code is stop:
-                break
-            known = code_sites.get(id(code))
-            sites = known[1] if known is not None else self._sites_of(code)
-            if sites is not None:
-                # the line is a function of the code and the offset: read once (f_lineno
-                # decodes the line table at every read), the same record shared by later calls
-                lasti = frame.f_lasti
-                site = sites.get(lasti)
-                if site is None:
-                    site = sites[lasti] = (code, frame.f_lineno, lasti)
-                found.append(site)
-            frame = frame.f_back
-        found.reverse()
-        return tuple(found)
-
-    def _count_frames(self, frame) -> int:
-        """``len(self._walk_frames(frame))``, without building the records."""
-        count = 0
-        stop, code_sites = self.stop_code, self.code_sites
-        while frame is not None:
-            code = frame.f_code
-            if code is stop:
-                break
-            known = code_sites.get(id(code))
-            if (known[1] if known is not None else self._sites_of(code)) is not None:
-                count += 1
-            frame = frame.f_back
-        return count
 
     @staticmethod
     def _describe_tensor(e: TensorLogEntry, tensor: torch.Tensor) -> None:
@@ -489,7 +441,7 @@ class Tracer:
 
     def _describe_call(self, name: str) -> str:
         where = ""
-        frames = self._walk_frames(self.caller_frame) if self.caller_frame is not None else ()
+        frames = self.stack.walk(self.caller_frame) if self.caller_frame is not None else ()
         if frames:
             code, line, _ = frames[-1]
             where = f", called at {code.co_filename}:{line} in {code.co_name}()"
@@ -551,7 +503,7 @@ class Tracer:
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
         if address in self.inventory.weighted_modules:
-            self.module_frame_depths[(address, n)] = self._count_frames(sys._getframe(1))
+            self.module_frame_depths[(address, n)] = self.stack.count(sys._getframe(1))
         self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
         self.module_stack = self.module_stack + ((address, n),)
 
@@ -570,7 +522,7 @@ class Tracer:
                 e = self.entry_of(tensor)
                 if e is None and self._is_untraced(tensor):  # made inside by a call not logged
                     e = self.untraced(
-                        tensor, self._walk_frames(sys._getframe(1)), *scripted_output(module, args, self.entry_of)
+                        tensor, self.stack.walk(sys._getframe(1)), *scripted_output(module, args, self.entry_of)
                     )
                 elif e is None or e.raw_index < start:
                     e = self._pass_through(tensor, e)
@@ -586,7 +538,7 @@ class Tracer:
 
     def _pass_through(self, tensor: torch.Tensor, parent: Optional[TensorLogEntry]) -> TensorLogEntry:
         """A module returned a tensor it did not compute (``nn.Identity``): give it its own node."""
-        frames = self._walk_frames(sys._getframe(2))
+        frames = self.stack.walk(sys._getframe(2))
         e = TensorLogEntry(len(self.entries), "op", "identity", identity, func_name="identity")
         e.parent_refs = [(parent, 0)] if parent is not None else []
         e.module_stack = self.module_stack

@@ -1,0 +1,84 @@
+"""The call stack of a logged call: the frames between the model's entry (``run_model``) and
+the call, as ``(code, line, bytecode offset)`` records, outermost first.
+
+torchlens's own frames (the wrappers, which share one code object, ``on_call``, the opaque
+wrappers, the tensor classes' call hook) and torch's module-call machinery are left out; the
+walk stops at ``run_model``'s frame, so the user's script is never part of a stack. Codes are
+known by id (hashing a code object hashes its bytecode and constants, at every frame); a line
+is a function of the code and the offset, so each is read once per pass (``f_lineno`` decodes
+the line table at every read) and its record shared by later calls.
+
+Example:
+    >>> import sys
+    >>> def outer():
+    ...     return inner()
+    >>> def inner():
+    ...     return StackWalker(stop_code=None, skip_code_ids=frozenset()).walk(sys._getframe())
+    >>> [code.co_name for code, line, offset in outer()][-2:]
+    ['outer', 'inner']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from torch import nn
+
+# Frames of torch's module-call machinery are not part of any func_call_stack.
+_MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
+
+
+class StackWalker:
+    """Walks frames up to ``stop_code``'s, skipping the codes whose ids are in ``skip_code_ids``;
+    one per pass (its caches hold the codes they know, so no id is reused while it lives)."""
+
+    def __init__(self, stop_code: Any, skip_code_ids: frozenset) -> None:
+        self.stop_code = stop_code
+        self.skip_code_ids = skip_code_ids
+        # id(code) -> (code, its call sites (bytecode offset -> record), or None when skipped)
+        self.code_sites: Dict[int, Tuple[Any, Optional[dict]]] = {}
+
+    def sites_of(self, code: Any) -> Optional[dict]:
+        """``code``'s call sites seen so far, or None for a code that is never part of a stack."""
+        known = self.code_sites.get(id(code))
+        if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
+            keep = id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE
+            known = self.code_sites[id(code)] = (code, {} if keep else None)
+        return known[1]
+
+    def walk(self, frame: Any) -> tuple:
+        """The records of ``frame`` and its callers up to the stop, outermost first."""
+        found = []
+        stop, code_sites = self.stop_code, self.code_sites
+        while frame is not None:
+            code = frame.f_code
+            if code is stop:
+                break
+            known = code_sites.get(id(code))
+            sites = known[1] if known is not None else self.sites_of(code)
+            if sites is not None:
+                lasti = frame.f_lasti
+                site = sites.get(lasti)
+                if site is None:
+                    site = sites[lasti] = (code, frame.f_lineno, lasti)
+                found.append(site)
+            frame = frame.f_back
+        found.reverse()
+        return tuple(found)
+
+    def count(self, frame: Any) -> int:
+        """``len(self.walk(frame))``, without building the records."""
+        count = 0
+        stop, code_sites = self.stop_code, self.code_sites
+        while frame is not None:
+            code = frame.f_code
+            if code is stop:
+                break
+            known = code_sites.get(id(code))
+            if (known[1] if known is not None else self.sites_of(code)) is not None:
+                count += 1
+            frame = frame.f_back
+        return count
+
+
+__all__ = ["StackWalker"]
