@@ -377,6 +377,7 @@ EXPLORE_EPILOG = """\
 examples:
   torchlens explore torchlens_runs/                    serve every run of the folder (a run picker)
   torchlens explore RUN_DIR --export run.html          one self-contained file: opens offline
+  torchlens explore RUN_A RUN_B                        two runs side by side (pinned calls show both)
   torchlens explore torchlens_runs/ --export all.html  every run of the folder in one file
   torchlens explore torchlens_runs/ --export one.html --run NAME
                                                        only the run NAME (its folder, relative
@@ -406,7 +407,7 @@ def _pick_run(root: str, name: str) -> str:
 
 
 def explore_main(argv: Sequence[str]) -> int:
-    """``torchlens explore RUN_DIR [--port N] [--host H] [--token T] [--export FILE [--run NAME]]``."""
+    """``torchlens explore RUN_DIR [RUN_B] [--port N] [--host H] [--token T] [--export FILE [--run NAME]]``."""
     from .train.reader import RunError
     from .train.serve import PortInUseError, explore, export_html
     from .train.serve.data import NotFound
@@ -419,6 +420,9 @@ def explore_main(argv: Sequence[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", help="a run folder (w.run_dir) or a folder holding runs")
+    parser.add_argument(
+        "other_run", nargs="?", help="a second run folder: serve both side by side (each pinned call shows both runs)"
+    )
     parser.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080; 0: any free port)")
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; any other wants a token)"
@@ -442,6 +446,10 @@ def explore_main(argv: Sequence[str]) -> int:
         print(f"torchlens: error: no such folder: {args.run_dir}", file=sys.stderr)
         return 2
     try:
+        if args.other_run and args.export:
+            raise CliError("--export writes one run (or folder); two runs side by side are served only")
+        if args.other_run and not os.path.isdir(args.other_run):
+            raise CliError(f"no such folder: {args.other_run}")
         if args.run and not args.export:
             raise CliError("--run NAME goes with --export; the served page has a run picker")
         if args.export:
@@ -449,7 +457,7 @@ def explore_main(argv: Sequence[str]) -> int:
             export_html(args.run_dir, args.export, run_id=run_id)
             _print_exported(args.export, args.run_dir, run_id)
         else:
-            explore(args.run_dir, port=args.port, host=args.host, token=args.token)
+            explore(args.run_dir, port=args.port, host=args.host, token=args.token, other=args.other_run)
         return 0
     except PortInUseError:  # its message is for Python callers (port=); here it is --port
         print(

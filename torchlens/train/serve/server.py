@@ -20,6 +20,8 @@ JSON routes (``run`` is a run id from ``/api/runs``; optional when there is one 
 - ``GET /api/call_series?run=ID&call=CALL[&since=STEP]``: every histogram series of a call,
   only columns ending at or after ``since``.
 - ``GET /api/series?run=ID&call=CALL&kind=KIND&name=NAME[&since=STEP]``: one series.
+- ``GET /api/pair?run=ID&other=ID[&tolerance=T]``: two runs side by side (``pair.py``): the
+  calls only one has, and per series the first step where ``Run.compare`` finds them differ.
 - ``GET /api/health?run=ID``: ``run.health()``'s findings and a status line; ``GET
   /run-file?run=ID&name=nonfinite_stepN.html``: the NaN sentinel's page (no other file).
 """
@@ -36,13 +38,14 @@ import string
 import threading
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, FrozenSet, Optional
+from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence
 from urllib.parse import parse_qs, urlencode, urlparse
 
 from ...errors import TorchlensError
 from ...web.embed import ASSETS_DIR
 from ..reader import RunError
 from .data import Catalog, NotFound
+from .pair import PairCatalog, pair_json
 
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -150,6 +153,13 @@ def _int(query: Dict[str, str], key: str) -> Optional[int]:
         raise BadRequest(f"{key} must be an integer, not {query[key]!r}") from None
 
 
+def _float(query: Dict[str, str], key: str, default: float) -> float:
+    try:
+        return float(query.get(key, default))
+    except ValueError:
+        raise BadRequest(f"{key} must be a number, not {query[key]!r}") from None
+
+
 def _need(query: Dict[str, str], key: str) -> str:
     if key not in query:
         raise BadRequest(f"missing query parameter {key!r}")
@@ -164,6 +174,7 @@ def _routes(catalog: Catalog) -> Dict[str, Callable[[Dict[str, str]], Any]]:
         "/api/layout": lambda q: catalog.layout_json(q.get("run"), _need(q, "call")),
         "/api/call_series": lambda q: catalog.call_series_json(q.get("run"), _need(q, "call"), _int(q, "since")),
         "/api/health": lambda q: catalog.health_json(q.get("run")),
+        "/api/pair": lambda q: pair_json(catalog, q.get("run"), _need(q, "other"), _float(q, "tolerance", 0.1)),
         "/api/series": lambda q: catalog.series_json(
             q.get("run"), _need(q, "call"), _need(q, "kind"), _need(q, "name"), since=_int(q, "since")
         ),
@@ -292,7 +303,8 @@ class RunServer:
 
     The socket is bound in the constructor (a busy port fails at once), or given as ``sock``
     (already listening, e.g. inherited from ``tl.watch``'s process); ``start()`` begins serving,
-    and the folder need not hold a run until then. ``token``: ``None`` for the default (none on
+    and the folder need not hold a run until then. ``runs``: exactly these two run folders
+    (``torchlens explore RUN_A RUN_B``) instead of the runs under ``root``. ``token``: ``None`` for the default (none on
     loopback, a random one elsewhere), ``""`` for none.
 
     Example:
@@ -310,8 +322,10 @@ class RunServer:
         port: int = 8080,
         token: Optional[str] = None,
         sock: Optional[socket.socket] = None,
+        runs: Optional[Sequence[str]] = None,
     ) -> None:
         self.root = root
+        self.runs = PairCatalog(runs) if runs else None  # checked here: a wrong folder fails at once
         self.token = default_token(host) if token is None else token
         if self.token.strip(_TOKEN_CHARS):  # it goes into a URL and a cookie as it is
             raise ValueError(f"the token may hold only letters, digits and '._~-', not {token!r}.")
@@ -341,7 +355,7 @@ class RunServer:
 
     def _ready(self) -> None:
         if self.catalog is None:
-            self.catalog = Catalog(self.root)
+            self.catalog = self.runs if self.runs is not None else Catalog(self.root)
             self.handler.catalog = self.catalog
             self.handler.routes = _routes(self.catalog)
 

@@ -76,6 +76,7 @@
     if (state.runId && state.runId !== ".") hash.set("run", state.runId);
     if (state.view) hash.set("view", state.view);
     if (state.panels.length) hash.set("panels", state.panels.join("|"));
+    if (state.compare) hash.set("compare", state.compare);  // the second run (tworuns.js)
     const text = hash.toString();
     try {
       history.replaceState(null, "", text ? `#${text}` : location.pathname + location.search);
@@ -101,9 +102,9 @@
   // ----- runs --------------------------------------------------------------------------------
   async function start() {
     try {
-      const runs = (await api("runs")).runs;
+      const answer = await api("runs"), runs = answer.runs;
       if (!runs.length) throw new Error("No torchlens run in this folder yet.");
-      const wanted = new URLSearchParams(location.hash.slice(1)).get("run");
+      const wanted = new URLSearchParams(location.hash.slice(1)).get("run") || (answer.pair || [])[0];
       const picker = $("run-picker");
       if (runs.length > 1) {
         picker.hidden = false;
@@ -516,6 +517,7 @@
       line.hidden = !s.steps.length || !(s.line || []).some((v) => v !== null);
       if (!line.hidden) window.TorchlensStrips.drawLine(line, s, format);
     }
+    document.dispatchEvent(new CustomEvent("torchlens:panel", { detail: { cid } }));  // tworuns.js adds the other run
   }
 
   const MARGIN = window.TorchlensStrips.MARGIN;
@@ -588,7 +590,7 @@
   }
 
   window.addEventListener("resize", () => { for (const cid of state.panels) renderPanel(cid); });
-  window.TorchlensExplorer = { state, api, showCall, pin, reveal };  // for health.js
+  window.TorchlensExplorer = { state, api, showCall, pin, reveal, saveState };  // for health.js, tworuns.js
   setupZoomAndPan();
   start();
 })();
