@@ -98,6 +98,7 @@ images: venv
 	"$(VENV_PY)" -m torchlens.examples.graph_page_images images
 	"$(VENV_PY)" -m torchlens.examples.notebook_images images
 	"$(VENV_PY)" -m torchlens.examples.health_images images
+	"$(VENV_PY)" -m torchlens.examples.tworuns_images images
 
 bench: venv
 	"$(VENV_PY)" benchmarks/overhead.py $(BENCH_ARGS)
