@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -136,6 +138,24 @@ def test_explore_two_runs_refuses_what_is_not_two_runs(runs, tmp_path, capsys):
     assert "--export" in capsys.readouterr().err
 
 
+def test_command_line_serves_two_runs(runs):
+    command = "import sys; from torchlens.cli import main; sys.exit(main(sys.argv[1:]))"
+    serving = subprocess.Popen(
+        [sys.executable, "-c", command, "explore", str(runs / "slow"), str(runs / "fast"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = serving.stdout.readline()
+        assert "side by side" in line, line
+        port = int(line.split(" at ", 1)[1].split()[0].rsplit(":", 1)[1].strip("/"))
+        status, answer = get_json(port, "/api/runs")
+        assert status == 200 and answer["pair"] == ["slow", "fast"]
+    finally:
+        serving.terminate()
+        serving.wait(timeout=30)
+
+
 # ----- in Chromium ----------------------------------------------------------------------------
 def _open(browser, url):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -216,6 +236,37 @@ def test_run_picker_chooses_the_second_run(browser, runs):
         page.reload()
         page.wait_for_selector('[data-panel="gate:1"] .pair-note')
         assert page.input_value('[data-role="compare-picker"]') == "slow"
+        assert problems == []
+    finally:
+        if context is not None:
+            context.close()
+        server.close()
+
+
+def test_runs_of_different_lengths_share_the_step_axis(browser, tmp_path):
+    _train(str(tmp_path / "short"), lr=0.01, steps=3)
+    _train(str(tmp_path / "long"), lr=0.01, steps=6)
+    server = explore(str(tmp_path / "short"), port=0, block=False, other=str(tmp_path / "long"))
+    context = None
+    try:
+        context, page, problems = _open(browser, server.url)
+        page.wait_for_selector('[data-role="pair"]')
+        page.drag_and_drop('[data-node="out:1"]', '[data-role="panels"]')
+        panel = '[data-panel="out:1"]'
+        page.wait_for_selector(f'{panel} canvas[data-other-series="params/weight"][data-columns]')
+        mine = page.query_selector(f'{panel} canvas[data-series="params/weight"]')
+        theirs = page.query_selector(f'{panel} canvas[data-other-series="params/weight"]')
+        assert mine.get_attribute("data-columns") == theirs.get_attribute("data-columns") == "6"
+        assert mine.get_attribute("data-ticks") == theirs.get_attribute("data-ticks")  # same steps, same places
+        # the hover of the short run's strip names the column under the pointer on the common axis
+        mine.scroll_into_view_if_needed()
+        box = mine.bounding_box()
+        plot = box["width"] - MARGIN["left"] - MARGIN["right"]
+        page.mouse.move(box["x"] + MARGIN["left"] + plot * 1.5 / 6, box["y"] + box["height"] / 2)
+        tip = page.wait_for_selector('[data-role="strip-tip"]', state="visible")
+        assert "short" in tip.inner_text() and "step 1 " in tip.inner_text() + " "
+        page.mouse.move(box["x"] + MARGIN["left"] + plot * 4.5 / 6, box["y"] + box["height"] / 2)
+        page.wait_for_selector('[data-role="strip-tip"]', state="hidden")  # no column of its own there
         assert problems == []
     finally:
         if context is not None:

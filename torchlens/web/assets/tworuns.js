@@ -177,7 +177,7 @@
       box.querySelector(".name").textContent = s ? s.name : key.slice(key.indexOf("/") + 1);
       const canvas = box.querySelector("canvas");
       canvas.dataset.otherSeries = key;
-      canvas.addEventListener("mousemove", (event) => hover(event, canvas));
+      canvas.addEventListener("mousemove", (event) => hover(event, canvas, canvas.parentElement.series, pair.info.b.name));
       canvas.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
     }
     if (after) after.after(box); else panel.appendChild(box);
@@ -218,6 +218,9 @@
       if (sa && sa.steps.length && !canvas.hidden) {
         Strips().draw(canvas, sa, format);  // on the common step axis
         markStep(canvas, sa, step);
+        const line = box.querySelector("canvas.line");
+        if (line && !line.hidden) Strips().drawLine(line, sa, format);
+        padded(canvas, sa.steps.length !== mine[key].steps.length ? sa : null, a.name);
       }
       otherCanvas.hidden = !sb || !sb.steps.length;
       if (!otherCanvas.hidden) {
@@ -240,14 +243,28 @@
     }
   }
 
-  function hover(event, canvas) {
-    const s = canvas.parentElement.series, tip = $("strip-tip"), M = Strips().MARGIN;
+  // this run's strip drawn with blank columns where only the other run has some: the page's
+  // own hover counts its columns without them, so this one answers instead
+  function padded(canvas, s, name) {
+    canvas.pairSeries = s;
+    if (canvas.pairHooked) return;
+    canvas.pairHooked = true;
+    const take = (event) => {
+      if (!canvas.pairSeries) return;
+      event.stopImmediatePropagation();  // a capturing listener on the canvas runs first
+      hover(event, canvas, canvas.pairSeries, name);
+    };
+    canvas.addEventListener("mousemove", take, true);
+  }
+
+  function hover(event, canvas, s, name) {
+    const tip = $("strip-tip"), M = Strips().MARGIN;
     const rect = canvas.getBoundingClientRect();
     const i = s ? Math.floor(((event.clientX - rect.left - M.left) / (rect.width - M.left - M.right)) * s.steps.length) : -1;
     if (i < 0 || i >= s.steps.length || s.lo[i] === null) { tip.hidden = true; return; }
     const format = window.TorchlensUI.formatNumber;
     const steps = s.steps[i] === s.last_steps[i] ? `step ${s.steps[i]}` : `steps ${s.steps[i]}–${s.last_steps[i]}`;
-    tip.textContent = `${pair.info ? pair.info.b.name : ""} · ${steps} · histogram [${format(s.lo[i])}, ${format(s.hi[i])}]` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
+    tip.textContent = `${name} · ${steps} · histogram [${format(s.lo[i])}, ${format(s.hi[i])}]` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
     tip.hidden = false;
     window.TorchlensUI.placeFloating(tip, event);
   }
