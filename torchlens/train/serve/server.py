@@ -43,6 +43,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 from ...errors import TorchlensError
 from ...web.embed import ASSETS_DIR
+from ..compare import TOLERANCE
 from ..reader import RunError
 from .data import Catalog, NotFound
 from .pair import PairCatalog, pair_json
@@ -174,7 +175,7 @@ def _routes(catalog: Catalog) -> Dict[str, Callable[[Dict[str, str]], Any]]:
         "/api/layout": lambda q: catalog.layout_json(q.get("run"), _need(q, "call")),
         "/api/call_series": lambda q: catalog.call_series_json(q.get("run"), _need(q, "call"), _int(q, "since")),
         "/api/health": lambda q: catalog.health_json(q.get("run")),
-        "/api/pair": lambda q: pair_json(catalog, q.get("run"), _need(q, "other"), _float(q, "tolerance", 0.1)),
+        "/api/pair": lambda q: pair_json(catalog, q.get("run"), _need(q, "other"), _float(q, "tolerance", TOLERANCE)),
         "/api/series": lambda q: catalog.series_json(
             q.get("run"), _need(q, "call"), _need(q, "kind"), _need(q, "name"), since=_int(q, "since")
         ),
