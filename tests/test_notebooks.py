@@ -3,6 +3,7 @@
 import pathlib
 
 import pytest
+from frames import unpack_frame
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -91,17 +92,7 @@ def test_inline_pages_work_in_the_notebook_as_html(browser, tmp_path):
 # ----- what Jupyter is given (no kernel needed) ---------------------------------------------
 
 
-def _unpacked(frame):
-    """The bundle packed into the inline page of an iframe's srcdoc: {"name", "data", "scripts"}."""
-    import base64
-    import gzip
-    import html
-    import json
-    import re
-
-    page = html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
-    packed = re.search(r'<script type="application/octet-stream" id="tl-packed">([^<]*)</script>', page).group(1)
-    return page, json.loads(gzip.decompress(base64.b64decode(packed)))
+_unpacked = unpack_frame  # (page, bundle) of a notebook output's iframe
 
 
 def test_history_gives_jupyter_the_page_the_drawing_and_the_text():
@@ -285,7 +276,7 @@ def test_watch_shows_its_explorer_snapshot_inline(tmp_path):
         _, packed = _unpacked(w._repr_html_())
         summary = packed["data"]["summary"]
         assert summary["model"] == "Sequential" and {"0:1", "2:1"} <= set(summary["calls"])
-        assert summary["steps"] == [0, 1] and summary["status"] == "running"  # step 2: written at the next or close()
+        assert summary["steps"] == [0, 1, 2] and summary["status"] == "running"  # each written as its backward ended
         with pytest.raises(RuntimeError, match="torchlens explore"):
             w.show(height=300)
     finally:
