@@ -372,3 +372,19 @@ def test_lightning_runs_get_updates(tmp_path):
     s = run.series("net.0:1", "updates", "weight")
     assert run.steps.tolist() == [0, 1] and s.steps.tolist() == [0, 1]
     assert (s.line > 0).all() and (s.count == 24).all()
+
+
+def test_exact_statistics_leave_the_tensors_storage_resizable(tmp_path):
+    # FSDP frees a parameter by resizing its storage to nothing: measuring it must not pin it
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
+    try:
+        out = model(torch.randn(3, 4))
+        out.sum().backward()
+    finally:
+        w.close()
+    for tensor in (model[0].weight, model[0].weight.grad, out):
+        storage = tensor.detach().untyped_storage()
+        size = storage.nbytes()
+        storage.resize_(0)  # raises "Trying to resize storage that is not resizable" when pinned
+        storage.resize_(size)

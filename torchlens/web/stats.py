@@ -8,6 +8,7 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -221,21 +222,23 @@ def _finite_summary(x: torch.Tensor, total: torch.Tensor, line: torch.Tensor) ->
     return torch.tensor(fields, dtype=line.dtype)
 
 
-_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+_BITS = {2: ctypes.c_int16, 4: ctypes.c_int32, 8: ctypes.c_int64}
 
 
 def _count_zeros(x: torch.Tensor) -> int:
-    """How many values of a contiguous CPU float tensor are exactly zero (+0.0 or -0.0), about
-    2.5x faster than torch's ``(x == 0)`` and its sum: the values' bits shifted left by one
-    (dropping the sign) are zero exactly for the zeros, and numpy counts nonzero words without
-    building a mask.
+    """How many values of a CPU float tensor are exactly zero (+0.0 or -0.0), about 2.5x faster
+    than torch's ``(x == 0)`` and its sum: the values' bits shifted left by one (dropping the
+    sign) are zero exactly for the zeros, and numpy counts nonzero words without building a mask.
+    numpy reads the memory through ctypes, not ``x.numpy()``: that would mark the storage as not
+    resizable for good, and FSDP frees a parameter by resizing its storage to nothing.
 
     Example:
         >>> _count_zeros(torch.tensor([0.0, -0.0, 1e-45, -2.0]))
         2
     """
-    bits = x.resolve_neg().numpy().view(_BITS[x.element_size()])
-    return x.numel() - int(np.count_nonzero(np.left_shift(bits, 1)))
+    x = x.contiguous()
+    words = (_BITS[x.element_size()] * x.numel()).from_address(x.data_ptr())
+    return x.numel() - int(np.count_nonzero(np.left_shift(np.ctypeslib.as_array(words), 1)))
 
 
 def _summary_with_nonfinite(x: torch.Tensor, nan: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
