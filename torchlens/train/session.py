@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import random
 import warnings
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -91,7 +90,7 @@ class Watch:
         self._depth = 0  # calls of the model in progress (it may call itself)
         self._markers: list = []  # gradient hooks on the model's outputs
         self._steps = StepWriter(self)
-        sampler = Sampler(sample_n, seed=random.SystemRandom().randrange(2**31))
+        sampler = Sampler(sample_n)  # one fixed seed: the same training gives the same run
         self.recorder = StepRecorder(
             unwrap(model), self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads
         )
