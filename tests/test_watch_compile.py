@@ -22,6 +22,16 @@ from torchlens.train.compiled import dynamo_counts  # noqa: E402
 BACKEND = "aot_eager"
 
 
+@pytest.fixture(autouse=True)
+def dynamo_as_new():
+    """Dynamo's caches, counters and stance as in a fresh process, so the counts below are
+    exact: in the full suite an earlier test leaves Dynamo compiling nothing (a plain
+    torch.compile'd model counted 0 frames there; not reproduced with any file alone)."""
+    dynamo.reset()
+    torch.compiler.set_stance("default")
+    yield
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 2))
