@@ -213,6 +213,8 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_concurrent_passes_from_two_threads_are_serialised():
+    import torch._dynamo  # loaded, so each pass switches compiled code to eager and back
+
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     results, errors = [], []
 
@@ -231,6 +233,8 @@ def test_concurrent_passes_from_two_threads_are_serialised():
     assert not errors
     assert results == [["input_1_0", "linear_1_1", "relu_1_2", "output_1_3"]] * 10
     assert decorate.ACTIVE.tracer is None
+    # overlapping passes put Dynamo's stance back once, as it was: torch.compile still compiles
+    assert torch._dynamo.eval_frame._stance.stance == "default"
 
 
 def test_lazy_modules_are_created_as_in_a_plain_forward():

@@ -25,8 +25,7 @@ BACKEND = "aot_eager"
 @pytest.fixture(autouse=True)
 def dynamo_as_new():
     """Dynamo's caches, counters and stance as in a fresh process, so the counts below are
-    exact: in the full suite an earlier test leaves Dynamo compiling nothing (a plain
-    torch.compile'd model counted 0 frames there; not reproduced with any file alone)."""
+    exact whatever ran before."""
     dynamo.reset()
     torch.compiler.set_stance("default")
     yield

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
+import threading
 import types
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
@@ -76,16 +77,56 @@ def eager_only() -> Iterator[None]:
     if "torch._dynamo" not in sys.modules:
         yield
         return
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if not hasattr(getattr(torch, "compiler", None), "set_stance"):  # torch < 2.6: nothing to switch
+        yield
+        return
     with warnings.catch_warnings():
         # torch warns that our global module hooks also fire for a compiled submodule's wrapper;
         # the tracer counts only modules of the model's tree, so this is expected here
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
-        if set_stance is None:  # torch < 2.6: nothing to switch
+        _EAGER.enter()
+        try:
             yield
-            return
-        with set_stance("force_eager"):
-            yield
+        finally:
+            _EAGER.leave()
+
+
+class _EagerSwitch:
+    """Dynamo's stance is one setting for the whole process, and passes in several threads
+    overlap before the pass lock (each enters ``eager_only`` first): the first in switches to
+    ``force_eager`` and keeps what was there, the last out puts it back. Nested ``with
+    set_stance`` blocks in each thread would restore each other's switch, leaving
+    ``torch.compile`` off for the rest of the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.prior: Any = None
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.users == 0:
+                self.prior = _dynamo_stance()
+                torch.compiler.set_stance("force_eager")
+            self.users += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0:
+                from torch._dynamo import eval_frame
+
+                eval_frame._set_stance(self.prior)
+                self.prior = None
+
+
+def _dynamo_stance() -> Any:
+    from torch._dynamo import eval_frame
+
+    return eval_frame._stance
+
+
+_EAGER = _EagerSwitch()
 
 
 def scripted_output(module: nn.Module, args: Any, entry_of: Callable[[torch.Tensor], Any]) -> Tuple[list, str]:
