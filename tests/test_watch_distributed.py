@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchlens.train.distributed import RankGroup, RankMismatchError
-from torchlens.web.stats import exact_summary, histograms
+from torchlens.web.exact import exact_summary
+from torchlens.web.stats import histograms
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 slow = pytest.mark.slow  # two spawned processes: about 20 s each on a shared 2-core machine

@@ -64,6 +64,28 @@ def test_exact_statistics_cover_all_values_while_the_histogram_is_sampled(tmp_pa
     assert (relu.line == relu.std).all() and relu.line_label == "std"
 
 
+@pytest.mark.parametrize("width", [8, 2048])  # 16 x 8: measured with the step's small tensors; 16 x 2048: at once
+def test_statistics_are_of_the_values_a_call_returned_not_of_a_later_in_place_change(tmp_path, width):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, width), nn.ReLU(inplace=True))
+    seen = []
+    handle = _capture(model[0], seen)
+    with quiet_watch(model, tmp_path, log=("io", "params"), sample_n=10) as w:
+        for _ in range(2):
+            x = torch.randn(16, 4)
+            model(x).sum().backward()
+            with torch.no_grad():
+                model[0].bias.add_(-0.5)  # the parameters change between steps too
+    handle.remove()
+    run = tl.open_run(w.run_dir)
+    lin, relu = run.series("0:1", "io", "output 0"), run.series("1:1", "io", "output 0")
+    bias = run.series("0:1", "params", "bias")
+    for i, out in enumerate(seen[-2:]):
+        assert lin.true_min[i] == out.min().item() < 0  # before the ReLU changed it in place
+        assert relu.true_min[i] == 0 and relu.zeros[i] == (out <= 0).sum().item()
+    assert bias.mean[1] == pytest.approx(bias.mean[0] - 0.5, abs=1e-6)
+
+
 def test_nan_and_infinities_are_counted_and_left_out_of_min_max_mean_std(tmp_path):
     class Bad(nn.Module):
         def __init__(self):
@@ -298,7 +320,11 @@ def test_a_step_is_readable_within_a_second_of_its_backward_and_a_second_backwar
         assert first == model.weight.grad.max().item()
         assert Catalog(w.run_dir).poll_json(None, -1)["steps"] == [0]  # the page sees it too
         (3 * out).sum().backward()  # a second backward in the same step: .grad accumulates
+        ended = time.monotonic()
         s = run.series("", "params_grad", "weight")
+        while s.true_max[0] == first and time.monotonic() - ended < 1.0:  # written by the writer thread
+            time.sleep(0.02)
+            s = run.series("", "params_grad", "weight")
         assert s.steps.tolist() == [0] and s.true_max[0] == model.weight.grad.max().item() != first
     finally:
         w.close()

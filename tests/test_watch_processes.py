@@ -233,10 +233,10 @@ def test_sigkill_of_the_writer_leaves_a_readable_run(tmp_path, printed):
     with tl.open_run(run_dir) as run:
         assert run.status == "stopped"  # never closed, and its process is gone
         steps = run.steps.tolist()
-        # step i is written when step i + 1 starts: after 'step k' was printed, step k - 1 is in
-        # the database; only the step in flight may be lost
+        # step i is handed to the writer thread when its backward ends, and the writer lags by two
+        # writes at most: after 'step k' was printed, step k - 2 is in the database
         assert steps == list(range(len(steps)))
-        assert steps[-1] >= printed - 2, (steps[-1], printed)
+        assert steps[-1] >= printed - 3, (steps[-1], printed)
         last = steps[-1]
         assert list(run.calls) == MLP_CALLS
         names = run.series_names()

@@ -25,23 +25,24 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.stats import combine_summaries, exact_summary
+from ..web.exact import LazySummary, combine_summaries, measure, row_summaries
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
 from .sampling import Sampler
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
-# one tensor's contribution to a series: its sample, its exact_summary over all values, and (for
-# gradient series) all its per-sample norms, whose median is the series' line
-Part = Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+# one tensor's contribution to a series: its sample, its exact_summary over all values (of a small
+# tensor, measured with the others when the step is collected), and (for gradient series) all its
+# per-sample norms, whose median is the series' line
+Part = Tuple[torch.Tensor, Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
 NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
@@ -230,14 +231,19 @@ class StepRecorder:
         if kinds is not None:
             pending = {k: v for k, v in pending.items() if k[1] in kinds}
             reasons = {k: r for k, r in reasons.items() if k[1] in kinds}
+        changed = []  # the series whose parts changed since their summary was computed
+        for key, parts in pending.items():
+            known = self._summaries.get(key)
+            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
+                changed.append((key, parts))
+        LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
+        for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
+            self._summaries[key] = (parts, summary)
         data = StepData()
         for key, parts in pending.items():
             data.keys.append(key)
             data.samples.append(parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]))
-            known = self._summaries.get(key)
-            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
-                known = self._summaries[key] = (parts, _summary_of(parts))
-            data.summaries.append(known[1])
+            data.summaries.append(self._summaries[key][1])
         data.reasons = reasons
         return data
 
@@ -425,7 +431,7 @@ class StepRecorder:
         sample = self.sampler.values(t)
         if sample is None:
             return None
-        part = (sample, exact_summary(t), None)
+        part = (sample, measure(t, copy=sample if sample.numel() == t.numel() else None), None)
         try:
             self._seen[id(t)] = (weakref.ref(t), t._version, part)
         except TypeError:  # a tensor subclass without weak references: measured each time
@@ -434,7 +440,11 @@ class StepRecorder:
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:
         norms = self.sampler.norms(grad)
-        sample = self.sampler.values(norms) if norms is not None else None
+        if norms is None:
+            return None
+        # the norms are a new tensor of their own: a sample holding all of them needs no copy
+        whole = self.sampler.sample_n is None or norms.numel() <= self.sampler.sample_n
+        sample = norms if whole else self.sampler.values(norms)
         return None if sample is None else (sample, None, norms)
 
     def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
@@ -495,14 +505,22 @@ class StepData:
         self.reasons: Dict[Key, str] = {}
 
 
-def _summary_of(parts: List[Part]) -> Optional[torch.Tensor]:
-    """The exact summary of a series' parts; for per-sample norms, of all of them, with their
-    median as the line."""
-    if parts[0][2] is not None:
-        norms = torch.cat([p[2] for p in parts if p[2] is not None])
-        return exact_summary(norms, line=norms.nanmedian())
-    summaries = [p[1] for p in parts if p[1] is not None]
-    return combine_summaries(summaries) if summaries else None
+def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
+    """The exact summary of each series from its parts; for per-sample norms, of all of them,
+    with their median as the line (all such series at once)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(series)
+    norm_rows, norm_of = [], []
+    for i, parts in enumerate(series):
+        if parts[0][2] is not None:
+            norm_rows.append(torch.cat([p[2] for p in parts if p[2] is not None]))
+            norm_of.append(i)
+            continue
+        measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
+        summaries = [m for m in measured if m is not None]
+        out[i] = combine_summaries(summaries) if summaries else None
+    for i, summary in zip(norm_of, row_summaries(norm_rows, median_line=True) if norm_rows else []):
+        out[i] = summary
+    return out
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:

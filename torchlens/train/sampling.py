@@ -35,14 +35,15 @@ class Sampler:
         t = tensor.detach()
         if t.is_complex() or t.layout != torch.strided or t.is_meta:
             return None
-        flat = t.reshape(-1)
-        n = flat.numel()
+        n = t.numel()
         if n == 0:
             return None
-        if self.sample_n is not None and n > self.sample_n:
-            index = torch.randint(n, (self.sample_n,), generator=self._generator(flat.device), device=flat.device)
-            return flat[index].to(torch.float32)
-        return flat.to(torch.float32, copy=True)
+        flat = t.reshape(-1)
+        if self.sample_n is None or n <= self.sample_n:
+            return flat.to(torch.float32, copy=True)
+        g = self._generators.get(flat.device) or self._generator(flat.device)
+        index = torch.randint(n, (self.sample_n,), generator=g, device=flat.device)
+        return flat.index_select(0, index).to(torch.float32)
 
     def norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         """All per-sample L2 norms of a gradient: all but the first dimension flattened, one

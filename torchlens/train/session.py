@@ -167,8 +167,10 @@ class Watch:
         return self._steps.written
 
     def flush(self) -> None:
-        """Write the step in progress now (it is otherwise written when the next one starts)."""
+        """Write the step in progress now (it is otherwise written when the next one starts),
+        and return when it is in the run."""
         self._finish_step()
+        self._steps.wait()
 
     def close(self) -> None:
         """Write the last step, remove every hook, restore ``inplace`` flags, stop the server."""
@@ -358,6 +360,7 @@ class Watch:
             )
         if calls:
             if self._writer is not None:
+                self._steps.wait()  # one connection: the writer thread's transactions come first
                 self._writer.add_calls(calls.values())
             self.recorder.known_calls.update(calls)
 
@@ -415,9 +418,12 @@ class Watch:
                     f"torchlens.train: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=3
                 )
         self.backends = []
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        try:
+            self._steps.close()  # the writes under way end first
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         atexit.unregister(self.close)
 
 

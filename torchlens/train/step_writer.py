@@ -2,14 +2,20 @@
 the next step starts), again when a later backward pass of the same step or its optimizer step
 (``updates``) adds to it, and a last time when the step ends if anything changed since.
 
-Each write computes the step's histograms on the device and moves them, with the exact
-statistics, to the host in one transfer, then stores them in one database transaction.
+The hooks take each step's samples and exact statistics on the training thread (they must see
+the tensors before anything changes them). Binning the samples, moving them to the host and the
+database transaction run on a writer thread of the watch, in order, so training goes on
+meanwhile (and on a GPU never waits for the copy to the host). Under ``torch.distributed`` a
+step's histograms are global, made by collectives that must keep their order on every rank:
+there the write stays on the training thread. ``wait()`` returns when all is written.
 The backends (wandb, TensorBoard) get each step once, when it ends.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Set, Tuple
+import queue
+import threading
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from ..web.stats import histograms
 from .distributed import step_histograms
@@ -18,13 +24,24 @@ from .recorder import StepData
 
 class StepWriter:
     """Writes the logged steps of one watch (``watch`` has ``recorder``, ``reject``,
-    ``backends``, ``run_dir`` and ``_writer``)."""
+    ``backends``, ``run_dir``, ``_ranks`` and ``_writer``)."""
 
     def __init__(self, watch: Any) -> None:
         self.watch = watch
-        self.written = 0  # logged steps written so far
+        self._written = 0  # logged steps written so far
         self._clean: Optional[Tuple[int, int]] = None  # (step, recorder version) last written whole
-        self._last: Any = None  # the histograms of that write
+        self._last: Any = None  # the histograms of that write (set by the writer thread)
+        # one write waiting at most: a training loop faster than its writes waits for them, so
+        # the run lags training by two writes at most (what a killed process can lose)
+        self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue(maxsize=1)
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def written(self) -> int:
+        """Logged steps written so far (waits for the writes under way)."""
+        self.wait()
+        return self._written
 
     def update(self, step: int, kinds: Optional[Set[str]] = None) -> None:
         """Write what step ``step`` has now: every series, or those of ``kinds``."""
@@ -33,9 +50,9 @@ class StepWriter:
         data = recorder.collect(kinds)
         if kinds is not None and not data.keys:
             return
-        h = self._write(step, data)
+        self._submit(step, data, keep=kinds is None)
         if kinds is None:
-            self._clean, self._last = (step, version), h
+            self._clean = (step, version)
 
     def updates_added(self, step: int, added: int) -> None:
         """An optimizer step added ``added`` updates: write them (a step not written yet waits)."""
@@ -52,29 +69,78 @@ class StepWriter:
         w = self.watch
         unchanged = self._clean == (step, w.recorder.version)
         self._clean = None
-        if unchanged and not w.backends:
+        if not unchanged:
+            self._submit(step, data, keep=True)
+        if not w.backends:
             return
-        # unchanged: the last write's histograms (under torch.distributed, global ones: no rank
-        # but 0 has backends, so none may run a collective here)
-        h = self._write(step, data) if not unchanged else self._last
+        # the last write's histograms (under torch.distributed, global ones: no rank but 0 has
+        # backends, so none may run a collective here)
+        self.wait()
+        h = self._last
         if h is None:
             h = histograms(data.samples, w.reject, summaries=data.summaries)
         for backend in w.backends:
             backend.log_step(step, data.keys, h, w.run_dir)
 
-    def _write(self, step: int, data: StepData) -> Any:
+    def wait(self) -> None:
+        """Return when every step handed over is written; a write that failed raises here."""
+        if self._thread is not None:
+            self._jobs.join()
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Write what is left and stop the writer thread."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_failure()
+
+    # ----- the writing itself ----------------------------------------------------------------
+    def _submit(self, step: int, data: StepData, keep: bool) -> None:
         w = self.watch
+        self._raise_failure()
         new_calls = w.recorder.take_new_calls()
+        job = lambda: self._write(step, data, new_calls, keep)  # noqa: E731
+        if w._ranks is not None or w._writer is None:  # collectives keep their order on every rank
+            job()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="torchlens-step-writer", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    job()
+            except BaseException as error:  # handed to the training thread at its next write
+                self._error = error
+            finally:
+                self._jobs.task_done()
+
+    def _raise_failure(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"torchlens.train: writing a logged step to the run failed: {error}") from error
+
+    def _write(self, step: int, data: StepData, new_calls: List[Any], keep: bool) -> None:
+        w = self.watch
         if new_calls and w._writer is not None:
             w._writer.add_calls(new_calls)
         h = step_histograms(w._ranks, data, w.reject, step)  # global under torch.distributed
+        if keep:
+            self._last = h
         if w._writer is None:  # a rank other than 0: its counts went to rank 0
-            return h
+            return
         new = w._writer.write_step(
             step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
         )
-        self.written += int(new)
-        return h
+        self._written += int(new)
 
 
 __all__ = ["StepWriter"]

@@ -33,13 +33,13 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from ..web.stats import host_summary, merge
+from ..web.stats import merge
 from .calls import Call
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad", "updates")
-# the statistics over all values stored with each column (host_summary's names, x_ in the table)
+# the statistics over all values stored with each column (x_ in the table)
 EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
@@ -176,19 +176,12 @@ class RunWriter:
             self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, ordinal, now))
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(now),))
             fresh, merged = [], []
+            stats = _stored_statistics([k[1] for k in keys], exact)
+            ends = _nullable(np.stack([np.asarray(lo, float), np.asarray(hi, float)], axis=1))
+            blobs = np.ascontiguousarray(counts, np.float32)
             for i, key in enumerate(keys):
-                sid = self._series_id(key)
-                row = (
-                    sid,
-                    slot,
-                    step,
-                    step,
-                    1,
-                    _real(lo[i]),
-                    _real(hi[i]),
-                    int(nonfinite[i]),
-                    counts[i].astype(np.float32).tobytes(),
-                ) + _exact_values(exact[i] if exact is not None else None, key[1])
+                row = (self._series_id(key), slot, step, step, 1, *ends[i], int(nonfinite[i]), blobs[i].tobytes())
+                row += stats[i]
                 if self.stride == 1 or ordinal % self.stride == 0:
                     fresh.append(row)
                 else:
@@ -263,16 +256,30 @@ def _nan(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
 
 
-def _exact_values(row: Optional[np.ndarray], kind: str) -> tuple:
-    """The stored ``EXACT_COLUMNS`` of one host row of ``EXACT_FIELDS`` (None: not recorded),
-    with the line of the kind when the recorder did not compute one: the std of values, the
-    norm of parameter gradients."""
-    if row is None or not np.isfinite(row[0]):
-        return (None,) * len(EXACT_COLUMNS)
-    summary = host_summary(row)
-    if not np.isfinite(summary["line"]):
-        summary["line"] = summary["norm" if kind == "params_grad" else "std"]
-    return tuple(_real(summary[name]) for name in EXACT_COLUMNS)
+def _stored_statistics(kinds: List[str], exact: Optional[np.ndarray]) -> List[tuple]:
+    """The stored ``EXACT_COLUMNS`` of each row of ``EXACT_FIELDS`` (std: the population std of
+    the finite values; None where not recorded or not finite), with the line of the kind when the recorder
+    did not compute one: the std of values, the norm of parameter gradients."""
+    if exact is None or len(kinds) == 0:
+        return [(None,) * len(EXACT_COLUMNS)] * len(kinds)
+    rows = np.asarray(exact, float).reshape(len(kinds), -1)
+    finite, mean, m2, lo, hi, nan, posinf, neginf, zeros, line = rows.T
+    m2 = np.maximum(m2, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.where(finite > 0, np.sqrt(m2 / finite), np.nan)
+        norm = np.where(finite > 0, np.sqrt(m2 + finite * mean * mean), np.nan)
+    fallback = np.where(np.asarray(kinds) == "params_grad", norm, std)
+    line = np.where(np.isfinite(line), line, fallback)
+    table = np.stack([finite + nan + posinf + neginf, lo, hi, mean, std, nan, posinf, neginf, zeros, line], axis=1)
+    table[~np.isfinite(finite)] = np.nan  # not recorded: every column empty
+    return [tuple(r) for r in _nullable(table)]
+
+
+def _nullable(table: np.ndarray) -> list:
+    """Rows of ``table`` as lists of Python floats, None where a value is not finite."""
+    out = table.astype(object)
+    out[~np.isfinite(table)] = None
+    return out.tolist()
 
 
 def _combine(a: tuple, b: tuple) -> tuple:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..web.stats import exact_summary
+from ..web.exact import summaries
 from .recorder import StepRecorder
 
 
@@ -75,33 +75,67 @@ class UpdateHooks:
         if params:
             with torch.no_grad():
                 copies = [p.detach().clone() for p in params]
-                norms = [torch.linalg.vector_norm(c.float()) for c in copies]
-                self._before[id(optimizer)] = (step, params, copies, norms)
+                self._before[id(optimizer)] = (step, params, copies, _norms(copies))
 
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         saved = self._before.pop(id(optimizer), None)
         if saved is None or saved[0] != self.logging():
             return
-        step, params, changes, norms = saved
+        step, params, copies, norms = saved
         owners = self._owners(step)
         with torch.no_grad():
-            # after - before, computed in the copies (no new memory): -(before - after) is the
-            # same float, as rounding is symmetric
-            torch._foreach_sub_(changes, [p.detach() for p in params])
-            torch._foreach_neg_(changes)
-            ratios = [torch.linalg.vector_norm(d.float()) / w for d, w in zip(changes, norms)]
-            added = 0
-            for p, change, ratio in zip(params, changes, ratios):
-                sample = self.recorder.sampler.values(change)
-                if sample is not None:
-                    self.recorder.add_update(owners.get(id(p), []), (sample, exact_summary(change, line=ratio), None))
-                    added += 1
+            # before - after, computed in the copies (no new memory); the update is its negation,
+            # the same floats (rounding is symmetric), so it is never materialised: its sample
+            # and statistics are those of before - after, negated
+            torch._foreach_sub_(copies, [p.detach() for p in params])
+            samples = [self.recorder.sampler.values(c) for c in copies]
+            kept = []
+            for i, (sample, summary) in enumerate(zip(samples, summaries(copies))):
+                if sample is not None and summary is not None:
+                    kept.append((i, sample, summary))
+            rows = _negated([k[2] for k in kept], [norms[k[0]] for k in kept])
+            for (i, sample, _), row in zip(kept, rows):
+                self.recorder.add_update(owners.get(id(params[i]), []), (sample.neg_(), row, None))
+            added = len(kept)
         self.written(step, added)
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles, self._before = [], {}
+
+
+def _norms(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The L2 norm of each tensor, in float32 at least (one fused call where torch has one)."""
+    if all(t.dtype in (torch.float32, torch.float64) and t.layout == torch.strided for t in tensors):
+        return list(torch._foreach_norm(tensors))
+    return [torch.linalg.vector_norm(t.float()) for t in tensors]
+
+
+# EXACT_FIELDS of -x from those of x: mean negated, min and max swapped and negated, +inf and
+# -inf counts swapped
+_NEGATE_ORDER = [0, 1, 2, 4, 3, 5, 7, 6, 8, 9]
+_NEGATE_SIGN = [1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def _negated(reverse: List[torch.Tensor], weight_norms: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The ``exact_summary`` of each update from that of its negation (all on one device at
+    once), with the update-to-weight ratio ``||dw|| / ||w||`` as its line."""
+    by_device: Dict[torch.device, List[int]] = {}
+    for i, row in enumerate(reverse):
+        by_device.setdefault(row.device, []).append(i)
+    out: Dict[int, torch.Tensor] = {}
+    for device, indices in by_device.items():
+        table = torch.stack([reverse[i] for i in indices])
+        negated = table[:, torch.tensor(_NEGATE_ORDER, device=device)]
+        negated *= torch.tensor(_NEGATE_SIGN, dtype=table.dtype, device=device)
+        count, mean, m2 = table[:, 0], table[:, 1], table[:, 2]
+        norm = torch.sqrt(m2.clamp_min(0) + count * torch.where(count > 0, mean, 0) ** 2)
+        norm = torch.where(table[:, 6] + table[:, 7] > 0, float("inf"), norm)  # as the norm of all values
+        norm = torch.where(table[:, 5] > 0, float("nan"), norm)
+        negated[:, 9] = norm / torch.stack([weight_norms[i] for i in indices]).to(device, table.dtype)
+        out.update(zip(indices, negated))
+    return [out[i] for i in range(len(reverse))]
 
 
 __all__ = ["UpdateHooks"]

@@ -8,12 +8,12 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 
 from __future__ import annotations
 
-import ctypes
-import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from .exact import EXACT_FIELDS
 
 NUM_BINS = 32
 
@@ -168,148 +168,6 @@ def histograms(
     )
 
 
-# Statistics over ALL values of a tensor (never a sample), as one small vector on the tensor's
-# device. "finite" counts the finite values; mean, m2 (sum of squared deviations from the mean),
-# min and max are over the finite values only (nan where there is none); nan/posinf/neginf/zeros
-# count values; "line" is the series' summary scalar when it cannot be derived from the others.
-EXACT_FIELDS = ("finite", "mean", "m2", "min", "max", "nan", "posinf", "neginf", "zeros", "line")
-
-
-def _exact_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-
-
-def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """``EXACT_FIELDS`` of every value of ``tensor``, computed on its device with no host sync
-    (None for complex, sparse and meta tensors). ``line``: a 0-d tensor stored in the last field.
-
-    Example:
-        >>> v = exact_summary(torch.tensor([0.0, 2.0, float("nan"), float("-inf")]))
-        >>> dict(zip(EXACT_FIELDS, v.tolist()))["finite"], v[3].item(), v[5].item(), v[7].item()
-        (2.0, 0.0, 1.0, 1.0)
-    """
-    t = tensor.detach()
-    if t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0:
-        return None
-    exact = _exact_dtype(t.device)
-    x = t.reshape(-1)
-    if not x.is_floating_point():
-        x = x.to(exact)
-    elif x.element_size() < 4:  # half precision: centre the values in float32
-        x = x.float()
-    nan = torch.full((), float("nan"), dtype=exact, device=x.device)
-    line = nan if line is None else line.detach().to(exact).reshape(())
-    if x.device.type == "cpu":  # reading a value costs no sync there: a tensor without NaN/inf is cheap
-        total = x.sum()
-        if math.isfinite(float(total)):
-            return _finite_summary(x, total, line)
-    return _summary_with_nonfinite(x, nan, line)
-
-
-def _finite_summary(x: torch.Tensor, total: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
-    """On the CPU, where reading a value is free: three fast reductions in the tensor's own
-    dtype (torch accumulates them in double there) and a zero count, read as Python floats (a
-    few 0-d tensor operations would cost more than the reductions). Values far from zero
-    relative to their spread are centred first."""
-    n = x.numel()
-    mean = float(total) / n
-    lo, hi = (v.item() for v in torch.aminmax(x))
-    m2 = float(torch.linalg.vector_norm(x)) ** 2 - n * mean * mean
-    if m2 <= 1e4 * n * mean * mean * torch.finfo(x.dtype).eps:  # cancellation: centre first
-        m2 = float(torch.linalg.vector_norm(x - mean)) ** 2
-    zeros = _count_zeros(x)
-    fields = [n, mean, max(m2, 0.0), lo, hi, 0, 0, 0, zeros, float(line)]
-    return torch.tensor(fields, dtype=line.dtype)
-
-
-_BITS = {2: ctypes.c_int16, 4: ctypes.c_int32, 8: ctypes.c_int64}
-
-
-def _count_zeros(x: torch.Tensor) -> int:
-    """How many values of a CPU float tensor are exactly zero (+0.0 or -0.0), about 2.5x faster
-    than torch's ``(x == 0)`` and its sum: the values' bits shifted left by one (dropping the
-    sign) are zero exactly for the zeros, and numpy counts nonzero words without building a mask.
-    numpy reads the memory through ctypes, not ``x.numpy()``: that would mark the storage as not
-    resizable for good, and FSDP frees a parameter by resizing its storage to nothing.
-
-    Example:
-        >>> _count_zeros(torch.tensor([0.0, -0.0, 1e-45, -2.0]))
-        2
-    """
-    x = x.contiguous()
-    words = (_BITS[x.element_size()] * x.numel()).from_address(x.data_ptr())
-    return x.numel() - int(np.count_nonzero(np.left_shift(np.ctypeslib.as_array(words), 1)))
-
-
-def _summary_with_nonfinite(x: torch.Tensor, nan: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
-    exact = nan.dtype
-    finite = torch.isfinite(x)
-    count = finite.sum(dtype=exact)
-    z = torch.where(finite, x, 0).to(exact)
-    mean = z.sum() / count.clamp_min(1)
-    deviation = torch.where(finite, z - mean, 0)
-    m2 = torch.dot(deviation, deviation)
-    inf = float("inf")
-    lo = torch.where(finite, x, inf).amin().to(exact)
-    hi = torch.where(finite, x, -inf).amax().to(exact)
-    none = count == 0
-    fields = [
-        count,
-        torch.where(none, nan, mean),
-        m2,
-        torch.where(none, nan, lo),
-        torch.where(none, nan, hi),
-        torch.isnan(x).sum(dtype=exact),
-        (x == inf).sum(dtype=exact),
-        (x == -inf).sum(dtype=exact),
-        (x == 0).sum(dtype=exact),
-        line,
-    ]
-    return torch.stack(fields)
-
-
-def combine_summaries(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One ``exact_summary`` of the values of several tensors together (on the device)."""
-    if len(parts) == 1:
-        return parts[0]
-    rows = torch.stack(list(parts))
-    count, means = rows[:, 0], rows[:, 1]
-    total = count.sum()
-    weights = torch.where(count > 0, count, 0)
-    mean = (torch.where(count > 0, means, 0) * weights).sum() / total.clamp_min(1)
-    spread = torch.where(count > 0, rows[:, 2] + weights * (means - mean) ** 2, 0).sum()
-    out = [
-        total,
-        torch.where(total > 0, mean, float("nan")),
-        spread,
-        rows[:, 3].nan_to_num(float("inf")).amin(),
-        rows[:, 4].nan_to_num(-float("inf")).amax(),
-    ]
-    out[3] = torch.where(total > 0, out[3], float("nan"))
-    out[4] = torch.where(total > 0, out[4], float("nan"))
-    return torch.cat([torch.stack(out), rows[:, 5:9].sum(dim=0), rows[-1:, 9]])
-
-
-def host_summary(row: np.ndarray) -> Dict[str, float]:
-    """The stored statistics from one host row of ``EXACT_FIELDS``: count, true_min, true_max,
-    mean, std (population std of the finite values), nan, posinf, neginf, zeros, line."""
-    finite, mean, m2, lo, hi, nan, posinf, neginf, zeros, line = (float(v) for v in row)
-    std = math.sqrt(max(m2, 0.0) / finite) if finite > 0 else float("nan")
-    return {
-        "count": finite + nan + posinf + neginf,
-        "true_min": lo,
-        "true_max": hi,
-        "mean": mean,
-        "std": std,
-        "nan": nan,
-        "posinf": posinf,
-        "neginf": neginf,
-        "zeros": zeros,
-        "line": line,
-        "norm": math.sqrt(max(m2, 0.0) + finite * mean * mean) if finite > 0 else float("nan"),
-    }
-
-
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
     """All samples end to end, and the index of the sample each value came from."""
     lengths = torch.tensor([s.numel() for s in samples])
@@ -398,10 +256,6 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
 
 
 __all__ = [
-    "exact_summary",
-    "combine_summaries",
-    "host_summary",
-    "EXACT_FIELDS",
     "histograms",
     "reject_outliers",
     "bin_edges",
