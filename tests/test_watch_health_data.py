@@ -203,6 +203,7 @@ def test_the_page_marks_values_beyond_the_histogram_and_draws_the_line(browser, 
         page.drag_and_drop('[data-node="lin:1"]', '[data-role="panels"]')
         strip = page.wait_for_selector('[data-panel="lin:1"] canvas[data-series="io/output 0"][data-columns]')
         assert int(strip.get_attribute("data-far")) == 3  # each spike is marked far beyond the axis
+        assert int(strip.get_attribute("data-carets")) == 3  # and only the spikes get a caret
         line = page.wait_for_selector('[data-panel="lin:1"] canvas[data-line="io/output 0"]')
         assert line.get_attribute("data-points") == "4" and line.is_visible()
         box = line.bounding_box()
@@ -256,7 +257,7 @@ def test_updates_are_after_minus_before_and_training_stays_bitwise_the_same(tmp_
             model(torch.randn(4, 6)).pow(2).mean().backward()
             before = model[2].weight.detach().clone()
             opt.step()
-            changes.append(model[2].weight.detach() - before)
+            changes.append((model[2].weight.detach() - before, before))
         if w is not None:
             w.close()
         return model, changes, w
@@ -267,8 +268,11 @@ def test_updates_are_after_minus_before_and_training_stays_bitwise_the_same(tmp_
         assert torch.equal(a, b)
     s = tl.open_run(w.run_dir).series("2:1", "updates", "weight")
     assert s.steps.tolist() == [0, 2, 4]
-    for i, step in enumerate([0, 2, 4]):
-        assert s.true_min[i] == changes[step].min().item() and s.true_max[i] == changes[step].max().item()
+    for i, step in enumerate([0, 2, 4]):  # the CPU copies of step 0 are reused by steps 2 and 4
+        change, before = changes[step]
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+        # ||w|| from the statistics the forward took of the weight: the same as the norm of before
+        assert s.line[i] == pytest.approx((change.double().norm() / before.double().norm()).item(), rel=1e-6)
 
 
 def test_updates_come_only_from_the_optimizer_passed(tmp_path):

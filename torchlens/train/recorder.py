@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import LazySummary, combine_summaries, measure, row_summaries
+from ..web.exact import LazySummary, combine_summaries, measure, row_summaries, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
@@ -437,6 +437,18 @@ class StepRecorder:
         except TypeError:  # a tensor subclass without weak references: measured each time
             pass
         return part
+
+    def norms_of(self, tensors: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+        """The L2 norm of each tensor from its exact statistics taken in this step, if it has not
+        changed since (None for the others)."""
+        found: List[Any] = []
+        for t in tensors:
+            seen = self._seen.get(id(t))
+            fresh = seen is not None and seen[0]() is t and seen[1] == t._version
+            found.append(seen[2][1] if fresh else None)  # type: ignore[index]
+        LazySummary.resolve([f for f in found if isinstance(f, LazySummary)])
+        rows = [f.summary if isinstance(f, LazySummary) else f for f in found]
+        return [None if r is None else summary_norm(r) for r in rows]
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:
         norms = self.sampler.norms(grad)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..web.exact import summaries
+from ..web.exact import summaries, summary_norm
 from .recorder import StepRecorder
 
 
@@ -38,6 +38,7 @@ class UpdateHooks:
         # id(optimizer) -> (step, its watched params, their copies, their norms) before its step
         self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]] = {}
         self._handles: list = []
+        self._spare: Dict[int, List[torch.Tensor]] = {}  # id(optimizer) -> CPU copies kept for its next logged step
         self._owners_of: Tuple[Optional[int], Dict[int, List[Tuple[str, str]]]] = (None, {})  # step, owners
         chosen = list(optimizers) if optimizers is not None else None
         if chosen is None:
@@ -74,8 +75,22 @@ class UpdateHooks:
         params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in owners]
         if params:
             with torch.no_grad():
-                copies = [p.detach().clone() for p in params]
-                self._before[id(optimizer)] = (step, params, copies, _norms(copies))
+                copies = self._copies(optimizer, params)
+                known = self.recorder.norms_of(params)  # measured in this step's forward, if unchanged since
+                missing = [i for i, n in enumerate(known) if n is None]
+                computed = dict(zip(missing, _norms([copies[i] for i in missing]))) if missing else {}
+                norms = [n if n is not None else computed[i] for i, n in enumerate(known)]
+                self._before[id(optimizer)] = (step, params, copies, norms)
+
+    def _copies(self, optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Copies of ``params``: on the CPU into the copies of the last logged step, kept (a fresh
+        allocation there costs more than the copy: the memory is faulted in page by page); a
+        GPU's caching allocator already reuses memory, and keeps none busy between steps."""
+        kept = self._spare.pop(id(optimizer), None)
+        if kept is None or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
+            return [p.detach().clone() for p in params]
+        torch._foreach_copy_(kept, [p.detach() for p in params])
+        return kept
 
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         saved = self._before.pop(id(optimizer), None)
@@ -97,12 +112,23 @@ class UpdateHooks:
             for (i, sample, _), row in zip(kept, rows):
                 self.recorder.add_update(owners.get(id(params[i]), []), (sample.neg_(), row, None))
             added = len(kept)
+        if all(c.device.type == "cpu" for c in copies):
+            self._spare[id(optimizer)] = copies
         self.written(step, added)
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles, self._before = [], {}
+        self._handles, self._before, self._spare = [], {}, {}
+
+
+def _unlike(copy: torch.Tensor, param: torch.Tensor) -> bool:
+    return (copy.shape, copy.dtype, copy.device, copy.stride()) != (
+        param.shape,
+        param.dtype,
+        param.device,
+        param.stride(),
+    )
 
 
 def _norms(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -129,11 +155,8 @@ def _negated(reverse: List[torch.Tensor], weight_norms: List[torch.Tensor]) -> L
         table = torch.stack([reverse[i] for i in indices])
         negated = table[:, torch.tensor(_NEGATE_ORDER, device=device)]
         negated *= torch.tensor(_NEGATE_SIGN, dtype=table.dtype, device=device)
-        count, mean, m2 = table[:, 0], table[:, 1], table[:, 2]
-        norm = torch.sqrt(m2.clamp_min(0) + count * torch.where(count > 0, mean, 0) ** 2)
-        norm = torch.where(table[:, 6] + table[:, 7] > 0, float("inf"), norm)  # as the norm of all values
-        norm = torch.where(table[:, 5] > 0, float("nan"), norm)
-        negated[:, 9] = norm / torch.stack([weight_norms[i] for i in indices]).to(device, table.dtype)
+        weights = torch.stack([weight_norms[i] for i in indices]).to(device, table.dtype)
+        negated[:, 9] = summary_norm(table) / weights
         out.update(zip(indices, negated))
     return [out[i] for i in range(len(reverse))]
 

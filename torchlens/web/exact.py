@@ -218,6 +218,20 @@ def summaries(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
     return [m.summary if isinstance(m, LazySummary) else m for m in measured]
 
 
+def summary_norm(rows: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of all values from their ``EXACT_FIELDS`` (the last dimension of ``rows``):
+    NaN when there was a NaN, inf when there was an infinity, as ``vector_norm`` of the values.
+
+    Example:
+        >>> summary_norm(exact_summary(torch.tensor([3.0, 4.0]))).item()
+        5.0
+    """
+    count, mean, m2 = rows[..., 0], rows[..., 1], rows[..., 2]
+    norm = torch.sqrt(m2.clamp_min(0) + count * torch.where(count > 0, mean, 0) ** 2)
+    norm = torch.where(rows[..., 6] + rows[..., 7] > 0, float("inf"), norm)
+    return torch.where(rows[..., 5] > 0, float("nan"), norm)
+
+
 def combine_summaries(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """One ``exact_summary`` of the values of several tensors together (on the device)."""
     if len(parts) == 1:
