@@ -303,6 +303,32 @@ def test_a_healthy_small_cnn_has_no_finding(tmp_path):
     assert h.empty, h.to_string()
 
 
+def test_a_healthy_run_s_page_has_a_quiet_health_panel_and_no_carets(browser, tmp_path):
+    from torchlens.train.serve import export_html
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 1))
+    _fit(model, tmp_path, steps=6, x=torch.randn(16, 3, 8, 8), sample_n=50)
+    path = export_html(str(tmp_path / "run"), str(tmp_path / "run.html"))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"file://{path}")
+        panel = page.wait_for_selector('[data-role="health"]:not([hidden])')
+        assert "no finding" in panel.inner_text() and "clear" in panel.get_attribute("class")  # a green edge
+        page.drag_and_drop('[data-node="0:1"]', '[data-role="panels"]')
+        strip = page.wait_for_selector('[data-panel="0:1"] canvas[data-series="io/output 0"][data-columns]')
+        # trimming's outliers reach past the bins on every step: a band, and no caret shouting it
+        assert int(strip.get_attribute("data-beyond")) == 6
+        assert int(strip.get_attribute("data-carets")) == 0
+        assert errors == []
+    finally:
+        context.close()
+
+
 def test_the_rerun_copy_carries_no_probe_of_a_saturating_activation(tmp_path):
     """A Tanh gets a saturation hook on logged steps; the sentinel's copy of the model must not."""
     model = Drift(nn.Sequential(nn.Tanh(), LogAct()))

@@ -68,6 +68,7 @@
     status.classList.toggle("ok", Boolean(health.status) && !health.findings.length);
     const box = panelBox();
     box.hidden = !health.status;
+    box.classList.toggle("clear", !health.findings.length);  // no red edge without a finding
     box.innerHTML = "";
     const h = document.createElement("h3");
     h.textContent = health.findings.length ? `Health · ${health.findings.length} finding${health.findings.length > 1 ? "s" : ""}` : "Health · no finding";

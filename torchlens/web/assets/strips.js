@@ -56,9 +56,10 @@
       }
       if (s.nonfinite[i] > 0) { ctx.fillStyle = "#d62728"; ctx.fillRect(x, MARGIN.top, Math.max(colW, 1), 3); }
     }
-    const [marked, far] = drawBeyond(ctx, s, { colW, yOf, plotH });
+    const [marked, far, carets] = drawBeyond(ctx, s, { colW, yOf, plotH });
     canvas.dataset.beyond = String(marked);
     canvas.dataset.far = String(far);
+    canvas.dataset.carets = String(carets);
     if (ymin < 0 && ymax > 0) {
       ctx.strokeStyle = "#555";
       ctx.setLineDash([4, 3]);
@@ -87,16 +88,18 @@
 
   // where the true range (over all values) goes beyond the histogram's (sampled, trimmed) bins:
   // a light orange band from the bins' edge to the true extreme, a dark tick at the extreme, and
-  // where the extreme lies beyond the axis, a caret at the plot's edge, darker the farther out
-  // (a spike of 100x the axis is black-orange, trimming's usual overshoot pale). Returns
-  // [columns marked, columns with an extreme beyond the axis by more than its span].
+  // where the extreme lies beyond the axis by more than half its span, a caret at the plot's edge,
+  // darker the farther out (a spike of 100x the axis is black-orange). Trimming's usual overshoot
+  // (the tails of 10% outliers left out) stays a band: a caret on every column would say nothing.
+  // Returns [columns marked, columns with an extreme beyond the axis by more than its span,
+  // columns with a caret].
   function drawBeyond(ctx, s, geo) {
-    if (!s.true_min || s.true_min.length !== s.steps.length) return [0, 0];
+    if (!s.true_min || s.true_min.length !== s.steps.length) return [0, 0, 0];
     const top = MARGIN.top, bottom = MARGIN.top + geo.plotH;
-    let marked = 0, far = 0;
+    let marked = 0, far = 0, carets = 0;
     for (let i = 0; i < s.steps.length; i++) {
       const x = MARGIN.left + i * geo.colW, w = Math.max(geo.colW, 1);
-      let any = false, out = false;
+      let any = false, out = false, caret = false;
       for (const [edge, extreme, sign] of [[s.hi[i], s.true_max[i], 1], [s.lo[i], s.true_min[i], -1]]) {
         if (extreme === null || extreme === undefined || edge === null || !(sign * (extreme - edge) > 0)) continue;
         any = true;
@@ -108,6 +111,8 @@
         if (beyond <= 0) { ctx.fillStyle = "#b35806"; ctx.fillRect(x, y1 - 1, w, 2); continue; }
         const excess = beyond / (bottom - top);  // in axis spans
         if (excess > 1) out = true;
+        if (excess <= 0.5) continue;  // the band reaches the edge: a usual tail
+        caret = true;
         const alpha = Math.min(1, 0.2 + 0.4 * Math.log10(1 + 10 * excess));
         ctx.fillStyle = `rgba(179,88,6,${alpha.toFixed(3)})`;
         const up = sign > 0, mid = x + w / 2, half = Math.max(w / 2, 2), h = excess > 1 ? 8 : 4;
@@ -119,8 +124,9 @@
       }
       if (any) marked++;
       if (out) far++;
+      if (caret) carets++;
     }
-    return [marked, far];
+    return [marked, far, carets];
   }
 
   // the line under a strip: one scalar per column (s.line: std, median per-sample norm, norm or
