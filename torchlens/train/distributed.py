@@ -244,6 +244,7 @@ def rank_group(model: nn.Module) -> Optional[RankGroup]:
 def step_histograms(ranks: Optional[RankGroup], data: Any, reject: float, step: int) -> Histograms:
     """A logged step's histograms (``data``: the recorder's ``StepData``): of this process, or
     of the global batch under ``torch.distributed``."""
+    data.summarize()
     if ranks is None:
         return histograms(data.samples, reject, summaries=data.summaries)
     return ranks.histograms(data.samples, reject, data.summaries, step=step, keys=data.keys)

@@ -218,10 +218,10 @@ class StepRecorder:
             self.updates[owner] = part
 
     def collect(self, kinds: Optional[Set[str]] = None) -> "StepData":
-        """What the step has so far, one sample and one exact summary per series (several
-        forwards of one step are overlaid), and the reasons of the gradient series that got no
-        values (of ``kinds`` only, when given). The step goes on: a later backward or optimizer
-        step adds to it."""
+        """What the step has so far: the parts of each series (several forwards of one step are
+        overlaid; ``StepData.summarize`` makes one sample and one exact summary of them, on the
+        writer thread), and the reasons of the gradient series that got no values (of ``kinds``
+        only, when given). The step goes on: a later backward or optimizer step adds to it."""
         pending = {k: list(v) for k, v in self.pending.items()}
         for kind, parts_of in (("params_grad", self.param_grads), ("updates", self.updates)):
             for (address, name), part in parts_of.items():
@@ -231,20 +231,8 @@ class StepRecorder:
         if kinds is not None:
             pending = {k: v for k, v in pending.items() if k[1] in kinds}
             reasons = {k: r for k, r in reasons.items() if k[1] in kinds}
-        changed = []  # the series whose parts changed since their summary was computed
-        for key, parts in pending.items():
-            known = self._summaries.get(key)
-            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
-                changed.append((key, parts))
-        LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
-        for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
-            self._summaries[key] = (parts, summary)
-        data = StepData()
-        for key, parts in pending.items():
-            data.keys.append(key)
-            data.samples.append(parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]))
-            data.summaries.append(self._summaries[key][1])
-        data.reasons = reasons
+        data = StepData(self._summaries)
+        data.keys, data.parts, data.reasons = list(pending), list(pending.values()), reasons
         return data
 
     def end_step(self) -> "StepData":
@@ -506,15 +494,35 @@ class StepRecorder:
 
 
 class StepData:
-    """One step's series: ``keys[i]`` has the sample ``samples[i]`` (for its histogram) and the
-    ``exact_summary`` ``summaries[i]`` (over all values; None when there is none); ``reasons``:
-    why the gradient series named there got no values."""
+    """One step's series: ``keys[i]`` has the parts ``parts[i]``; after ``summarize()``, the sample
+    ``samples[i]`` (for its histogram) and the ``exact_summary`` ``summaries[i]`` (over all values;
+    None when there is none); ``reasons``: why the gradient series named there got no values.
+    ``cache``: the step's summaries by series, kept while their parts stay the same (a step is
+    written more than once); only ``summarize`` touches it, on one thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: Optional[Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]]] = None) -> None:
         self.keys: List[Key] = []
+        self.parts: List[List[Part]] = []
         self.samples: List[torch.Tensor] = []
         self.summaries: List[Optional[torch.Tensor]] = []
         self.reasons: Dict[Key, str] = {}
+        self.cache = cache if cache is not None else {}
+
+    def summarize(self) -> "StepData":
+        """Fill ``samples`` and ``summaries`` from the parts (once)."""
+        if len(self.samples) == len(self.keys):
+            return self
+        changed = []  # the series whose parts changed since their summary was computed
+        for key, parts in zip(self.keys, self.parts):
+            known = self.cache.get(key)
+            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
+                changed.append((key, parts))
+        LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
+        for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
+            self.cache[key] = (parts, summary)
+        self.samples = [parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]) for parts in self.parts]
+        self.summaries = [self.cache[key][1] for key in self.keys]
+        return self
 
 
 def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:

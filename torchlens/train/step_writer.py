@@ -78,7 +78,7 @@ class StepWriter:
         self.wait()
         h = self._last
         if h is None:
-            h = histograms(data.samples, w.reject, summaries=data.summaries)
+            h = histograms(data.summarize().samples, w.reject, summaries=data.summaries)
         for backend in w.backends:
             backend.log_step(step, data.keys, h, w.run_dir)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -181,12 +182,15 @@ class LazySummary:
         self.values: Optional[torch.Tensor] = values
         self.summary: Optional[torch.Tensor] = None
 
+    _lock = threading.Lock()  # the training thread and a writer thread may resolve the same ones
+
     @staticmethod
     def resolve(pending: Sequence["LazySummary"]) -> None:
         """Measure all that are not measured yet, in one batch."""
-        todo = list({id(s): s for s in pending if s.summary is None and s.values is not None}.values())
-        for s, row in zip(todo, row_summaries([s.values for s in todo])):  # type: ignore[misc]
-            s.summary, s.values = row, None
+        with LazySummary._lock:
+            todo = list({id(s): s for s in pending if s.summary is None and s.values is not None}.values())
+            for s, row in zip(todo, row_summaries([s.values for s in todo])):  # type: ignore[misc]
+                s.summary, s.values = row, None
 
 
 def measure(tensor: torch.Tensor, copy: Optional[torch.Tensor] = None) -> Optional[Union[torch.Tensor, LazySummary]]:
