@@ -31,8 +31,21 @@ class BoundReferences:
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
         # tensors among those globals: constants (found here cheaply; see capture/preexisting.py)
         self.global_tensors: Dict[int, torch.Tensor] = {}
+        self.found: Optional[List[Tuple[Any, str, Any, Any]]] = None  # what the first install replaced
 
     def install(self) -> None:
+        """Wrap them; installed again (a ``run.PassSession``'s later passes), wrap the names found
+        the first time that still hold the same function, without looking through the model again."""
+        if self.found is not None:
+            for namespace, key, original, wrapper in self.found:
+                if namespace.get(key) is original:
+                    namespace[key] = wrapper
+                    self.replaced.append((namespace, key, original, wrapper))
+            return
+        self._find()
+        self.found = list(self.replaced)
+
+    def _find(self) -> None:
         seen_classes, seen_globals = set(), set()
         seen_containers: Dict[int, int] = {}  # every module's globals hold __builtins__: looked into once
         for module in self.modules if self.modules is not None else self.model.modules():

@@ -8,7 +8,7 @@ import random
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -124,18 +124,25 @@ def run_pass(
     save_function_args: bool = False,
     save_gradients: bool = False,
     observer: Optional[PassObserver] = None,
+    tracer_type: Type[Tracer] = Tracer,
+    session: Optional["PassSession"] = None,
 ) -> PassResult:
     """Run ``model(*args, **kwargs)`` once with the decorator layer installed; ``random_seed``
-    seeds the generators, or is the ``RngState`` they start from."""
+    seeds the generators, or is the ``RngState`` they start from. ``tracer_type``: the tracer
+    that records it (``capture.lean.LeanTracer`` for a pass of known structure); ``session``:
+    what passes on the same model share (see ``PassSession``)."""
     _check_not_nested()
     with _PASS_LOCK:
         table = decorate.current_wrapper_table()
-        inventory = ModelInventory.of(model)
+        inventory = session.inventory_of(model) if session is not None else ModelInventory.of(model)
         state = ModelState.of(model, inventory)
-        tracer = Tracer(inventory, plan, save_function_args, save_gradients)
+        tracer = tracer_type(inventory, plan, save_function_args, save_gradients)
         rng = RngState()
         lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
-        bound_refs = BoundReferences(table, model, inventory.modules)
+        if session is not None:
+            bound_refs = session.bound_references(table, model, inventory)
+        else:
+            bound_refs = BoundReferences(table, model, inventory.modules)
         hooks = []
         start = perf_counter()
         stale: List[Any] = []
@@ -173,7 +180,8 @@ def run_pass(
             if on_meta:
                 tracer.notes.append(meta_note(model))
             tracer.mark_buffer_writes()
-            stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
+            if tracer.shared is not None:  # what the caller and model hold is only walked to copy from it
+                stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
             if lazy is not None:
                 inventory.describe_materialised()
         finally:
@@ -201,9 +209,58 @@ def run_pass(
             save_gradients=save_gradients,
             stale=stale,
             versions=versions,
+            session=session,
         )
     seed = random_seed if isinstance(random_seed, int) else -1  # -1: it started from given generator states
     return PassResult.of(tracer, type(model).__name__, seed, elapsed)
+
+
+class PassSession:
+    """What many passes on one model share while the model stays the same (``log_generate``'s
+    steps): its inventory, made again when a module, parameter or buffer was replaced, and the
+    torch functions its code bound to its own names (``bound.py``), found once and put in
+    place again at each pass. About 1 ms of a pass on a small LLM. Torch and the model are
+    patched only during each pass, as without a session.
+
+    Example:
+        >>> model, plan = nn.Linear(2, 2), SavePlan()
+        >>> session = PassSession()
+        >>> [len(run_pass(model, (torch.ones(n, 2),), {}, plan, random_seed=0, session=session).records)
+        ...  for n in (1, 2)]
+        [3, 3]
+    """
+
+    def __init__(self) -> None:
+        self._inventory: Optional[ModelInventory] = None
+        self._model: Optional[nn.Module] = None
+        self._fingerprint: List[tuple] = []
+        self._bound: Optional[BoundReferences] = None
+
+    def inventory_of(self, model: nn.Module) -> ModelInventory:
+        if (
+            self._inventory is None
+            or self._model is not model
+            or _fingerprint(self._inventory.modules) != self._fingerprint
+        ):
+            self._inventory, self._model = ModelInventory.of(model), model
+            self._fingerprint = _fingerprint(self._inventory.modules)
+            self._bound = None
+        return self._inventory
+
+    def bound_references(self, table: Any, model: nn.Module, inventory: ModelInventory) -> BoundReferences:
+        """Found again when the wrappers or the inventory are new."""
+        bound = self._bound
+        if bound is None or bound.table is not table or bound.model is not model or inventory is not self._inventory:
+            bound = self._bound = BoundReferences(table, model, inventory.modules)
+        return bound
+
+
+def _fingerprint(modules: List[nn.Module]) -> List[tuple]:
+    """What the inventory is made of, by identity: each module's submodules, parameters, buffers."""
+    return [
+        (id(m), *map(id, m._modules.values()), *map(id, m._parameters.values()), *map(id, m._buffers.values()))
+        for m in modules
+    ]
 
 
 def _held_after(inventory: ModelInventory, args: tuple, kwargs: dict, output: Any) -> List[torch.Tensor]:
@@ -226,7 +283,7 @@ def _versions(tensors: List[torch.Tensor]) -> List[int]:
 
 
 def _rerun_copying(
-    model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions
+    model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions, session=None
 ) -> "PassResult":
     """A saved activation was written by something the tracer does not see: run the pass again,
     copying every activation when it is made. Only possible if the first run left the model's
@@ -250,6 +307,7 @@ def _rerun_copying(
         random_seed=random_seed,
         save_function_args=save_function_args,
         save_gradients=save_gradients,
+        session=session,
     )
     result.notes.append(
         f"{len(stale)} saved activations were changed by a write torchlens does not see (a call it does not "
@@ -281,4 +339,4 @@ def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
         error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]
 
 
-__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs"]
+__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs", "PassSession"]

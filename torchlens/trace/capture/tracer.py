@@ -115,8 +115,10 @@ class Tracer:
         self.decompositions = plan.decompositions
         self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
         self.memory = plan.memory  # adds up saved bytes, to warn before they outgrow free memory
-        # saved activations not copied until written (capture/shared.py); None: copy at once
-        self.shared = SharedActivations(inventory.parameters + inventory.buffers) if plan.can_share else None
+        # saved activations not copied until written (capture/shared.py); None: copy at once, or
+        # nothing to copy (a plan that saves nothing: no storages to track, nothing to check after)
+        share = plan.can_share and not plan.saves_nothing
+        self.shared = SharedActivations(inventory.parameters + inventory.buffers) if share else None
         # told before a logged call writes into a tensor (in place or out=): the copies above, the plan's watcher
         self.write_watchers = [w for w in (self.shared, plan.write_watcher) if w is not None]
         self.entries: List[TensorLogEntry] = []

@@ -9,12 +9,16 @@ original's signature (an instance attribute; the model's own is put back afterwa
 number generators, so sampling draws the same numbers as a plain ``generate``.
 
 Structure reuse: a step is keyed by its shape (the kwargs' names, the cache's type, the shape of
-``input_ids``); every decode step shares one key. When only module outputs are requested
-(``layers_to_save=['lm_head']``), the first step of each key is traced fully and the later ones
-run the model's plain forward with hooks on the requested modules only: their entries are the
-first step's (labels, parents, module boxes) with the new values, shapes and dtypes. The sequence
-of module calls of each such step is checked against the traced one (a step that ran differently
-raises ``StepStructureError``); ``reuse_structure=False`` traces every step.
+``input_ids``); every decode step shares one key. The first step of each key is traced fully.
+When only module outputs are requested (``layers_to_save=['lm_head']``), the later ones run the
+model's plain forward with hooks on the requested modules only: their entries are the first
+step's (labels, parents, module boxes) with the new values, shapes and dtypes, and their
+sequence of module calls is checked against the traced one. When only metadata is requested
+(``layers_to_save=None``), they run with the lean tracer (``capture/lean.py``, ``lean.py`` here):
+every operation is recorded with its own shape, dtype, size and time, and checked against the
+traced step's (function, parents, parameters, module stack, call site) before its structure is
+used. A step that ran differently raises ``StepStructureError`` (it cannot be traced again: its
+forward has run and changed the cache); ``reuse_structure=False`` traces every step.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import torch
 from torch import nn
 
 from ..capture.args import tensors_in
+from ..capture.lean import LeanTracer
 from ..capture.modules import ModelInventory, RngState, traced_addresses
-from ..capture.run import run_pass, seed_everything
+from ..capture.run import PassSession, run_pass, seed_everything
 from ..capture.save_plan import SavePlan
+from ..capture.tracer import Tracer
 from ..capture.unwrap import eager_only
 from ..history.index import build_lookup
 from ..history.model_history import ModelHistory
@@ -41,6 +47,7 @@ from ..layer_request import LayerKey, LayerRequest, entries_for_key, parse_reque
 from ..postprocess import build_history, drop_unsaved
 from ..records.meta import refuse_meta
 from .errors import GenerateArgumentError, NotGenerativeError, StepStructureError
+from .lean import Structure, calls_differ, check, lean_history
 from .result import STEP_FOLDER, GenerateHistory, write_manifest
 
 _ROOT_HOOKS = (
@@ -88,6 +95,7 @@ class _Template:
         self.calls = calls
         self.labels = list(history.layer_labels)  # of every entry, before unsaved ones are dropped
         self.chosen: frozenset = frozenset()
+        self.structure: Optional[Structure] = None  # for lean steps (metadata only)
         self.where: Dict[Tuple[str, int, Any], Any] = {}  # (address, pass, position) -> entry
         for e in history.layer_list:
             for (address, n), position in (e.module_output_positions or {}).items():
@@ -116,11 +124,15 @@ class _Steps:
             and not (request.save_all or request.type_substrings or request.addresses or request.needs_labels)
             and not self.keep_unsaved
         )
+        # metadata only: later steps of a key run with the lean tracer (capture/lean.py)
+        self.lean = options["reuse_structure"] and request.saves_nothing and self.keep_unsaved
+        self.lean_steps: List[int] = []
         inventory = ModelInventory.of(model)
         self.addresses = inventory.module_addresses  # id -> address
         names = {m if isinstance(m, str) else m[0] for m in request.modules}
         self.wanted = {i: a for i, a in self.addresses.items() if a in names}  # module id -> address
         self.calls: Optional[List[str]] = None  # module calls of the step in progress
+        self.session = PassSession()  # the model's inventory and bound torch functions, found once
 
         # generate reads forward's signature (it passes logits_to_keep, position_ids only where
         # accepted): the replacement shows the original's
@@ -146,6 +158,8 @@ class _Steps:
         with stream if stream is not None else _Nothing():
             if self.fast and template is not None:
                 history, output = self._fast_step(index, template, args, kwargs, stream=stream)
+            elif template is not None and template.structure is not None:
+                history, output = self._lean_step(index, template.structure, args, kwargs, stream=stream)
             else:
                 history, output = self._traced_step(index, key, args, kwargs, stream=stream)
             if stream is not None:
@@ -189,9 +203,8 @@ class _Steps:
             if address:
                 self.calls.append(address)
 
-    def _traced_step(self, index: int, key: Tuple[Any, ...], args: tuple, kwargs: dict, stream: Any) -> Any:
-        template = self.templates.get(key)
-        plan = self._request_plan(stream, template)
+    def _pass(self, index: int, args: tuple, kwargs: dict, plan: SavePlan, tracer_type: Any = Tracer) -> Any:
+        """The step's pass: (its records, the model's output, the module calls it made)."""
         outputs: List[Any] = []
         model = self.model
         self.restore_forward()  # the pass calls the model's own forward; a hook hands us its output
@@ -208,7 +221,9 @@ class _Steps:
         calls = self.calls = []
         recorder = nn.modules.module.register_module_forward_pre_hook(self._record_calls)
         try:
-            result = run_pass(model, args, kwargs, plan, random_seed=self.seed + index)
+            result = run_pass(
+                model, args, kwargs, plan, random_seed=self.seed + index, tracer_type=tracer_type, session=self.session
+            )
         finally:
             recorder.remove()
             self.calls = None
@@ -216,12 +231,22 @@ class _Steps:
             for name, hooks in own_hooks.items():
                 setattr(model, name, hooks)
             model.forward = self.forward
+        return result, outputs[-1], calls
+
+    def _traced_step(self, index: int, key: Tuple[Any, ...], args: tuple, kwargs: dict, stream: Any) -> Any:
+        template = self.templates.get(key)
+        plan = self._request_plan(stream, template)
+        result, output, calls = self._pass(index, args, kwargs, plan)
+        structure = Structure(index, result, calls) if self.lean and template is None else None
         history = build_history(result)
         for note in history.notes:
             if note not in self.options["notes"]:
                 self.options["notes"].append(note)
         if template is None:
             template = _Template(index, history, calls, plan)
+            if structure is not None:
+                structure.set_history(history)
+                template.structure = structure
             if self.request.needs_labels:
                 template.chosen = frozenset(self._resolve(history))
                 for e in history.layer_list:
@@ -238,7 +263,14 @@ class _Steps:
             self._resolve(history)
         if not self.keep_unsaved:
             history = drop_unsaved(history)
-        return history, outputs[-1]
+        return history, output
+
+    def _lean_step(self, index: int, structure: Structure, args: tuple, kwargs: dict, stream: Any) -> Any:
+        result, output, calls = self._pass(index, args, kwargs, self._plan(stream), tracer_type=LeanTracer)
+        start = perf_counter()
+        check(index, structure, result, calls)
+        self.lean_steps.append(index)
+        return lean_history(structure, result, start), output
 
     def _resolve(self, history: ModelHistory) -> Set[int]:
         """Entries the request's keys name in this step; keys no step matches fail at the end."""
@@ -283,16 +315,7 @@ class _Steps:
             self.calls = None
             rng.restore()
         if calls != template.calls:
-            at = next(
-                (i for i, (a, b) in enumerate(zip(calls, template.calls)) if a != b),
-                min(len(calls), len(template.calls)),
-            )
-            raise StepStructureError(
-                f"log_generate: step {index} called the model's modules differently from step {template.index}, whose "
-                f"structure it reuses (module call #{at + 1}: {calls[at] if at < len(calls) else 'none'!r} instead of "
-                f"{template.calls[at] if at < len(template.calls) else 'none'!r}). Pass reuse_structure=False to "
-                "trace every step fully."
-            )
+            raise calls_differ(index, template.index, calls, template.calls)
         by_entry = {id(template.where[k]): made for k, made in saved.items()}
         entries = []
         for e in template.history.layer_list:
@@ -388,9 +411,13 @@ def log_generate(
         save_to: a folder: each step is streamed to ``save_to/step_0000`` ... as
             ``log_forward_pass(save_to=)`` does, and the result reads them lazily
             (``GenerateHistory.load(save_to)`` opens it again).
-        reuse_structure: with only module outputs requested, steps with the input shapes of an
-            earlier traced step run untraced with hooks on those modules and reuse its
-            structure (checked against the sequence of module calls). False: trace every step.
+        reuse_structure: steps with the input shapes of an earlier traced step reuse its
+            structure. With only module outputs requested they run untraced with hooks on those
+            modules (checked against the sequence of module calls); with only metadata
+            (``layers_to_save=None``) they run with a lean tracer that records each operation's
+            shape, dtype, size and time (checked operation by operation: function, parents,
+            parameters, modules, call site). A step that ran differently raises
+            ``StepStructureError``. False: trace every step fully.
         **generate_kwargs: passed to ``generate`` (``do_sample``, ``top_k``, ``use_cache``,
             ``cache_implementation``, ``pad_token_id`` ...).
 
@@ -461,6 +488,14 @@ def log_generate(
         elapsed=perf_counter() - start,
     )
     result.notes.extend(notes)
+    if steps.lean_steps:
+        result.notes.append(
+            f"log_generate: {len(steps.lean_steps)} of {len(steps.steps)} steps (those with the input shapes of an "
+            "earlier step) were recorded leanly: their own shapes, dtypes, sizes and times on the structure of the "
+            "first step of their shapes (labels, edges, module boxes, source lines), after checking that the same "
+            "operations ran with the same parents, parameters, modules and call sites. Pass reuse_structure=False to "
+            "trace every step fully."
+        )
     if save_to is not None:
         write_manifest(result, save_to)
     return result
