@@ -245,6 +245,24 @@ def test_updates_of_plain_sgd_are_minus_lr_times_grad_bitwise(tmp_path):
     assert s.line_label.startswith("update ratio")
 
 
+def test_a_weight_that_starts_at_zero_gets_no_update_ratio_and_the_run_goes_on(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    with torch.no_grad():
+        model.bias.zero_()  # as norm layers' biases start: ||w|| = 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with quiet_watch(model, tmp_path, log=("params", "updates")) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(5, 4)).sum().backward()
+            opt.step()
+    run = tl.open_run(w.run_dir)
+    bias, weight = run.series("", "updates", "bias"), run.series("", "updates", "weight")
+    assert bias.steps.tolist() == [0, 1] and np.isnan(bias.line[0]) and np.isfinite(bias.line[1])  # inf: not stored
+    assert np.isfinite(weight.line).all() and (weight.line > 0).all()
+    assert not any("bias" in s for s in run.health().series)  # no finding from a ratio that is not finite
+
+
 def test_updates_are_after_minus_before_and_training_stays_bitwise_the_same(tmp_path):
     def run(watched):
         torch.manual_seed(0)

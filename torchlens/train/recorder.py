@@ -222,15 +222,15 @@ class StepRecorder:
         overlaid; ``StepData.summarize`` makes one sample and one exact summary of them, on the
         writer thread), and the reasons of the gradient series that got no values (of ``kinds``
         only, when given). The step goes on: a later backward or optimizer step adds to it."""
-        pending = {k: list(v) for k, v in self.pending.items()}
+        wanted = (lambda kind: True) if kinds is None else kinds.__contains__
+        pending = {k: list(v) for k, v in self.pending.items() if wanted(k[1])}
         for kind, parts_of in (("params_grad", self.param_grads), ("updates", self.updates)):
+            if not wanted(kind):
+                continue
             for (address, name), part in parts_of.items():
                 for cid in self.calls_of.get(address, ()):
                     pending.setdefault((cid, kind, name), []).append(part)
-        reasons = {k: r for k, r in self.reasons.items() if k not in pending}
-        if kinds is not None:
-            pending = {k: v for k, v in pending.items() if k[1] in kinds}
-            reasons = {k: r for k, r in reasons.items() if k[1] in kinds}
+        reasons = {k: r for k, r in self.reasons.items() if k not in pending and wanted(k[1])}
         data = StepData(self._summaries)
         data.keys, data.parts, data.reasons = list(pending), list(pending.values()), reasons
         return data
@@ -428,15 +428,16 @@ class StepRecorder:
 
     def norms_of(self, tensors: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
         """The L2 norm of each tensor from its exact statistics taken in this step, if it has not
-        changed since (None for the others)."""
-        found: List[Any] = []
+        changed since and they are measured already (None for the others: small tensors are
+        measured on the writer thread, and measuring them here would do it twice)."""
+        out: List[Optional[torch.Tensor]] = []
         for t in tensors:
             seen = self._seen.get(id(t))
-            fresh = seen is not None and seen[0]() is t and seen[1] == t._version
-            found.append(seen[2][1] if fresh else None)  # type: ignore[index]
-        LazySummary.resolve([f for f in found if isinstance(f, LazySummary)])
-        rows = [f.summary if isinstance(f, LazySummary) else f for f in found]
-        return [None if r is None else summary_norm(r) for r in rows]
+            row = seen[2][1] if seen is not None and seen[0]() is t and seen[1] == t._version else None
+            if isinstance(row, LazySummary):
+                row = row.summary if row.measured else None
+            out.append(None if row is None else summary_norm(row))
+        return out
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:
         norms = self.sampler.norms(grad)

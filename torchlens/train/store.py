@@ -258,8 +258,9 @@ def _nan(x: Optional[float]) -> float:
 
 def _stored_statistics(kinds: List[str], exact: Optional[np.ndarray]) -> List[tuple]:
     """The stored ``EXACT_COLUMNS`` of each row of ``EXACT_FIELDS`` (std: the population std of
-    the finite values; None where not recorded or not finite), with the line of the kind when the recorder
-    did not compute one: the std of values, the norm of parameter gradients."""
+    the finite values; None where not recorded or not finite), with the line of the kind when the
+    recorder did not compute one: the std of values, the norm of parameter gradients (an update
+    ratio that is not finite, of a weight whose norm is 0, stays empty)."""
     if exact is None or len(kinds) == 0:
         return [(None,) * len(EXACT_COLUMNS)] * len(kinds)
     rows = np.asarray(exact, float).reshape(len(kinds), -1)
@@ -268,8 +269,9 @@ def _stored_statistics(kinds: List[str], exact: Optional[np.ndarray]) -> List[tu
     with np.errstate(invalid="ignore", divide="ignore"):
         std = np.where(finite > 0, np.sqrt(m2 / finite), np.nan)
         norm = np.where(finite > 0, np.sqrt(m2 + finite * mean * mean), np.nan)
-    fallback = np.where(np.asarray(kinds) == "params_grad", norm, std)
-    line = np.where(np.isfinite(line), line, fallback)
+    kind = np.asarray(kinds)
+    fallback = np.where(kind == "params_grad", norm, std)
+    line = np.where(np.isnan(line) & (kind != "updates"), fallback, line)  # an update ratio is never replaced
     table = np.stack([finite + nan + posinf + neginf, lo, hi, mean, std, nan, posinf, neginf, zeros, line], axis=1)
     table[~np.isfinite(finite)] = np.nan  # not recorded: every column empty
     return [tuple(r) for r in _nullable(table)]

@@ -10,11 +10,12 @@ about 1e-3 is a classic warning sign (too small: the layer barely learns; too la
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..web.exact import summaries, summary_norm
+from ..web.exact import LazySummary, summary_norm
 from .recorder import StepRecorder
 
 
@@ -38,7 +39,8 @@ class UpdateHooks:
         # id(optimizer) -> (step, its watched params, their copies, their norms) before its step
         self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]] = {}
         self._handles: list = []
-        self._spare: Dict[int, List[torch.Tensor]] = {}  # id(optimizer) -> CPU copies kept for its next logged step
+        # id(optimizer) -> CPU copies kept for its next logged step, and their lazy summaries
+        self._spare: Dict[int, Tuple[List[torch.Tensor], List[LazySummary]]] = {}
         self._owners_of: Tuple[Optional[int], Dict[int, List[Tuple[str, str]]]] = (None, {})  # step, owners
         chosen = list(optimizers) if optimizers is not None else None
         if chosen is None:
@@ -83,11 +85,13 @@ class UpdateHooks:
                 self._before[id(optimizer)] = (step, params, copies, norms)
 
     def _copies(self, optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Copies of ``params``: on the CPU into the copies of the last logged step, kept (a fresh
-        allocation there costs more than the copy: the memory is faulted in page by page); a
-        GPU's caching allocator already reuses memory, and keeps none busy between steps."""
-        kept = self._spare.pop(id(optimizer), None)
-        if kept is None or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
+        """Copies of ``params``: on the CPU into the copies of the last logged step once the writer
+        thread has measured them (a fresh allocation there costs more than the copy: the memory
+        is faulted in page by page); a GPU's caching allocator already reuses memory, and keeps
+        none busy between steps."""
+        kept, lazies = self._spare.pop(id(optimizer), ([], []))
+        free = bool(kept) and all(lazy.measured for lazy in lazies)
+        if not free or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
             return [p.detach().clone() for p in params]
         torch._foreach_copy_(kept, [p.detach() for p in params])
         return kept
@@ -98,23 +102,23 @@ class UpdateHooks:
             return
         step, params, copies, norms = saved
         owners = self._owners(step)
+        lazies = []
         with torch.no_grad():
             # before - after, computed in the copies (no new memory); the update is its negation,
-            # the same floats (rounding is symmetric), so it is never materialised: its sample
-            # and statistics are those of before - after, negated
+            # the same floats (rounding is symmetric), so it is never materialised: its sample is
+            # that of before - after negated, and its statistics are measured from the copies by
+            # the writer thread (nothing changes them until then), then negated
             torch._foreach_sub_(copies, [p.detach() for p in params])
-            samples = [self.recorder.sampler.values(c) for c in copies]
-            kept = []
-            for i, (sample, summary) in enumerate(zip(samples, summaries(copies))):
-                if sample is not None and summary is not None:
-                    kept.append((i, sample, summary))
-            rows = _negated([k[2] for k in kept], [norms[k[0]] for k in kept])
-            for (i, sample, _), row in zip(kept, rows):
-                self.recorder.add_update(owners.get(id(params[i]), []), (sample.neg_(), row, None))
-            added = len(kept)
+            for p, reverse, norm in zip(params, copies, norms):
+                sample = self.recorder.sampler.values(reverse)
+                if sample is None:
+                    continue
+                lazy = LazySummary(reverse, then=functools.partial(_negated, weight_norm=norm))
+                lazies.append(lazy)
+                self.recorder.add_update(owners.get(id(p), []), (sample.neg_(), lazy, None))
         if all(c.device.type == "cpu" for c in copies):
-            self._spare[id(optimizer)] = copies
-        self.written(step, added)
+            self._spare[id(optimizer)] = (copies, lazies)
+        self.written(step, len(lazies))
 
     def remove(self) -> None:
         for h in self._handles:
@@ -144,21 +148,19 @@ _NEGATE_ORDER = [0, 1, 2, 4, 3, 5, 7, 6, 8, 9]
 _NEGATE_SIGN = [1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
 
 
-def _negated(reverse: List[torch.Tensor], weight_norms: List[torch.Tensor]) -> List[torch.Tensor]:
-    """The ``exact_summary`` of each update from that of its negation (all on one device at
-    once), with the update-to-weight ratio ``||dw|| / ||w||`` as its line."""
-    by_device: Dict[torch.device, List[int]] = {}
-    for i, row in enumerate(reverse):
-        by_device.setdefault(row.device, []).append(i)
-    out: Dict[int, torch.Tensor] = {}
-    for device, indices in by_device.items():
-        table = torch.stack([reverse[i] for i in indices])
-        negated = table[:, torch.tensor(_NEGATE_ORDER, device=device)]
-        negated *= torch.tensor(_NEGATE_SIGN, dtype=table.dtype, device=device)
-        weights = torch.stack([weight_norms[i] for i in indices]).to(device, table.dtype)
-        negated[:, 9] = summary_norm(table) / weights
-        out.update(zip(indices, negated))
-    return [out[i] for i in range(len(reverse))]
+def _negated(reverse: torch.Tensor, weight_norm: torch.Tensor) -> torch.Tensor:
+    """The ``exact_summary`` of an update from that of its negation, with the update-to-weight
+    ratio ``||dw|| / ||w||`` as its line."""
+    if reverse.is_cpu:  # on the host: plain floats cost far less than tensor ops
+        fields = reverse.tolist()
+        fields = [sign * fields[i] for i, sign in zip(_NEGATE_ORDER, _NEGATE_SIGN)]
+        change, weight = summary_norm(reverse).item(), weight_norm.item()
+        fields[9] = change / weight if weight != 0 else (float("nan") if change == 0 else float("inf"))
+        return torch.tensor(fields, dtype=reverse.dtype)
+    out = reverse[torch.tensor(_NEGATE_ORDER, device=reverse.device)]
+    out *= torch.tensor(_NEGATE_SIGN, dtype=reverse.dtype, device=reverse.device)
+    out[9] = summary_norm(reverse) / weight_norm.to(reverse.device, reverse.dtype)
+    return out
 
 
 __all__ = ["UpdateHooks"]

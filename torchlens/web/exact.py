@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -173,24 +172,32 @@ SMALL = 16384
 
 
 class LazySummary:
-    """The exact summary of a small tensor, measured later (``resolve``) from a copy of its values
-    taken when it was seen, so an in-place change after that does not reach it."""
+    """The exact summary of a tensor, measured later (``resolve``, on the watch's writer thread)
+    from values nothing changes meanwhile: a copy taken when the tensor was seen (small tensors),
+    or a buffer of the watch's own. ``then``: applied to the summary once measured."""
 
-    __slots__ = ("values", "summary")
+    __slots__ = ("values", "summary", "then")
 
-    def __init__(self, values: torch.Tensor) -> None:
+    def __init__(self, values: torch.Tensor, then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
         self.values: Optional[torch.Tensor] = values
         self.summary: Optional[torch.Tensor] = None
+        self.then = then
 
-    _lock = threading.Lock()  # the training thread and a writer thread may resolve the same ones
+    @property
+    def measured(self) -> bool:
+        """Whether it has been measured (its values are let go then)."""
+        return self.values is None
 
     @staticmethod
     def resolve(pending: Sequence["LazySummary"]) -> None:
-        """Measure all that are not measured yet, in one batch."""
-        with LazySummary._lock:
-            todo = list({id(s): s for s in pending if s.summary is None and s.values is not None}.values())
-            for s, row in zip(todo, row_summaries([s.values for s in todo])):  # type: ignore[misc]
-                s.summary, s.values = row, None
+        """Measure all that are not measured yet: the small ones in one batch."""
+        todo = list({id(s): s for s in pending if s.values is not None}.values())
+        small = [s for s in todo if s.values.numel() <= SMALL]  # type: ignore[union-attr]
+        found = dict(zip(map(id, small), row_summaries([s.values for s in small])))  # type: ignore[misc]
+        for s in todo:
+            row = found[id(s)] if id(s) in found else exact_summary(s.values)  # type: ignore[arg-type]
+            s.summary = s.then(row) if s.then is not None and row is not None else row
+            s.values = None
 
 
 def measure(tensor: torch.Tensor, copy: Optional[torch.Tensor] = None) -> Optional[Union[torch.Tensor, LazySummary]]:
@@ -210,18 +217,6 @@ def measure(tensor: torch.Tensor, copy: Optional[torch.Tensor] = None) -> Option
     return LazySummary(copy)
 
 
-def summaries(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
-    """``exact_summary`` of each tensor, the small ones measured together.
-
-    Example:
-        >>> [s[0].item() for s in summaries([torch.ones(3), torch.ones(100_000)])]
-        [3.0, 100000.0]
-    """
-    measured = [measure(t, copy=t.detach().reshape(-1)) for t in tensors]  # no copy needed: measured now
-    LazySummary.resolve([m for m in measured if isinstance(m, LazySummary)])
-    return [m.summary if isinstance(m, LazySummary) else m for m in measured]
-
-
 def summary_norm(rows: torch.Tensor) -> torch.Tensor:
     """The L2 norm of all values from their ``EXACT_FIELDS`` (the last dimension of ``rows``):
     NaN when there was a NaN, inf when there was an infinity, as ``vector_norm`` of the values.
@@ -230,6 +225,11 @@ def summary_norm(rows: torch.Tensor) -> torch.Tensor:
         >>> summary_norm(exact_summary(torch.tensor([3.0, 4.0]))).item()
         5.0
     """
+    if rows.dim() == 1 and rows.is_cpu:  # one row on the host: plain floats cost far less than tensor ops
+        count, mean, m2, _, _, nan, posinf, neginf = rows[:8].tolist()
+        value = math.sqrt(max(m2, 0.0) + (count * mean * mean if count > 0 else 0.0))
+        value = float("nan") if nan > 0 else float("inf") if posinf + neginf > 0 else value
+        return torch.tensor(value, dtype=rows.dtype)
     count, mean, m2 = rows[..., 0], rows[..., 1], rows[..., 2]
     norm = torch.sqrt(m2.clamp_min(0) + count * torch.where(count > 0, mean, 0) ** 2)
     norm = torch.where(rows[..., 6] + rows[..., 7] > 0, float("inf"), norm)
