@@ -13,9 +13,12 @@ The backends (wandb, TensorBoard) get each step once, when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Any, Callable, List, Optional, Set, Tuple
+
+import torch
 
 from ..web.stats import histograms
 from .distributed import step_histograms
@@ -101,10 +104,17 @@ class StepWriter:
         w = self.watch
         self._raise_failure()
         new_calls = w.recorder.take_new_calls()
-        job = lambda: self._write(step, data, new_calls, keep)  # noqa: E731
         if w._ranks is not None or w._writer is None:  # collectives keep their order on every rank
-            job()
+            self._write(step, data, new_calls, keep)
             return
+        streams = _training_streams(data)
+
+        def job() -> None:
+            with contextlib.ExitStack() as stack:  # queued after the work that made the samples
+                for stream in streams:
+                    stack.enter_context(torch.cuda.stream(stream))
+                self._write(step, data, new_calls, keep)
+
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="torchlens-step-writer", daemon=True)
             self._thread.start()
@@ -141,6 +151,14 @@ class StepWriter:
             step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
         )
         self._written += int(new)
+
+
+def _training_streams(data: StepData) -> List[Any]:
+    """The CUDA streams training runs on now, one per device of the step's samples: the writer
+    thread queues its kernels on them, after those that computed the samples (another stream
+    could read them before they are written, and would need the allocator told of it)."""
+    devices = {p[0].device for parts in data.parts for p in parts if p[0].is_cuda}
+    return [torch.cuda.current_stream(d) for d in devices]
 
 
 __all__ = ["StepWriter"]
