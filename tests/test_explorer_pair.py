@@ -207,6 +207,14 @@ def test_page_shows_both_runs_strips_aligned_and_labelled(browser, runs):
             assert mark_a == mark_b == (str(differs[key]) if key in differs else ""), key
         label = page.inner_text(f'{panel} .strip.other[data-other="{next(iter(differs))}"] .label')
         assert f"first differs at step {differs[next(iter(differs))]}" in label
+        for key in strips:  # the other run's summary line under its strip, as under the open run's
+            line = page.query_selector(f'{panel} canvas[data-other-line="{key}"]')
+            assert line.is_visible() and int(line.get_attribute("data-points")) >= 6, key
+        line.scroll_into_view_if_needed()
+        box = line.bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 30, box["y"] + box["height"] / 2)
+        tip = page.wait_for_selector('[data-role="strip-tip"]:not([hidden])').inner_text()
+        assert tip.startswith("fast · step") and ("norm" in tip or "ratio" in tip or "std" in tip), tip
         # no second run: the other strips go
         page.select_option('[data-role="compare-picker"]', "")
         page.wait_for_selector(f"{panel} .strip.other", state="detached")

@@ -172,13 +172,16 @@
       box = document.createElement("div");
       box.className = "strip other";
       box.dataset.other = key;
-      box.innerHTML = `<div class="label"><span class="kind"></span> <span class="name"></span> <span class="differs"></span></div><canvas></canvas>`;
+      box.innerHTML = `<div class="label"><span class="kind"></span> <span class="name"></span> <span class="differs"></span></div><canvas></canvas><canvas class="line"></canvas>`;
       box.querySelector(".kind").textContent = (s ? s.kind : key.split("/")[0]).replace("_", " ");
       box.querySelector(".name").textContent = s ? s.name : key.slice(key.indexOf("/") + 1);
-      const canvas = box.querySelector("canvas");
+      const canvas = box.querySelector("canvas"), line = box.querySelector("canvas.line");
       canvas.dataset.otherSeries = key;
-      canvas.addEventListener("mousemove", (event) => hover(event, canvas, canvas.parentElement.series, pair.info.b.name));
-      canvas.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
+      line.dataset.otherLine = key;  // the other run's summary line, as under the open run's strip
+      for (const c of [canvas, line]) {
+        c.addEventListener("mousemove", (event) => hover(event, c, box.series, pair.info.b.name));
+        c.addEventListener("mouseleave", () => { $("strip-tip").hidden = true; });
+      }
     }
     if (after) after.after(box); else panel.appendChild(box);
     return box;
@@ -227,6 +230,7 @@
         Strips().draw(otherCanvas, sb, format);
         markStep(otherCanvas, sb, step);
       }
+      drawOtherLine(other, sb, format);
       other.querySelector(".name").title = theirs[key] ? "" : `not recorded in ${b.name}`;
       if (!theirs[key]) other.querySelector(".differs").textContent = `· not in ${b.name}`;
     }
@@ -240,7 +244,14 @@
       const otherCanvas = other.querySelector("canvas");
       otherCanvas.hidden = !theirs[key].steps.length;
       if (!otherCanvas.hidden) Strips().draw(otherCanvas, theirs[key], format);
+      drawOtherLine(other, theirs[key], format);
     }
+  }
+
+  function drawOtherLine(box, s, format) {
+    const line = box.querySelector("canvas.line");
+    line.hidden = !s || !s.steps.length || !(s.line || []).some((v) => v !== null);
+    if (!line.hidden) Strips().drawLine(line, s, format);
   }
 
   // this run's strip drawn with blank columns where only the other run has some: the page's
@@ -264,7 +275,8 @@
     if (i < 0 || i >= s.steps.length || s.lo[i] === null) { tip.hidden = true; return; }
     const format = window.TorchlensUI.formatNumber;
     const steps = s.steps[i] === s.last_steps[i] ? `step ${s.steps[i]}` : `steps ${s.steps[i]}–${s.last_steps[i]}`;
-    tip.textContent = `${name} · ${steps} · histogram [${format(s.lo[i])}, ${format(s.hi[i])}]` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "");
+    const line = s.line && s.line[i] !== null && s.line[i] !== undefined ? ` · ${s.line_label || "line"} ${format(s.line[i])}` : "";
+    tip.textContent = `${name} · ${steps} · histogram [${format(s.lo[i])}, ${format(s.hi[i])}]` + (s.nonfinite[i] ? ` · ${s.nonfinite[i]} NaN/inf` : "") + line;
     tip.hidden = false;
     window.TorchlensUI.placeFloating(tip, event);
   }
