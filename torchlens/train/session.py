@@ -195,11 +195,13 @@ class Watch:
         """Jupyter shows a watch as its explorer, inline (see ``show``)."""
         from .serve.export import notebook_html
 
+        self._steps.wait()  # the steps handed to the writer thread are in the snapshot
         return notebook_html(self.run_dir)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         from .notebook import mimebundle  # live where anywidget is installed, else the snapshot
 
+        self._steps.wait()
         return mimebundle(self)
 
     def show(self, height: int = 640) -> Any:
@@ -215,6 +217,7 @@ class Watch:
         """
         from .notebook import show
 
+        self._steps.wait()
         return show(self, height)
 
     # ----- the model's hooks ----------------------------------------------------------------
