@@ -88,11 +88,14 @@
 
   // where the true range (over all values) goes beyond the histogram's (sampled, trimmed) bins:
   // a light orange band from the bins' edge to the true extreme, a dark tick at the extreme, and
-  // where the extreme lies beyond the axis by more than half its span, a caret at the plot's edge,
-  // darker the farther out (a spike of 100x the axis is black-orange). Trimming's usual overshoot
-  // (the tails of 10% outliers left out) stays a band: a caret on every column would say nothing.
+  // where the extreme lies beyond the axis and is a spike, more than SPIKE_STD standard deviations
+  // from the mean of all values (without them: more than half the axis beyond it), a caret at the
+  // plot's edge, darker the farther out (a spike of 100x the axis is black-orange). Trimming's
+  // usual overshoot (the tails of the 10% outliers left out, ~4 std for 10^4 normal values)
+  // stays a band: a caret on every column would say nothing.
   // Returns [columns marked, columns with an extreme beyond the axis by more than its span,
   // columns with a caret].
+  const SPIKE_STD = 6;
   function drawBeyond(ctx, s, geo) {
     if (!s.true_min || s.true_min.length !== s.steps.length) return [0, 0, 0];
     const top = MARGIN.top, bottom = MARGIN.top + geo.plotH;
@@ -111,7 +114,10 @@
         if (beyond <= 0) { ctx.fillStyle = "#b35806"; ctx.fillRect(x, y1 - 1, w, 2); continue; }
         const excess = beyond / (bottom - top);  // in axis spans
         if (excess > 1) out = true;
-        if (excess <= 0.5) continue;  // the band reaches the edge: a usual tail
+        const spread = s.std ? s.std[i] : null, centre = s.mean ? s.mean[i] : null;
+        const spike = spread !== null && spread !== undefined && centre !== null && centre !== undefined
+          ? Math.abs(extreme - centre) > SPIKE_STD * spread : excess > 0.5;
+        if (!spike) continue;  // the band reaches the edge: a usual tail
         caret = true;
         const alpha = Math.min(1, 0.2 + 0.4 * Math.log10(1 + 10 * excess));
         ctx.fillStyle = `rgba(179,88,6,${alpha.toFixed(3)})`;
