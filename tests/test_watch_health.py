@@ -303,6 +303,17 @@ def test_a_healthy_small_cnn_has_no_finding(tmp_path):
     assert h.empty, h.to_string()
 
 
+def _open_file(browser, path):
+    """A page on an exported file; the errors it raises are collected."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors: list = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"file://{path}")
+    return context, page, errors
+
+
 def test_a_healthy_run_s_page_has_a_quiet_health_panel_and_no_carets(browser, tmp_path):
     from torchlens.train.serve import export_html
 
@@ -310,13 +321,8 @@ def test_a_healthy_run_s_page_has_a_quiet_health_panel_and_no_carets(browser, tm
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 1))
     _fit(model, tmp_path, steps=6, x=torch.randn(16, 3, 8, 8), sample_n=50)
     path = export_html(str(tmp_path / "run"), str(tmp_path / "run.html"))
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    context, page, errors = _open_file(browser, path)
     try:
-        page.goto(f"file://{path}")
         panel = page.wait_for_selector('[data-role="health"]:not([hidden])')
         assert "no finding" in panel.inner_text() and "clear" in panel.get_attribute("class")  # a green edge
         page.drag_and_drop('[data-node="0:1"]', '[data-role="panels"]')
@@ -412,13 +418,8 @@ def test_an_exported_page_carries_the_health_panel(browser, tmp_path, sick):
     from torchlens.train.serve import export_html
 
     path = export_html(sick.run_dir, str(tmp_path / "run.html"))
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    context, page, errors = _open_file(browser, path)
     try:
-        page.goto(f"file://{path}")
         page.wait_for_selector('[data-role="health"] li')
         assert "since step" in page.inner_text('[data-role="health-status"]')
         assert page.query_selector('[data-node="encoder:1"] .health-badge') is not None
