@@ -254,9 +254,9 @@ def test_lean_pass_records_what_a_full_pass_records():
         model, (torch.ones(5, 4),), {}, SavePlan(), random_seed=0, tracer_type=lean_module.LeanTracer, session=session
     )
     assert lean_module.signature(lean.records) == lean_module.signature(full.records)
-    assert [r.layer_type for r in lean.records] == [r.layer_type for r in full.records]
-    assert [tuple(r.shape)[:1] for r in lean.records if r.kind == "op" and r.layer_type != "sum"][0] == (5,)
-    assert any(r.layer_type == "viewwrite" for r in lean.records) and any(r.bool_used for r in lean.records)
+    assert [r.func_name for r in lean.records] == [r.func_name for r in full.records]
+    assert [tuple(r.shape)[:1] for r in lean.records if r.kind == "op" and r.func_name != "sum"][0] == (5,)
+    assert any(r.func_name == "write_through_view" for r in lean.records) and any(r.bool_used for r in lean.records)
     with pytest.raises(ValueError, match="metadata only"):
         run_pass(
             model, (torch.ones(2, 4),), {}, SavePlan(save_all=True), random_seed=0, tracer_type=lean_module.LeanTracer
@@ -274,3 +274,62 @@ def test_pass_session_follows_changes_of_the_model():
     assert [r.layer_type for r in first.records] == ["input", "linear", "relu", "output"]
     assert [r.layer_type for r in second.records] == ["input", "linear", "tanh", "output"]
     assert session.inventory_of(model).module_types["1"] == "Tanh"
+
+
+def _original(name="relu"):
+    return getattr(torch, name) is getattr(torch._C._VariableFunctions, name)
+
+
+def test_held_wrappers_stay_between_passes_and_are_restored():
+    """HeldWrappers: torch is wrapped (inactive) between its passes, other threads' passes and
+    nested blocks run inside it, released() gives torch as outside passes, and the end of the
+    block (even by an error) restores torch exactly."""
+    import threading
+
+    from torchlens.trace.capture import ops
+    from torchlens.trace.capture.run import HeldWrappers
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    found = {}
+
+    def other_thread():
+        found["other"] = [
+            r.layer_type for r in run_pass(model, (torch.ones(1, 2),), {}, SavePlan(), random_seed=0).records
+        ]
+
+    with pytest.raises(RuntimeError, match="stop"):
+        with HeldWrappers() as held:
+            assert not _original() and torch.relu(torch.ones(1)).item() == 1.0  # inactive: torch's result
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+            assert not _original()  # the other pass left the held wrappers in place
+            with HeldWrappers():
+                mine = [
+                    r.layer_type for r in run_pass(model, (torch.ones(1, 2),), {}, SavePlan(), random_seed=0).records
+                ]
+            assert not _original()
+            with held.released():
+                assert _original() and ops.ACTIVE.installed is None
+            assert not _original() and ops.ACTIVE.holders == 1
+            raise RuntimeError("stop")
+    assert found["other"] == mine == ["input", "linear", "relu", "output"]
+    assert _original() and _original("add") and ops.ACTIVE.installed is None and ops.ACTIVE.holders == 0
+    assert torch.nn.functional.relu.__module__ == "torch.nn.functional"
+
+
+def test_set_aside_and_put_back_restore_every_hold():
+    from torchlens.trace.capture import decorate, ops
+
+    table = decorate.current_wrapper_table()
+    ops.install(table)
+    ops.install(table)
+    try:
+        holders = ops.set_aside(table)
+        assert holders == 2 and _original() and ops.ACTIVE.installed is None
+        ops.put_back(table, holders)
+        assert not _original() and ops.ACTIVE.holders == 2
+    finally:
+        ops.uninstall(table)
+        ops.uninstall(table)
+    assert _original() and ops.ACTIVE.installed is None

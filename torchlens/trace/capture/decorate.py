@@ -375,8 +375,11 @@ _ABSENT = object()
 
 def current_wrapper_table() -> WrapperTable:
     """The wrappers for torch as it is now, to install for a pass: rebuilt when a torch
-    callable was replaced since they were made. Only outside a pass."""
+    callable was replaced since they were made; the table in place, while one is held from pass
+    to pass (``run.HeldWrappers``). Only outside a pass."""
     global _TABLE
+    if ACTIVE.installed is not None:
+        return ACTIVE.installed
     table = wrapper_table()
     if not table.is_current():
         _TABLE = table = WrapperTable(previous=table)

@@ -30,7 +30,7 @@ import sys
 import threading
 import weakref
 from time import perf_counter
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,12 +41,67 @@ from .modules import ModelInventory
 from .ops import OpInfo
 from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, head, is_out_position, matching_parents
 from .save_plan import SavePlan
-from .sites import KERNEL_FILES, grad_fn_of, run_kernel_call
+from .sites import KERNEL_FILES, run_kernel_call
 from .tracer import Tracer
 
 _get_ident = threading.get_ident
 _Tensor = torch.Tensor
 _ref = weakref.ref
+
+
+class LeanRecord:
+    """A lean pass's record of one operation's output: the fields of a ``TensorLogEntry`` that
+    the tracer's rules, ``signature`` and the step's history read (made per operation: a third
+    of the time of a ``TensorLogEntry``, which sets all of its 50 fields)."""
+
+    __slots__ = (
+        "raw_index",
+        "kind",
+        "func",
+        "func_name",
+        "parent_refs",
+        "call_frames",
+        "param_addresses",
+        "module_stack",
+        "elapsed",
+        "output_index",
+        "branch_condition_record",
+        "shape",
+        "dtype",
+        "nbytes",
+        "grad_fn_name",
+        "output_of_modules",
+        "activation",
+        "address",
+        "bool_used",
+        "stored_as_buffer",
+        "untraced_reason",
+    )
+
+    if TYPE_CHECKING:  # set by the tracer after __init__
+        func_name: str
+        param_addresses: Tuple[str, ...]
+        module_stack: Tuple[Tuple[str, int], ...]
+        elapsed: float
+        output_index: Any
+        branch_condition_record: Any
+        shape: Any
+        dtype: Optional[torch.dtype]
+        nbytes: int
+        grad_fn_name: Optional[str]
+
+    def __init__(self, raw_index: int, func: Callable, parent_refs: list, call_frames: tuple) -> None:
+        self.raw_index = raw_index
+        self.kind = "op"
+        self.func = func
+        self.parent_refs = parent_refs
+        self.call_frames = call_frames
+        self.output_of_modules: List[Tuple[str, int]] = []
+        self.activation = None
+        self.address = None
+        self.bool_used = False
+        self.stored_as_buffer: Optional[str] = None
+        self.untraced_reason = None
 
 
 class LeanTracer(Tracer):
@@ -144,28 +199,23 @@ class LeanTracer(Tracer):
                     params.append(address)
             elif self.depth == 0 and self._is_untraced(t):
                 parents.append((self.untraced(t, self._frames()), position))
-        frames = self._frames()
+        frames = self.frames_cache
+        if frames is None:
+            frames = self.frames_cache = self._innermost(self.caller_frame)
         condition, self.pending_condition = self.pending_condition, None
         positional = info.name in POSITIONAL_OUTPUTS
         output_rule = OUTPUT_PARENTS.get(info.name) if len(outputs) > 1 else None
-        module_stack, layer_type, name, inplace, used = (
-            self.module_stack,
-            info.layer_type,
-            info.name,
-            info.is_inplace,
-            tuple(params),
-        )
+        module_stack, used, inplace = self.module_stack, tuple(params), info.is_inplace
         for position, tensor in outputs:
-            e = TensorLogEntry(len(entries), "op", layer_type, func, func_name=name)
-            e.parent_refs = matching_parents(parents, position) if positional else parents
+            refs = matching_parents(parents, position) if positional else parents
             if output_rule is not None and head(position) in output_rule:
                 allowed = output_rule[head(position)]
-                e.parent_refs = [(p, pos) for p, pos in e.parent_refs if head(pos) in allowed]
+                refs = [(p, pos) for p, pos in refs if head(pos) in allowed]
+            e = LeanRecord(len(entries), func, refs, frames)
+            e.func_name = info.name
             e.param_addresses = used
             e.module_stack = module_stack
-            e.call_frames = frames
             e.elapsed = elapsed
-            e.is_inplace = inplace
             e.output_index = position
             e.branch_condition_record = condition
             # Tracer._describe_tensor and _add, inline
@@ -175,13 +225,16 @@ class LeanTracer(Tracer):
                 e.nbytes = tensor.nelement() * tensor.element_size()
             except Exception:  # sparse or otherwise unusual layouts
                 e.nbytes = 0
-            grad_fn = grad_fn_of(tensor)
+            try:
+                grad_fn = tensor.grad_fn
+            except RuntimeError:  # see sites.grad_fn_of
+                grad_fn = None
             e.grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
-            entries.append(e)
+            entries.append(e)  # type: ignore[arg-type]  # a LeanRecord stands for a TensorLogEntry here
             if id(tensor) not in param_addresses:
-                live[id(tensor)] = (_ref(tensor), e)
+                live[id(tensor)] = (_ref(tensor), e)  # type: ignore[assignment]
         if inplace and isinstance(target, _Tensor) and target._base is not None:
-            self._write_through(target, e, frames)
+            self._write_through(target, e, frames)  # type: ignore[arg-type]
 
     def _frames(self) -> tuple:
         """The innermost frame only (as ``((code, 0, offset),)``: its line is not read), which is
@@ -191,10 +244,11 @@ class LeanTracer(Tracer):
         return self.frames_cache
 
     def _innermost(self, frame: Any) -> tuple:
-        stop, sites_of = self.stack.stop_code, self.stack.sites_of
+        stop, sites_of, code_sites = self.stack.stop_code, self.stack.sites_of, self.stack.code_sites
         while frame is not None and frame.f_code is not stop:
             code = frame.f_code
-            if sites_of(code) is not None:
+            known = code_sites.get(id(code))
+            if (known[1] if known is not None else sites_of(code)) is not None:
                 return ((code, 0, frame.f_lasti),)
             frame = frame.f_back
         return ()

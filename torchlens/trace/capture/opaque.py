@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from .ops import ACTIVE, OpInfo, Patch, install, uninstall
+from .ops import ACTIVE, OpInfo, Patch, put_back, set_aside
 from .ops import is_inplace_name as _is_inplace_name
 from .ops import layer_type as _layer_type
 
@@ -126,11 +126,11 @@ def _load_jvp_decompositions() -> None:
     if table is None:
         forward_ad._maybe_load_decompositions()
         return
-    uninstall(table)
+    holders = set_aside(table)  # all of them: wrappers held from pass to pass too
     try:
         forward_ad._maybe_load_decompositions()
     finally:
-        install(table)
+        put_back(table, holders)
 
 
 _VJP_FN = OpInfo("vjp_fn", "vjpfn", False, opaque=True)

@@ -64,6 +64,9 @@ class _Active:
 
     tracer: Any = None
     installed: Any = None  # the wrapper table in place, if any
+    # how many installs of it are not undone yet: a pass inside wrappers held from pass to pass
+    # (capture/run.py's HeldWrappers) installs and uninstalls without writing anything
+    holders = 0
 
 
 ACTIVE = _Active()
@@ -80,8 +83,11 @@ class Patch:
 
 def install(table: "Any") -> None:
     """Put every wrapper of ``table`` (a ``decorate.WrapperTable``) in place. Must be paired with
-    ``uninstall``."""
-    ACTIVE.installed = table
+    ``uninstall``; installed already, only counted."""
+    if ACTIVE.installed is table:
+        ACTIVE.holders += 1
+        return
+    ACTIVE.installed, ACTIVE.holders = table, 1
     for owner_dict, replacements, _, _ in table.namespace_groups:
         owner_dict.update(replacements)
     for class_dict, replacements, _, _ in table.class_groups:
@@ -93,8 +99,12 @@ def install(table: "Any") -> None:
 
 
 def uninstall(table: "Any") -> None:
-    """Restore every patched attribute to the exact original object (never raises half-way)."""
-    ACTIVE.installed = None
+    """Restore every patched attribute to the exact original object (never raises half-way),
+    when the last install of ``table`` is undone."""
+    if ACTIVE.installed is table and ACTIVE.holders > 1:
+        ACTIVE.holders -= 1
+        return
+    ACTIVE.installed, ACTIVE.holders = None, 0
     for slot in table.call_slots:
         slot.uninstall()
     for owner_dict, _, originals, shadowed in table.namespace_groups:
@@ -118,4 +128,29 @@ def uninstall(table: "Any") -> None:
         raise RuntimeError("torchlens could not restore some torch attributes: " + "; ".join(failed))
 
 
-__all__ = ["OpInfo", "ACTIVE", "Patch", "install", "uninstall", "layer_type", "is_inplace_name"]
+def set_aside(table: "Any") -> int:
+    """Restore torch while ``table`` is installed, however many times; ``put_back`` undoes it."""
+    holders = ACTIVE.holders if ACTIVE.installed is table else 0
+    if holders:
+        ACTIVE.holders = 1
+        uninstall(table)
+    return holders
+
+
+def put_back(table: "Any", holders: int) -> None:
+    """Install ``table`` again as ``set_aside`` found it."""
+    for _ in range(holders):
+        install(table)
+
+
+__all__ = [
+    "OpInfo",
+    "ACTIVE",
+    "Patch",
+    "install",
+    "uninstall",
+    "set_aside",
+    "put_back",
+    "layer_type",
+    "is_inplace_name",
+]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import random
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -255,6 +256,51 @@ class PassSession:
         return bound
 
 
+class HeldWrappers:
+    """The wrappers kept in place from one pass to the next, in a ``with`` block (the steps of
+    ``log_generate``), instead of put in place and back at each pass: each change of
+    ``torch.Tensor``'s attributes empties the interpreter's caches of its methods, and running
+    on after it cost a small LLM's decode step more than the pass itself.
+
+    Between the passes the wrappers are inactive (no tracer: every call goes straight to
+    torch's function), and other threads' passes run inside them. ``released()`` puts torch
+    back as it is outside passes for a while (torchlens's own work that looks torch functions
+    up by name, such as saving). Torch is restored exactly when the block ends.
+
+    Example:
+        >>> model = nn.Linear(2, 2)
+        >>> with HeldWrappers():
+        ...     held = torch.relu is not torch._C._VariableFunctions.relu
+        ...     n = len(run_pass(model, (torch.ones(1, 2),), {}, SavePlan(), random_seed=0).records)
+        >>> held, n, torch.relu is torch._C._VariableFunctions.relu
+        (True, 3, True)
+    """
+
+    def __init__(self) -> None:
+        self.table: Any = None
+
+    def __enter__(self) -> "HeldWrappers":
+        _check_not_nested()
+        with _PASS_LOCK:
+            self.table = decorate.current_wrapper_table()
+            ops.install(self.table)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with _PASS_LOCK:
+            ops.uninstall(self.table)
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        with _PASS_LOCK:
+            holders = ops.set_aside(self.table)
+        try:
+            yield
+        finally:
+            with _PASS_LOCK:
+                ops.put_back(self.table, holders)
+
+
 def _fingerprint(modules: List[nn.Module]) -> List[tuple]:
     """What the inventory is made of, by identity: each module's submodules, parameters, buffers."""
     return [
@@ -339,4 +385,4 @@ def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
         error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]
 
 
-__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs", "PassSession"]
+__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs", "PassSession", "HeldWrappers"]

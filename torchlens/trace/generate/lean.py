@@ -12,12 +12,13 @@ numbers), and running it a second time would change what ``generate`` produces.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from time import perf_counter
 from typing import Any, Callable, Dict, List
 
 from ..capture.lean import describe, first_difference, signature
 from ..capture.run import PassResult
-from ..history.model_history import ModelHistory, PassStats
+from ..history.model_history import ModelHistory
 from ..records.tensor_log import TensorLogEntry
 from .errors import StepStructureError
 
@@ -113,7 +114,8 @@ def lean_history(structure: Structure, result: PassResult, start: float) -> Mode
     found = map((entries + structure.ambiguous).__getitem__, structure.sources)
     history = copy.copy(template)
     history.replace_entries(entries, dict(zip(structure.keys, found)))
-    history.pass_stats = PassStats.of(entries)
+    # of the whole pass, as a full trace's: only the bytes differ between steps of one structure
+    history.pass_stats = dataclasses.replace(template.pass_stats, tensor_bytes=sum([e.nbytes or 0 for e in entries]))
     history.random_seed = result.random_seed
     history.pass_time = result.elapsed
     history.notes = list(result.notes)

@@ -36,7 +36,7 @@ from torch import nn
 from ..capture.args import tensors_in
 from ..capture.lean import LeanTracer
 from ..capture.modules import ModelInventory, RngState, traced_addresses
-from ..capture.run import PassSession, run_pass, seed_everything
+from ..capture.run import HeldWrappers, PassSession, run_pass, seed_everything
 from ..capture.save_plan import SavePlan
 from ..capture.tracer import Tracer
 from ..capture.unwrap import eager_only
@@ -133,6 +133,8 @@ class _Steps:
         self.wanted = {i: a for i, a in self.addresses.items() if a in names}  # module id -> address
         self.calls: Optional[List[str]] = None  # module calls of the step in progress
         self.session = PassSession()  # the model's inventory and bound torch functions, found once
+        # the wrappers stay in place from step to step when most steps are passes (not self.fast)
+        self.held: Optional[HeldWrappers] = None
 
         # generate reads forward's signature (it passes logits_to_keep, position_ids only where
         # accepted): the replacement shows the original's
@@ -145,7 +147,7 @@ class _Steps:
     def restore_forward(self) -> None:
         """The model's ``forward`` as it was before ``log_generate``."""
         if self.own_forward is not None:
-            self.model.forward = self.own_forward
+            vars(self.model)["forward"] = self.own_forward  # an instance attribute: nn.Module's setattr adds nothing
         else:
             vars(self.model).pop("forward", None)
 
@@ -163,7 +165,8 @@ class _Steps:
             else:
                 history, output = self._traced_step(index, key, args, kwargs, stream=stream)
             if stream is not None:
-                history = stream.finish(history)
+                with self.held.released() if self.held is not None else _Nothing():  # saving looks torch up by name
+                    history = stream.finish(history)
         self.steps.append(history)
         return output
 
@@ -214,9 +217,10 @@ class _Steps:
                 outputs.append(output)
 
         # the root's own hooks ran around this call already (generate called the model): not again inside
-        own_hooks = {name: vars(model)[name] for name in _ROOT_HOOKS if name in vars(model)}
+        own = vars(model)
+        own_hooks = {name: own[name] for name in _ROOT_HOOKS if own.get(name)}
         for name, hooks in own_hooks.items():
-            setattr(model, name, type(hooks)())
+            own[name] = type(hooks)()
         handle = nn.modules.module.register_module_forward_hook(keep_output)
         calls = self.calls = []
         recorder = nn.modules.module.register_module_forward_pre_hook(self._record_calls)
@@ -228,9 +232,8 @@ class _Steps:
             recorder.remove()
             self.calls = None
             handle.remove()
-            for name, hooks in own_hooks.items():
-                setattr(model, name, hooks)
-            model.forward = self.forward
+            own.update(own_hooks)
+            own["forward"] = self.forward
         return result, outputs[-1], calls
 
     def _traced_step(self, index: int, key: Tuple[Any, ...], args: tuple, kwargs: dict, stream: Any) -> Any:
@@ -469,7 +472,9 @@ def log_generate(
     model.forward = steps.forward
     try:
         generate: Any = model.generate
-        with eager_only():  # compiled submodules run their Python code, as in log_forward_pass
+        # compiled submodules run their Python code, as in log_forward_pass; unless most steps run
+        # untraced (steps.fast), the wrappers stay in place from step to step (inactive between them)
+        with eager_only(), HeldWrappers() if not steps.fast else _Nothing() as steps.held:
             output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
     finally:
         steps.restore_forward()
