@@ -504,3 +504,30 @@ def test_fresh_process_trains_identically_with_and_without_watch(tmp_path):
         assert run.status == "finished"
         assert run.steps.tolist() == [0, 2, 4, 6]
         assert "1:1" in run.calls and run.calls["1:1"].class_name == "BatchNorm2d"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_waits_for_the_writes_under_way(tmp_path, monkeypatch):
+    """A DataLoader forks its workers while training runs: the writer thread must not be caught
+    in the middle of a write (the child would inherit the locks it held)."""
+    from torchlens.train.step_writer import StepWriter
+
+    write = StepWriter._write
+
+    def slow_write(self, *args, **kwargs):
+        time.sleep(0.5)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepWriter, "_write", slow_write)
+    model = torch.nn.Linear(3, 2)
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("params_grad",))
+    try:
+        model(torch.randn(4, 3)).sum().backward()  # its write is handed over, and sleeps
+        assert w._steps._jobs.unfinished_tasks == 1
+        pid = os.fork()
+        if pid == 0:  # the child leaves at once, touching nothing
+            os._exit(0)
+        assert w._steps._jobs.unfinished_tasks == 0  # the fork waited for the write
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        w.close()

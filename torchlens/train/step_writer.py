@@ -7,15 +7,18 @@ the tensors before anything changes them). Binning the samples, moving them to t
 database transaction run on a writer thread of the watch, in order, so training goes on
 meanwhile (and on a GPU never waits for the copy to the host). Under ``torch.distributed`` a
 step's histograms are global, made by collectives that must keep their order on every rank:
-there the write stays on the training thread. ``wait()`` returns when all is written.
+there the write stays on the training thread. ``wait()`` returns when all is written, as does a
+``fork()`` (the child would otherwise hold whatever lock a write had taken).
 The backends (wandb, TensorBoard) get each step once, when it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
@@ -97,6 +100,7 @@ class StepWriter:
             self._jobs.put(None)
             self._thread.join()
             self._thread = None
+            _WRITERS.discard(self)
         self._raise_failure()
 
     # ----- the writing itself ----------------------------------------------------------------
@@ -118,6 +122,7 @@ class StepWriter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="torchlens-step-writer", daemon=True)
             self._thread.start()
+            _WRITERS.add(self)
         self._jobs.put(job)
 
     def _run(self) -> None:
@@ -151,6 +156,21 @@ class StepWriter:
             step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
         )
         self._written += int(new)
+
+
+_WRITERS: "weakref.WeakSet[StepWriter]" = weakref.WeakSet()  # those with a writer thread
+
+
+def _before_fork() -> None:
+    """A fork copies the process as it is, its threads left behind: every writer thread first
+    finishes its writes, so the child (a DataLoader's worker) holds no lock a write had taken."""
+    for writer in list(_WRITERS):
+        if writer._thread is not None:
+            writer._jobs.join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def _training_streams(data: StepData) -> List[Any]:
