@@ -23,34 +23,12 @@ from torchlens.trace.records.tensor_log import TensorLogEntry
 
 transformers = pytest.importorskip("transformers")
 
+from tiny_llms import MODELS  # noqa: E402
+from tiny_llms import gpt2 as _gpt2  # noqa: E402
+
 PROMPT = torch.tensor([[1, 2, 3]])
 STEPS = 6
 FIELDS = [f for f in TensorLogEntry.__slots__ if f not in ("__weakref__", "elapsed")]  # all but timings
-
-
-def _gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=64, bos_token_id=0, eos_token_id=0
-    )
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def _llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-MODELS = {"gpt2": _gpt2, "llama": _llama}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
