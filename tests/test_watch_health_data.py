@@ -245,6 +245,23 @@ def test_updates_of_plain_sgd_are_minus_lr_times_grad_bitwise(tmp_path):
     assert s.line_label.startswith("update ratio")
 
 
+def test_the_update_ratio_of_a_large_weight_uses_its_norm_before_the_step(tmp_path):
+    """The weight's norm comes from its forward statistics, measured on the writer thread from
+    the watch's copy (a weight of more than 16384 values)."""
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with quiet_watch(model, tmp_path, log=("params", "updates")) as w:
+        opt.zero_grad()
+        model(torch.randn(5, 256)).sum().backward()
+        before = model.weight.detach().clone()
+        opt.step()
+        change = model.weight.detach() - before
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    assert s.line[0] == pytest.approx((change.norm() / before.norm()).item(), rel=1e-5)
+    assert tl.open_run(w.run_dir).series("", "params", "weight").true_max[0] == before.max().item()
+
+
 def test_a_weight_that_starts_at_zero_gets_no_update_ratio_and_the_run_goes_on(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(4, 3)

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import LazySummary, combine_summaries, measure, row_summaries, summary_norm
+from ..web.exact import CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
@@ -134,6 +134,8 @@ class StepRecorder:
         self.addresses = {id(m): a for a, m in named_modules(model)}  # compile wrappers left out
         self.kinds = kinds
         self.sampler = sampler
+        # large CPU tensors are copied here and measured on the writer thread (see CopyPool)
+        self.copies = CopyPool()
         self.ignore_io_grad = ignore_io_grad_classes
         self.step: Optional[int] = None
         self.known_calls: Set[str] = set()
@@ -419,24 +421,24 @@ class StepRecorder:
         sample = self.sampler.values(t)
         if sample is None:
             return None
-        part = (sample, measure(t, copy=sample if sample.numel() == t.numel() else None), None)
+        part = (sample, measure(t, copy=sample, pool=self.copies), None)
         try:
             self._seen[id(t)] = (weakref.ref(t), t._version, part)
         except TypeError:  # a tensor subclass without weak references: measured each time
             pass
         return part
 
-    def norms_of(self, tensors: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+    def norms_of(self, tensors: List[torch.Tensor]) -> List[Optional[Union[torch.Tensor, LazySummary]]]:
         """The L2 norm of each tensor from its exact statistics taken in this step, if it has not
-        changed since and they are measured already (None for the others: small tensors are
-        measured on the writer thread, and measuring them here would do it twice)."""
-        out: List[Optional[torch.Tensor]] = []
+        changed since: a 0-d tensor, or the ``LazySummary`` the writer thread will measure (None
+        for a tensor not measured in this step)."""
+        out: List[Optional[Union[torch.Tensor, LazySummary]]] = []
         for t in tensors:
             seen = self._seen.get(id(t))
             row = seen[2][1] if seen is not None and seen[0]() is t and seen[1] == t._version else None
-            if isinstance(row, LazySummary):
-                row = row.summary if row.measured else None
-            out.append(None if row is None else summary_norm(row))
+            if isinstance(row, LazySummary) and row.measured:
+                row = row.summary
+            out.append(summary_norm(row) if isinstance(row, torch.Tensor) else row)
         return out
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:

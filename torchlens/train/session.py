@@ -427,6 +427,7 @@ class Watch:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            self.recorder.copies.clear()  # the host memory of the copies awaiting measurement
         atexit.unregister(self.close)
 
 

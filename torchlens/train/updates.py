@@ -11,7 +11,8 @@ about 1e-3 is a classic warning sign (too small: the layer barely learns; too la
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+import math
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -37,7 +38,7 @@ class UpdateHooks:
         self.logging = logging
         self.written = written
         # id(optimizer) -> (step, its watched params, their copies, their norms) before its step
-        self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]] = {}
+        self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[Any]]] = {}
         self._handles: list = []
         # id(optimizer) -> CPU copies kept for its next logged step, and their lazy summaries
         self._spare: Dict[int, Tuple[List[torch.Tensor], List[LazySummary]]] = {}
@@ -78,7 +79,9 @@ class UpdateHooks:
         if params:
             with torch.no_grad():
                 copies = self._copies(optimizer, params)
-                known = self.recorder.norms_of(params)  # measured in this step's forward, if unchanged since
+                # ||w|| from this step's forward statistics, if unchanged since (measured by then,
+                # or to be measured by the writer thread before the update needs it)
+                known = self.recorder.norms_of(params)
                 missing = [i for i, n in enumerate(known) if n is None]
                 computed = dict(zip(missing, _norms([copies[i] for i in missing]))) if missing else {}
                 norms = [n if n is not None else computed[i] for i, n in enumerate(known)]
@@ -148,9 +151,13 @@ _NEGATE_ORDER = [0, 1, 2, 4, 3, 5, 7, 6, 8, 9]
 _NEGATE_SIGN = [1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
 
 
-def _negated(reverse: torch.Tensor, weight_norm: torch.Tensor) -> torch.Tensor:
+def _negated(reverse: torch.Tensor, weight_norm: Union[torch.Tensor, LazySummary]) -> torch.Tensor:
     """The ``exact_summary`` of an update from that of its negation, with the update-to-weight
-    ratio ``||dw|| / ||w||`` as its line."""
+    ratio ``||dw|| / ||w||`` as its line (``weight_norm``: or the weight's summary, to measure)."""
+    if isinstance(weight_norm, LazySummary):
+        LazySummary.resolve([weight_norm])
+        weight = weight_norm.summary
+        weight_norm = summary_norm(weight) if weight is not None else torch.tensor(math.nan, dtype=reverse.dtype)
     if reverse.is_cpu:  # on the host: plain floats cost far less than tensor ops
         fields = reverse.tolist()
         fields = [sign * fields[i] for i, sign in zip(_NEGATE_ORDER, _NEGATE_SIGN)]

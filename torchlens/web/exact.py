@@ -3,16 +3,22 @@
 so that no spike is hidden (true min/max, mean, std, NaN/inf/zero counts).
 
 A logged training step measures hundreds of tensors, from a 2M-value convolution weight to a
-64-value norm bias: large tensors are read by a few fast reductions each (the cost is the passes
-over their memory), small ones are copied when seen and measured together later, stacked by
-length (the cost there is per call, not per value).
+64-value norm bias. Each must be seen before anything changes it, but need not be measured then:
+small ones are copied when seen and measured together later, stacked by length (their cost is
+per call, not per value); large CPU ones are copied into reused buffers of the watch
+(``CopyPool``: one pass that writes, against the four or five that read to measure them) and
+measured later on the writer thread; the others (on a GPU, or past the pool's limit) are read at
+once by a few fast reductions each.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Union
+import os
+import threading
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -173,15 +179,22 @@ SMALL = 16384
 
 class LazySummary:
     """The exact summary of a tensor, measured later (``resolve``, on the watch's writer thread)
-    from values nothing changes meanwhile: a copy taken when the tensor was seen (small tensors),
-    or a buffer of the watch's own. ``then``: applied to the summary once measured."""
+    from values nothing changes meanwhile: a copy taken when the tensor was seen, or a buffer of
+    the watch's own. ``then``: applied to the summary once measured; ``release``: given the
+    values once measured (a ``CopyPool`` takes its buffer back)."""
 
-    __slots__ = ("values", "summary", "then")
+    __slots__ = ("values", "summary", "then", "release")
 
-    def __init__(self, values: torch.Tensor, then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+    def __init__(
+        self,
+        values: torch.Tensor,
+        then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        release: Optional[Callable[[torch.Tensor], None]] = None,
+    ) -> None:
         self.values: Optional[torch.Tensor] = values
         self.summary: Optional[torch.Tensor] = None
         self.then = then
+        self.release = release
 
     @property
     def measured(self) -> bool:
@@ -195,14 +208,94 @@ class LazySummary:
         small = [s for s in todo if s.values.numel() <= SMALL]  # type: ignore[union-attr]
         found = dict(zip(map(id, small), row_summaries([s.values for s in small])))  # type: ignore[misc]
         for s in todo:
-            row = found[id(s)] if id(s) in found else exact_summary(s.values)  # type: ignore[arg-type]
+            values = s.values
+            if values is None:  # measured meanwhile, by a ``then`` that needed it
+                continue
+            row = found[id(s)] if id(s) in found else exact_summary(values)
             s.summary = s.then(row) if s.then is not None and row is not None else row
-            s.values = None
+            s.values = None  # after the summary: another thread reads ``measured``, then ``summary``
+            if s.release is not None:
+                s.release(values)
 
 
-def measure(tensor: torch.Tensor, copy: Optional[torch.Tensor] = None) -> Optional[Union[torch.Tensor, LazySummary]]:
-    """``exact_summary(tensor)`` now, or for a small tensor a ``LazySummary`` of a copy of it
-    (``copy``: a 1-D copy of all its values already taken, e.g. a sample that holds them all).
+def _default_limit() -> int:
+    """Bytes of host memory a watch may hold in copies awaiting measurement: 1 GiB, or an eighth
+    of the machine's memory when that is less."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return min(1 << 30, total // 8)
+
+
+class CopyPool:
+    """Host buffers holding copies of large CPU tensors until the writer thread measures them.
+
+    Copying a tensor costs about a third of measuring it (one pass that writes against four
+    that read), so a logged step on the CPU copies and leaves the measuring to the writer
+    thread. Buffers are reused from step to step (a fresh one costs its page faults), and all of
+    them together, busy or free, never exceed ``limit`` bytes: past that, free buffers of other
+    sizes are dropped, and if that is not enough the caller measures on its own thread.
+
+    Example:
+        >>> pool = CopyPool(limit=1 << 20)
+        >>> kept = pool.copy_of(torch.arange(20000.0))
+        >>> kept[-1].item(), pool.owned
+        (19999.0, 80000)
+        >>> pool.give(kept); pool.copy_of(torch.ones(300000)) is None  # over the limit
+        True
+    """
+
+    def __init__(self, limit: Optional[int] = None) -> None:
+        self.limit = _default_limit() if limit is None else limit
+        self.owned = 0  # bytes of the buffers alive, busy or free
+        self._free: Dict[Tuple[int, torch.dtype], List[torch.Tensor]] = {}
+        self._lock = threading.RLock()  # a buffer's finalizer may run while the lock is held
+
+    def copy_of(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+        """A 1-D copy of ``tensor`` (on the CPU) in a buffer of the pool; None over the limit."""
+        key = (tensor.numel(), tensor.dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        with self._lock:
+            free = self._free.get(key)
+            buffer = free.pop() if free else None
+            if buffer is None:
+                self._make_room(nbytes)
+                if self.owned + nbytes > self.limit:
+                    return None
+                buffer = torch.empty(tensor.numel(), dtype=tensor.dtype)
+                self.owned += nbytes
+                weakref.finalize(buffer, self._forget, nbytes)
+        buffer.view(tensor.shape).copy_(tensor)
+        return buffer
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """Take a buffer back once its values are measured."""
+        with self._lock:
+            self._free.setdefault((buffer.numel(), buffer.dtype), []).append(buffer)
+
+    def clear(self) -> None:
+        """Let go of the free buffers (busy ones go when their summaries are measured)."""
+        with self._lock:
+            self._free = {}
+
+    def _make_room(self, nbytes: int) -> None:
+        for key in list(self._free):
+            if self.owned + nbytes <= self.limit:
+                return
+            del self._free[key]  # their finalizers lower ``owned``
+
+    def _forget(self, nbytes: int) -> None:
+        with self._lock:
+            self.owned -= nbytes
+
+
+def measure(
+    tensor: torch.Tensor, copy: Optional[torch.Tensor] = None, pool: Optional[CopyPool] = None
+) -> Optional[Union[torch.Tensor, LazySummary]]:
+    """``exact_summary(tensor)``, now or later: a ``LazySummary`` of a copy of it for a small
+    tensor, or for a large CPU tensor that ``pool`` has room to copy. ``copy``: a 1-D copy of all
+    its values already taken (e.g. a sample that holds them all), measured later at no cost.
 
     Example:
         >>> lazy = measure(torch.tensor([1.0, -1.0]))
@@ -210,11 +303,15 @@ def measure(tensor: torch.Tensor, copy: Optional[torch.Tensor] = None) -> Option
         0.0
     """
     t = tensor.detach()
-    if t.numel() > SMALL or t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0:
-        return exact_summary(t)
-    if copy is None or copy.dtype != t.dtype:
+    if t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0:
+        return None
+    if copy is not None and copy.dtype == t.dtype and copy.numel() == t.numel():
+        return LazySummary(copy)
+    if t.numel() <= SMALL:
         copy = t.reshape(-1).clone() if t.is_floating_point() else t.reshape(-1).to(_exact_dtype(t.device))
-    return LazySummary(copy)
+        return LazySummary(copy)
+    kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
+    return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]
 
 
 def summary_norm(rows: torch.Tensor) -> torch.Tensor:
