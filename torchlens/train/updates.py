@@ -156,13 +156,13 @@ def _negated(reverse: torch.Tensor, weight_norm: Union[torch.Tensor, LazySummary
     ratio ``||dw|| / ||w||`` as its line (``weight_norm``: or the weight's summary, to measure)."""
     if isinstance(weight_norm, LazySummary):
         LazySummary.resolve([weight_norm])
-        weight = weight_norm.summary
-        weight_norm = summary_norm(weight) if weight is not None else torch.tensor(math.nan, dtype=reverse.dtype)
+        row = weight_norm.summary
+        weight_norm = summary_norm(row) if row is not None else torch.tensor(math.nan, dtype=reverse.dtype)
     if reverse.is_cpu:  # on the host: plain floats cost far less than tensor ops
         fields = reverse.tolist()
         fields = [sign * fields[i] for i, sign in zip(_NEGATE_ORDER, _NEGATE_SIGN)]
-        change, weight = summary_norm(reverse).item(), weight_norm.item()
-        fields[9] = change / weight if weight != 0 else (float("nan") if change == 0 else float("inf"))
+        change, norm = summary_norm(reverse).item(), weight_norm.item()
+        fields[9] = change / norm if norm != 0 else (float("nan") if change == 0 else float("inf"))
         return torch.tensor(fields, dtype=reverse.dtype)
     out = reverse[torch.tensor(_NEGATE_ORDER, device=reverse.device)]
     out *= torch.tensor(_NEGATE_SIGN, dtype=reverse.dtype, device=reverse.device)
