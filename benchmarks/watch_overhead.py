@@ -18,7 +18,10 @@ interleaved (plain, not-logged, logged, plain, ...) so that all three see the sa
 * ``5 no input grads`` -- the same with ``input_grads=False``;
 * ``5 not logged`` -- ``log_freq=100`` with all five kinds: steps that are not logged.
 
-Ratios are medians of the per-step wall times over the median plain step. With
+The variants take turns in blocks of ``--block`` steps; a watched block ends when its watch
+has written what it logged (``flush``), so the writer thread's work counts for that variant, not
+for the plain steps beside it. Ratios are medians over rounds of each variant's block against the
+plain block of the same round. With
 ``--cpu-time``, the training thread's CPU time is compared instead (``time.thread_time``): the
 work the watch adds to training itself, less disturbed by other processes on a shared machine,
 and leaving out the writer thread's work (which a second core takes in the wall-time figures). Models: ResNet-18
@@ -83,19 +86,29 @@ MODELS: Dict[str, Callable] = {"resnet18": resnet18, "gpt2": gpt2}
 CLOCK = time.perf_counter
 
 
-def interleaved_steps(variants: Dict[str, nn.Module], loss_of: Callable, steps: int) -> Dict[str, List[float]]:
-    """Seconds of each training step of each variant, the variants' steps interleaved."""
+def interleaved_steps(
+    variants: Dict[str, nn.Module], loss_of: Callable, steps: int, watches: Dict[str, "tl.Watch"], block: int
+) -> Dict[str, List[float]]:
+    """Seconds per training step of each variant: the variants take turns in blocks of
+    ``block`` steps, and a watched block ends when its watch has written its steps (``flush``).
+    The writer thread's work thus counts for the variant that caused it, not for the plain steps
+    that would otherwise run beside it (on a machine whose cores share caches and memory
+    bandwidth, that work slows whatever runs at the same time)."""
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in variants.items()}
     times: Dict[str, List[float]] = {k: [] for k in variants}
-    for i in range(steps + 3):
+    rounds = max(1, -(-steps // block))
+    for i in range(rounds + 1):
         for key, model in variants.items():
             start = CLOCK()
-            loss = loss_of(model)
-            optimizers[key].zero_grad()
-            loss.backward()
-            optimizers[key].step()
-            if i >= 3:  # warm-up, and the one-off graph trace of the first step
-                times[key].append(CLOCK() - start)
+            for _ in range(block if i else 3):  # round 0: warm-up, and the one-off graph trace
+                loss = loss_of(model)
+                optimizers[key].zero_grad()
+                loss.backward()
+                optimizers[key].step()
+            if key in watches:
+                watches[key].flush()
+            if i:
+                times[key].append((CLOCK() - start) / block)
     return times
 
 
@@ -111,26 +124,31 @@ VARIANTS: Dict[str, Dict] = {
 }
 
 
-def measure(name: str, steps: int, chosen: List[str]) -> Dict[str, float]:
+def measure(name: str, steps: int, chosen: List[str], block: int) -> Dict[str, float]:
     torch.manual_seed(0)
     base, loss_of = MODELS[name]()
     variants = {k: copy.deepcopy(base) for k in ["plain", *chosen]}
     folder = tempfile.mkdtemp()
-    watches = [
-        tl.watch(variants[k], run_dir=f"{folder}/{i}", backend=None, verbose=False, **VARIANTS[k])
+    watches = {
+        k: tl.watch(variants[k], run_dir=f"{folder}/{i}", backend=None, verbose=False, **VARIANTS[k])
         for i, k in enumerate(chosen)
-    ]
-    times = interleaved_steps(variants, loss_of, steps)
-    for w in watches:
+    }
+    times = interleaved_steps(variants, loss_of, steps, watches, block)
+    for w in watches.values():
         w.close()
-    plain = statistics.median(times["plain"])
-    result = {"plain_ms": plain * 1e3}
+    result = {"plain_ms": statistics.median(times["plain"]) * 1e3}
     for key in chosen:
-        result[key] = statistics.median(times[key]) / plain
+        result[key] = paired_ratio(times[key], times["plain"])
     return result
 
 
-def measure_backends(steps: int) -> Dict[str, float]:
+def paired_ratio(variant: List[float], plain: List[float]) -> float:
+    """The median over rounds of a variant's block against the plain block of the same round:
+    the machine's speed drifts over minutes, and a round's blocks run close together."""
+    return statistics.median(v / p for v, p in zip(variant, plain))
+
+
+def measure_backends(steps: int, block: int) -> Dict[str, float]:
     import os
 
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -143,17 +161,16 @@ def measure_backends(steps: int) -> Dict[str, float]:
     wandb.init(project="torchlens-bench", dir=folder)
     names = {"plain": None, "database only": None, "tensorboard": "tensorboard", "wandb": "wandb"}
     variants = {k: copy.deepcopy(base) for k in names}
-    watches = [
-        tl.watch(variants[k], log_freq=1, run_dir=f"{folder}/{i}", backend=b, verbose=False)
+    watches = {
+        k: tl.watch(variants[k], log_freq=1, run_dir=f"{folder}/{i}", backend=b, verbose=False)
         for i, (k, b) in enumerate(names.items())
         if k != "plain"
-    ]
-    times = interleaved_steps(variants, loss_of, steps)
-    for w in watches:
+    }
+    times = interleaved_steps(variants, loss_of, steps, watches, block)
+    for w in watches.values():
         w.close()
     wandb.finish()
-    plain = statistics.median(times["plain"])
-    return {k: statistics.median(v) / plain for k, v in times.items() if k != "plain"}
+    return {k: paired_ratio(v, times["plain"]) for k, v in times.items() if k != "plain"}
 
 
 def main() -> None:
@@ -161,6 +178,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", default="resnet18,gpt2")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--block", type=int, default=10, help="steps per turn of each variant")
     parser.add_argument("--backends", action="store_true", help="also time each backend's logged step")
     parser.add_argument("--cpu-time", action="store_true", help="the training thread's CPU time, not wall time")
     parser.add_argument(
@@ -186,7 +204,7 @@ def main() -> None:
     print(f"{'model':<10} {'plain step':>11} " + " ".join(f"{k:>{max(len(k), 7)}}" for k in chosen))
     for name in args.models.split(","):
         try:
-            r = measure(name, args.steps, chosen)
+            r = measure(name, args.steps, chosen, args.block)
         except ImportError as error:
             print(f"{name:<10} skipped ({error})", file=sys.stderr)
             continue
@@ -194,7 +212,7 @@ def main() -> None:
         print(f"{name:<10} {r['plain_ms']:>9.1f}ms {cells}")
     if args.backends:
         print("\nResNet-18, logged step (log_freq=1) per backend, against a plain step:")
-        for key, ratio in measure_backends(args.steps).items():
+        for key, ratio in measure_backends(args.steps, args.block).items():
             print(f"  {key:<14} {ratio:.3f}x")
 
 
