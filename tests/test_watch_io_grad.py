@@ -357,3 +357,34 @@ def test_tensors_inside_a_list_get_aliases_and_the_list_stays_as_it_was(tmp_path
     both = norms(share[0] + share[2])
     assert_strip_holds(run.series("pair:1", "io_grad", "input 0.0"), both)
     assert_strip_holds(run.series("pair:1", "io_grad", "input scale"), both)
+
+
+def test_a_gradient_passed_on_unchanged_is_measured_once_and_a_summed_one_again(tmp_path):
+    """lin's output gradient reaches tanh's input alias as a view of the same memory (measured
+    once, shared); ``h`` also feeds a skip, so its total gradient is a new sum, measured anew."""
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.act, self.head = nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.head(self.act(h)) + h[:, :2]
+
+    torch.manual_seed(0)
+    model, x = Chain(), torch.randn(6, 3)
+    twin, grads = copy.deepcopy(model), {}
+    twin.lin.register_forward_hook(lambda m, a, out: out.register_hook(lambda g: grads.setdefault("h", g)) and None)
+    twin.act.register_forward_hook(lambda m, a, out: out.register_hook(lambda g: grads.setdefault("act", g)) and None)
+    loss_of(twin(x)).backward()
+    share = grads["act"] * (1 - torch.tanh(twin.lin(x)) ** 2)  # what tanh sends back into h
+    assert not torch.allclose(norms(share), norms(grads["h"]), rtol=1e-3)
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("act:1", "io_grad", "output 0"), norms(grads["act"]))
+    assert_strip_holds(run.series("head:1", "io_grad", "input 0"), norms(grads["act"]))
+    assert_strip_holds(run.series("act:1", "io_grad", "input 0"), norms(share))
+    assert_strip_holds(run.series("lin:1", "io_grad", "output 0"), norms(grads["h"]))

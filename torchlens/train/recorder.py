@@ -147,6 +147,9 @@ class StepRecorder:
         # id(tensor) -> (weak ref, its _version, its part): a tensor seen by several calls (a
         # block's output is its last layer's and the next block's input) is measured once
         self._seen: Dict[int, Tuple[Any, int, Part]] = {}
+        # the gradient measured last, its version and its part: the gradient of a call's output
+        # often arrives unchanged (a view of the same memory) at the input alias of the next call
+        self._last_grad: Optional[Tuple[torch.Tensor, int, Part]] = None
         # a series' summary, kept while its parts stay the same (a step is written more than once)
         self._summaries: Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
@@ -170,7 +173,7 @@ class StepRecorder:
         them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
-        self.updates, self._seen, self._summaries = {}, {}, {}
+        self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         self.reasons, self.split = {}, []
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
@@ -247,7 +250,7 @@ class StepRecorder:
         data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
-        self.updates, self._seen, self._summaries = {}, {}, {}
+        self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         return data
 
     def take_new_calls(self) -> List[Call]:
@@ -442,13 +445,19 @@ class StepRecorder:
         return out
 
     def _norms(self, grad: torch.Tensor) -> Optional[Part]:
+        last = self._last_grad
+        if last is not None and _same_values(last[0], last[1], grad):
+            return last[2]
         norms = self.sampler.norms(grad)
         if norms is None:
             return None
         # the norms are a new tensor of their own: a sample holding all of them needs no copy
         whole = self.sampler.sample_n is None or norms.numel() <= self.sampler.sample_n
         sample = norms if whole else self.sampler.values(norms)
-        return None if sample is None else (sample, None, norms)
+        part = None if sample is None else (sample, None, norms)
+        if part is not None:  # held until the next one: its memory cannot go to another tensor meanwhile
+            self._last_grad = (grad, grad._version, part)
+        return part
 
     def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
         def record(grad: torch.Tensor) -> None:
@@ -587,6 +596,19 @@ def _replaced(value: Any, path: tuple, tensor: torch.Tensor) -> Any:
     new = copy.copy(value)  # list, dict and their subclasses
     new[path[0]] = inner
     return new
+
+
+def _same_values(seen: torch.Tensor, version: int, grad: torch.Tensor) -> bool:
+    """Whether ``grad`` is the gradient ``seen`` (at ``version``) again, as a view of the same
+    memory with the same layout: ``seen`` is held, so its memory can hold nothing else."""
+    return (
+        grad.data_ptr() == seen.data_ptr()
+        and grad._version == version
+        and grad.shape == seen.shape
+        and grad.stride() == seen.stride()
+        and grad.dtype == seen.dtype
+        and grad.device == seen.device
+    )
 
 
 def _is_lazy(p: torch.Tensor) -> bool:
