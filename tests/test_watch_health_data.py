@@ -82,6 +82,7 @@ def test_statistics_are_of_the_values_a_call_returned_not_of_a_later_in_place_ch
     bias = run.series("0:1", "params", "bias")
     for i, out in enumerate(seen[-2:]):
         assert lin.true_min[i] == out.min().item() < 0  # before the ReLU changed it in place
+        assert lin.min[i] < 0  # the sample too (of a copy, drawn on the writer thread for 2048)
         assert relu.true_min[i] == 0 and relu.zeros[i] == (out <= 0).sum().item()
     assert bias.mean[1] == pytest.approx(bias.mean[0] - 0.5, abs=1e-6)
 

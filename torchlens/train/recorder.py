@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
+from ..web.exact import SMALL, CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
@@ -42,7 +42,7 @@ Key = Tuple[str, str, str]  # (call id, kind, name)
 # one tensor's contribution to a series: its sample, its exact_summary over all values (of a small
 # tensor, measured with the others when the step is collected), and (for gradient series) all its
 # per-sample norms, whose median is the series' line
-Part = Tuple[torch.Tensor, Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
+Part = Tuple[Union[torch.Tensor, LazySummary], Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
 NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
@@ -134,8 +134,10 @@ class StepRecorder:
         self.addresses = {id(m): a for a, m in named_modules(model)}  # compile wrappers left out
         self.kinds = kinds
         self.sampler = sampler
-        # large CPU tensors are copied here and measured on the writer thread (see CopyPool)
+        # large CPU tensors are copied here, then measured and sampled on the writer thread (see
+        # CopyPool), with a generator of its own: the order of its draws is the step's order
         self.copies = CopyPool()
+        self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
         self.ignore_io_grad = ignore_io_grad_classes
         self.step: Optional[int] = None
         self.known_calls: Set[str] = set()
@@ -421,10 +423,15 @@ class StepRecorder:
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]
-        sample = self.sampler.values(t)
-        if sample is None:
-            return None
-        part = (sample, measure(t, copy=sample, pool=self.copies), None)
+        copied = measure(t, pool=self.copies) if t.numel() > SMALL else None
+        if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
+            copied.draw = self.later_sampler.values
+            part: Part = (copied, copied, None)
+        else:
+            sample = self.sampler.values(t)
+            if sample is None:
+                return None
+            part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         try:
             self._seen[id(t)] = (weakref.ref(t), t._version, part)
         except TypeError:  # a tensor subclass without weak references: measured each time
@@ -532,9 +539,17 @@ class StepData:
         LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
         for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
             self.cache[key] = (parts, summary)
-        self.samples = [parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts]) for parts in self.parts]
+        self.samples = [
+            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in self.parts
+        ]
         self.summaries = [self.cache[key][1] for key in self.keys]
         return self
+
+
+def _sample(part: Part) -> torch.Tensor:
+    """A part's sample: taken when its tensor was seen, or drawn from its copy since."""
+    sample = part[0]
+    return sample.sample if isinstance(sample, LazySummary) else sample  # type: ignore[return-value]
 
 
 def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:

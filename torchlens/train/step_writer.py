@@ -177,7 +177,7 @@ def _training_streams(data: StepData) -> List[Any]:
     """The CUDA streams training runs on now, one per device of the step's samples: the writer
     thread queues its kernels on them, after those that computed the samples (another stream
     could read them before they are written, and would need the allocator told of it)."""
-    devices = {p[0].device for parts in data.parts for p in parts if p[0].is_cuda}
+    devices = {p[0].device for parts in data.parts for p in parts if isinstance(p[0], torch.Tensor) and p[0].is_cuda}
     return [torch.cuda.current_stream(d) for d in devices]
 
 

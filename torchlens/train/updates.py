@@ -113,15 +113,24 @@ class UpdateHooks:
             # the writer thread (nothing changes them until then), then negated
             torch._foreach_sub_(copies, [p.detach() for p in params])
             for p, reverse, norm in zip(params, copies, norms):
-                sample = self.recorder.sampler.values(reverse)
-                if sample is None:
-                    continue
                 lazy = LazySummary(reverse, then=functools.partial(_negated, weight_norm=norm))
+                if reverse.is_cpu:  # sampled with the statistics, on the writer thread
+                    lazy.draw = self._negated_sample
+                    sample: Any = lazy
+                else:
+                    sample = self.recorder.sampler.values(reverse)
+                    if sample is None:
+                        continue
+                    sample.neg_()
                 lazies.append(lazy)
-                self.recorder.add_update(owners.get(id(p), []), (sample.neg_(), lazy, None))
+                self.recorder.add_update(owners.get(id(p), []), (sample, lazy, None))
         if all(c.device.type == "cpu" for c in copies):
             self._spare[id(optimizer)] = (copies, lazies)
         self.written(step, len(lazies))
+
+    def _negated_sample(self, reverse: torch.Tensor) -> Optional[torch.Tensor]:
+        sample = self.recorder.later_sampler.values(reverse)
+        return None if sample is None else sample.neg_()
 
     def remove(self) -> None:
         for h in self._handles:

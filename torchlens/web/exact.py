@@ -181,9 +181,10 @@ class LazySummary:
     """The exact summary of a tensor, measured later (``resolve``, on the watch's writer thread)
     from values nothing changes meanwhile: a copy taken when the tensor was seen, or a buffer of
     the watch's own. ``then``: applied to the summary once measured; ``release``: given the
-    values once measured (a ``CopyPool`` takes its buffer back)."""
+    values once measured (a ``CopyPool`` takes its buffer back); ``draw``: draws ``sample`` (for
+    the histogram) from the values before they are let go."""
 
-    __slots__ = ("values", "summary", "then", "release")
+    __slots__ = ("values", "summary", "then", "release", "draw", "sample")
 
     def __init__(
         self,
@@ -195,6 +196,8 @@ class LazySummary:
         self.summary: Optional[torch.Tensor] = None
         self.then = then
         self.release = release
+        self.draw: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None
+        self.sample: Optional[torch.Tensor] = None
 
     @property
     def measured(self) -> bool:
@@ -213,6 +216,8 @@ class LazySummary:
                 continue
             row = found[id(s)] if id(s) in found else exact_summary(values)
             s.summary = s.then(row) if s.then is not None and row is not None else row
+            if s.draw is not None:
+                s.sample = s.draw(values)
             s.values = None  # after the summary: another thread reads ``measured``, then ``summary``
             if s.release is not None:
                 s.release(values)
