@@ -32,17 +32,12 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import SMALL, CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
+from ..web.exact import SMALL, CopyPool, LazySummary, measure, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
 from .sampling import Sampler
-
-Key = Tuple[str, str, str]  # (call id, kind, name)
-# one tensor's contribution to a series: its sample, its exact_summary over all values (of a small
-# tensor, measured with the others when the step is collected), and (for gradient series) all its
-# per-sample norms, whose median is the series' line
-Part = Tuple[Union[torch.Tensor, LazySummary], Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
+from .step_data import Key, Part, StepData
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
 NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
@@ -510,64 +505,6 @@ class StepRecorder:
                 self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
 
         return record
-
-
-class StepData:
-    """One step's series: ``keys[i]`` has the parts ``parts[i]``; after ``summarize()``, the sample
-    ``samples[i]`` (for its histogram) and the ``exact_summary`` ``summaries[i]`` (over all values;
-    None when there is none); ``reasons``: why the gradient series named there got no values.
-    ``cache``: the step's summaries by series, kept while their parts stay the same (a step is
-    written more than once); only ``summarize`` touches it, on one thread."""
-
-    def __init__(self, cache: Optional[Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]]] = None) -> None:
-        self.keys: List[Key] = []
-        self.parts: List[List[Part]] = []
-        self.samples: List[torch.Tensor] = []
-        self.summaries: List[Optional[torch.Tensor]] = []
-        self.reasons: Dict[Key, str] = {}
-        self.cache = cache if cache is not None else {}
-
-    def summarize(self) -> "StepData":
-        """Fill ``samples`` and ``summaries`` from the parts (once)."""
-        if len(self.samples) == len(self.keys):
-            return self
-        changed = []  # the series whose parts changed since their summary was computed
-        for key, parts in zip(self.keys, self.parts):
-            known = self.cache.get(key)
-            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
-                changed.append((key, parts))
-        LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
-        for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
-            self.cache[key] = (parts, summary)
-        self.samples = [
-            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in self.parts
-        ]
-        self.summaries = [self.cache[key][1] for key in self.keys]
-        return self
-
-
-def _sample(part: Part) -> torch.Tensor:
-    """A part's sample: taken when its tensor was seen, or drawn from its copy since."""
-    sample = part[0]
-    return sample.sample if isinstance(sample, LazySummary) else sample  # type: ignore[return-value]
-
-
-def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
-    """The exact summary of each series from its parts; for per-sample norms, of all of them,
-    with their median as the line (all such series at once)."""
-    out: List[Optional[torch.Tensor]] = [None] * len(series)
-    norm_rows, norm_of = [], []
-    for i, parts in enumerate(series):
-        if parts[0][2] is not None:
-            norm_rows.append(torch.cat([p[2] for p in parts if p[2] is not None]))
-            norm_of.append(i)
-            continue
-        measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
-        summaries = [m for m in measured if m is not None]
-        out[i] = combine_summaries(summaries) if summaries else None
-    for i, summary in zip(norm_of, row_summaries(norm_rows, median_line=True) if norm_rows else []):
-        out[i] = summary
-    return out
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:

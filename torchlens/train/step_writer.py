@@ -25,7 +25,7 @@ import torch
 
 from ..web.stats import histograms
 from .distributed import step_histograms
-from .recorder import StepData
+from .step_data import StepData
 
 
 class StepWriter:

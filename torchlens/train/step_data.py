@@ -1,0 +1,78 @@
+"""One logged step's series as the recorder hands them over: the parts each series got (a
+sample, exact statistics and per-sample norms per tensor), made into one sample and one exact
+summary per series on the writer thread (``StepData.summarize``)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+
+from ..web.exact import LazySummary, combine_summaries, row_summaries
+
+Key = Tuple[str, str, str]  # (call id, kind, name)
+# one tensor's contribution to a series: its sample (or the LazySummary that draws it from a
+# copy), its exact_summary over all values (or the LazySummary that measures it later), and (for
+# gradient series) all its per-sample norms, whose median is the series' line
+Part = Tuple[Union[torch.Tensor, LazySummary], Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
+
+
+class StepData:
+    """One step's series: ``keys[i]`` has the parts ``parts[i]``; after ``summarize()``, the sample
+    ``samples[i]`` (for its histogram) and the ``exact_summary`` ``summaries[i]`` (over all values;
+    None when there is none); ``reasons``: why the gradient series named there got no values.
+    ``cache``: the step's summaries by series, kept while their parts stay the same (a step is
+    written more than once); only ``summarize`` touches it, on one thread."""
+
+    def __init__(self, cache: Optional[Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]]] = None) -> None:
+        self.keys: List[Key] = []
+        self.parts: List[List[Part]] = []
+        self.samples: List[torch.Tensor] = []
+        self.summaries: List[Optional[torch.Tensor]] = []
+        self.reasons: Dict[Key, str] = {}
+        self.cache = cache if cache is not None else {}
+
+    def summarize(self) -> "StepData":
+        """Fill ``samples`` and ``summaries`` from the parts (once)."""
+        if len(self.samples) == len(self.keys):
+            return self
+        changed = []  # the series whose parts changed since their summary was computed
+        for key, parts in zip(self.keys, self.parts):
+            known = self.cache.get(key)
+            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
+                changed.append((key, parts))
+        LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
+        for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
+            self.cache[key] = (parts, summary)
+        self.samples = [
+            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in self.parts
+        ]
+        self.summaries = [self.cache[key][1] for key in self.keys]
+        return self
+
+
+def _sample(part: Part) -> torch.Tensor:
+    """A part's sample: taken when its tensor was seen, or drawn from its copy since."""
+    sample = part[0]
+    return sample.sample if isinstance(sample, LazySummary) else sample  # type: ignore[return-value]
+
+
+def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
+    """The exact summary of each series from its parts; for per-sample norms, of all of them,
+    with their median as the line (all such series at once)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(series)
+    norm_rows, norm_of = [], []
+    for i, parts in enumerate(series):
+        if parts[0][2] is not None:
+            norm_rows.append(torch.cat([p[2] for p in parts if p[2] is not None]))
+            norm_of.append(i)
+            continue
+        measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
+        summaries = [m for m in measured if m is not None]
+        out[i] = combine_summaries(summaries) if summaries else None
+    for i, summary in zip(norm_of, row_summaries(norm_rows, median_line=True) if norm_rows else []):
+        out[i] = summary
+    return out
+
+
+__all__ = ["Key", "Part", "StepData"]
