@@ -94,6 +94,8 @@ class Watch:
         self.recorder = StepRecorder(
             unwrap(model), self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads
         )
+        if self._ranks is not None:  # writes stay on this thread: a copy would only add a pass
+            self.recorder.copies.limit = 0
         self._compile = CompileSwitch(model, self.recorder)  # keeps hooks out of compiled code
         self._compile.next_logged = lambda: not manual_steps and self._next_step % self.log_freq == 0
         self.recorder.gate = lambda: self._tracing is None and self._training()
