@@ -58,7 +58,7 @@ def test_free_buffers_of_other_sizes_make_room_and_dropped_copies_give_back_thei
     assert pool.owned == 0
 
 
-def test_small_gpu_less_and_odd_tensors_are_not_copied_into_the_pool():
+def test_small_complex_and_integer_tensors_are_not_copied_into_the_pool():
     pool = CopyPool(limit=1 << 24)
     small = measure(torch.randn(100), pool=pool)
     assert isinstance(small, LazySummary) and pool.owned == 0  # small ones: their own copy
