@@ -5,10 +5,11 @@ so that no spike is hidden (true min/max, mean, std, NaN/inf/zero counts).
 A logged training step measures hundreds of tensors, from a 2M-value convolution weight to a
 64-value norm bias. Each must be seen before anything changes it, but need not be measured then:
 small ones are copied when seen and measured together later, stacked by length (their cost is
-per call, not per value); large CPU ones are copied into reused buffers of the watch
-(``CopyPool``: one pass that writes, against the four or five that read to measure them) and
-measured later on the writer thread; the others (on a GPU, or past the pool's limit) are read at
-once by a few fast reductions each.
+per call, not per value); large float CPU ones are measured at once in one pass by the compiled
+``torchlens.web._fused`` (cheaper than copying them); where it is missing, large CPU ones are copied
+into reused buffers of the watch (``CopyPool``: one pass that writes, against the four or five
+that read to measure them) and measured later on the writer thread; the others (on a GPU, or
+past the pool's limit) are read at once by a few fast reductions each.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+
+try:  # one-pass statistics of float CPU tensors, compiled at install where a C compiler exists
+    from . import _fused
+except ImportError:  # pragma: no cover - depends on the install
+    _fused = None
 
 # Statistics over ALL values of a tensor (never a sample), as one small vector on the tensor's
 # device. "finite" counts the finite values; mean, m2 (sum of squared deviations from the mean),
@@ -52,9 +58,14 @@ def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> 
     elif x.element_size() < 4:  # half precision: centre the values in float32
         x = x.float()
     if x.is_cpu:  # reading a value costs no sync there: a tensor without NaN/inf is cheap
-        total = float(x.sum())
-        if math.isfinite(total):
-            return _finite_summary(x, total, line)
+        if _fused is not None and x.dtype in _ONE_PASS:
+            found = _fused.finite_moments(x.data_ptr(), x.numel(), x.dtype == torch.float64)
+            if found is not None:
+                return _row(x.numel(), found, line)
+        else:
+            total = float(x.sum())
+            if math.isfinite(total):
+                return _finite_summary(x, total, line)
     exact = _exact_dtype(x.device)
     nan = torch.full((), float("nan"), dtype=exact, device=x.device)
     return _summary_with_nonfinite(x, nan, nan if line is None else line.detach().to(exact).reshape(()))
@@ -72,8 +83,24 @@ def _finite_summary(x: torch.Tensor, total: float, line: Optional[torch.Tensor])
     if m2 <= 1e4 * n * mean * mean * torch.finfo(x.dtype).eps:  # cancellation: centre first
         m2 = float(torch.linalg.vector_norm(x - mean)) ** 2
     zeros = _count_zeros(x) if lo <= 0.0 <= hi else 0
+    return _row(n, (mean, max(m2, 0.0), lo, hi, zeros), line)
+
+
+# the dtypes ``torchlens.web._fused`` measures (half precision is measured in float32, see above)
+_ONE_PASS = (torch.float32, torch.float64)
+
+
+def one_pass(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is measured in one pass at once (a float CPU tensor, with the compiled
+    ``torchlens.web._fused``): then that costs less than copying it to measure later."""
+    return _fused is not None and tensor.is_cpu and tensor.is_floating_point()
+
+
+def _row(n: int, moments: Tuple[float, float, float, float, int], line: Optional[torch.Tensor]) -> torch.Tensor:
+    """``EXACT_FIELDS`` of ``n`` finite values from plain floats: their (mean, m2, min, max, zeros)."""
+    mean, m2, lo, hi, zeros = moments
     last = float("nan") if line is None else float(line)
-    return torch.from_numpy(np.array([n, mean, max(m2, 0.0), lo, hi, 0, 0, 0, zeros, last], np.float64))
+    return torch.from_numpy(np.array([n, mean, m2, lo, hi, 0, 0, 0, zeros, last], np.float64))
 
 
 _WORDS = {2: ctypes.c_int16, 4: ctypes.c_int32, 8: ctypes.c_int64}
@@ -299,7 +326,8 @@ def measure(
     tensor: torch.Tensor, copy: Optional[torch.Tensor] = None, pool: Optional[CopyPool] = None
 ) -> Optional[Union[torch.Tensor, LazySummary]]:
     """``exact_summary(tensor)``, now or later: a ``LazySummary`` of a copy of it for a small
-    tensor, or for a large CPU tensor that ``pool`` has room to copy. ``copy``: a 1-D copy of all
+    tensor, or for a large CPU tensor that ``pool`` has room to copy (unless ``one_pass`` measures
+    it at once, for less than the copy would cost). ``copy``: a 1-D copy of all
     its values already taken (e.g. a sample that holds them all), measured later at no cost.
 
     Example:
@@ -315,7 +343,7 @@ def measure(
     if t.numel() <= SMALL:
         copy = t.reshape(-1).clone() if t.is_floating_point() else t.reshape(-1).to(_exact_dtype(t.device))
         return LazySummary(copy)
-    kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
+    kept = pool.copy_of(t) if pool is not None and t.is_cpu and not one_pass(t) else None
     return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]
 
 

@@ -1,0 +1,99 @@
+"""The compiled one-pass statistics (``torchlens.web._fused``) give the exact summary of a float CPU
+tensor: the same counts and extremes as torch's reductions, mean and spread to float64 rounding,
+and torch's careful path wherever a value is not finite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchlens.web import exact
+from torchlens.web.exact import EXACT_FIELDS, SMALL, exact_summary, measure
+
+
+def _reference(x: torch.Tensor) -> dict:
+    """The fields computed in float64 by torch, for finite values only (as the explorer defines them)."""
+    d = x.detach().reshape(-1).double()
+    finite = d[torch.isfinite(d)]
+    mean = finite.mean().item() if finite.numel() else float("nan")
+    return {
+        "finite": finite.numel(),
+        "mean": mean,
+        "m2": ((finite - mean) ** 2).sum().item() if finite.numel() else 0.0,
+        "min": finite.min().item() if finite.numel() else float("nan"),
+        "max": finite.max().item() if finite.numel() else float("nan"),
+        "nan": int(torch.isnan(d).sum()),
+        "posinf": int((d == float("inf")).sum()),
+        "neginf": int((d == -float("inf")).sum()),
+        "zeros": int((d == 0).sum()),
+    }
+
+
+def _check(x: torch.Tensor) -> None:
+    got = dict(zip(EXACT_FIELDS, exact_summary(x).tolist()))
+    want = _reference(x)
+    for field in ("finite", "min", "max", "nan", "posinf", "neginf", "zeros"):
+        assert got[field] == want[field] or (got[field] != got[field] and want[field] != want[field]), field
+    rel = 1e-12 if x.dtype == torch.float64 else 1e-6
+    scale = abs(want["mean"]) + (want["m2"] / max(want["finite"], 1)) ** 0.5  # of the values' size
+    assert got["mean"] == pytest.approx(want["mean"], abs=rel * scale + 1e-30)
+    assert got["m2"] == pytest.approx(want["m2"], rel=rel * 10, abs=1e-30)
+
+
+def test_the_extension_is_built_by_the_install():
+    assert exact._fused is not None, (
+        "torchlens.web._fused did not compile: `pip install -e .` needs a C compiler (gcc) and Python's headers"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 513, 1024 + 5, 100_003])
+def test_counts_extremes_and_moments_match_torch(dtype: torch.dtype, n: int):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, generator=g, dtype=torch.float64) * 3 + 2).to(dtype)
+    x[:: max(1, n // 5)] = 0.0
+    x[1::9] = -0.0  # a negative zero is a zero too
+    _check(x)
+
+
+def test_the_values_the_kernel_sees_are_the_tensors_own():
+    base = torch.randn(4, SMALL, generator=torch.Generator().manual_seed(1))
+    _check(base[2])  # a view at an offset into its storage
+    _check(base[:, ::3])  # not contiguous: measured from a contiguous copy
+    image = torch.randn(2, 8, 32, 32).to(memory_format=torch.channels_last)
+    _check(image)
+    _check(torch.randn(SMALL * 2, dtype=torch.float16))  # half precision: measured in float32
+    _check(torch.randn(SMALL * 2).to(torch.bfloat16))
+
+
+def test_a_spread_small_next_to_the_mean_is_measured_about_the_mean():
+    x = torch.full((200_000,), 1.0e4) + torch.randn(200_000, generator=torch.Generator().manual_seed(2)) * 1e-3
+    x[0] = 0.5  # a first value far from the others: the first shift cancels badly
+    _check(x)
+    _check(torch.zeros(50_000))  # constant: no spread at all
+    _check(torch.full((50_000,), -3.5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [0, 5, SMALL * 2 - 1])
+def test_a_value_that_is_not_finite_takes_the_careful_path(bad: float, where: int):
+    x = torch.randn(SMALL * 2, generator=torch.Generator().manual_seed(3))
+    x[where] = bad
+    x[7] = 0.0
+    _check(x)
+
+
+def test_overflowing_squares_take_the_careful_path():
+    x = torch.tensor([3e38, -3e38, 1.0] * 1000)  # finite values whose squares overflow float32
+    _check(x)
+
+
+def test_a_large_float_cpu_tensor_is_measured_at_once_not_copied():
+    pool = exact.CopyPool(limit=1 << 26)
+    x = torch.randn(SMALL * 4)
+    row = measure(x, pool=pool)
+    assert isinstance(row, torch.Tensor) and pool.owned == 0
+    x.fill_(float("nan"))  # measured when seen: a later in-place change does not reach it
+    assert row[5].item() == 0 and row[0].item() == SMALL * 4
+    ints = measure(torch.arange(SMALL * 2), pool=pool)  # integers: still copied and measured later
+    assert isinstance(ints, exact.LazySummary) and pool.owned > 0
