@@ -97,3 +97,23 @@ def test_a_large_float_cpu_tensor_is_measured_at_once_not_copied():
     assert row[5].item() == 0 and row[0].item() == SMALL * 4
     ints = measure(torch.arange(SMALL * 2), pool=pool)  # integers: still copied and measured later
     assert isinstance(ints, exact.LazySummary) and pool.owned > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_difference_is_measured_without_writing_it_out(dtype: torch.dtype):
+    g = torch.Generator().manual_seed(4)
+    after, before = (
+        torch.randn(SMALL * 2 + 5, generator=g, dtype=dtype),
+        torch.randn(SMALL * 2 + 5, generator=g, dtype=dtype),
+    )
+    before[::9] = after[::9]  # zeros in the difference
+    got = dict(zip(EXACT_FIELDS, exact.difference_summary(after, before).tolist()))
+    want = dict(zip(EXACT_FIELDS, exact_summary(after - before).tolist()))
+    for field in ("finite", "min", "max", "zeros", "nan"):
+        assert got[field] == want[field], field
+    assert got["mean"] == pytest.approx(want["mean"], abs=1e-6) and got["m2"] == pytest.approx(want["m2"], rel=1e-6)
+    after[3] = float("inf")
+    assert exact.difference_summary(after, before) is None  # not finite: the caller subtracts
+    assert exact.difference_summary(after[4:], before[:-4]) is not None  # views at an offset
+    assert exact.difference_summary(after, before[:-1]) is None  # not the same shape
+    assert exact.difference_summary(after.half(), before.half()) is None  # not a measured dtype

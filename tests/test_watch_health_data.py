@@ -247,8 +247,7 @@ def test_updates_of_plain_sgd_are_minus_lr_times_grad_bitwise(tmp_path):
 
 
 def test_the_update_ratio_of_a_large_weight_uses_its_norm_before_the_step(tmp_path):
-    """The weight's norm comes from its forward statistics, measured on the writer thread from
-    the watch's copy (a weight of more than 16384 values)."""
+    """The weight's norm comes from its forward statistics (a weight of more than 16384 values)."""
     torch.manual_seed(0)
     model = nn.Linear(256, 128)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -261,6 +260,32 @@ def test_the_update_ratio_of_a_large_weight_uses_its_norm_before_the_step(tmp_pa
     s = tl.open_run(w.run_dir).series("", "updates", "weight")
     assert s.line[0] == pytest.approx((change.norm() / before.norm()).item(), rel=1e-5)
     assert tl.open_run(w.run_dir).series("", "params", "weight").true_max[0] == before.max().item()
+
+
+def test_the_update_of_a_large_weight_is_measured_exactly_from_the_weight_and_its_copy(tmp_path):
+    """More than 16384 values: measured in one pass over the weight and its copy from before the
+    step (the update is never written out), in steps that reuse the copies."""
+    from torchlens.web.stats import histograms
+
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(5, 256)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    assert s.steps.tolist() == [0, 1, 2]
+    for i, change in enumerate(changes):
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+        assert s.count[i] == change.numel() and s.zeros[i] == (change == 0).sum().item()
+        assert s.mean[i] == pytest.approx(change.double().mean().item(), abs=1e-6 * change.std().item())
+        h = histograms([change.flatten()], reject_proportion=0.0)  # the sample holds every update
+        assert np.array_equal(s.counts[i], h.counts[0])
 
 
 def test_a_weight_that_starts_at_zero_gets_no_update_ratio_and_the_run_goes_on(tmp_path):

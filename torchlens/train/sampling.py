@@ -26,8 +26,9 @@ class Sampler:
             self._generators[device] = g
         return g
 
-    def values(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
-        """A float32 copy of ``sample_n`` values of ``tensor`` (all of them when fewer or None).
+    def values(self, tensor: torch.Tensor, minus: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """A float32 copy of ``sample_n`` values of ``tensor`` (all of them when fewer or None);
+        ``minus``: of ``tensor - minus`` (same shape), subtracting at the drawn positions only.
 
         The copy is taken now, so a later in-place change of the tensor does not reach it.
         None for tensors without real values (complex, sparse, meta).
@@ -39,11 +40,13 @@ class Sampler:
         if n == 0:
             return None
         flat = t.reshape(-1)
+        other = None if minus is None else minus.detach().reshape(-1)
         if self.sample_n is None or n <= self.sample_n:
-            return flat.to(torch.float32, copy=True)
+            return flat.to(torch.float32, copy=True) if other is None else (flat - other).to(torch.float32)
         g = self._generators.get(flat.device) or self._generator(flat.device)
         index = torch.randint(n, (self.sample_n,), generator=g, device=flat.device)
-        return flat.index_select(0, index).to(torch.float32)
+        picked = flat.index_select(0, index)
+        return (picked if other is None else picked - other.index_select(0, index)).to(torch.float32)
 
     def norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         """All per-sample L2 norms of a gradient: all but the first dimension flattened, one

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from ..web.exact import LazySummary, summary_norm
+from ..web.exact import SMALL, LazySummary, difference_summary, summary_norm
 from .recorder import StepRecorder
 
 
@@ -105,14 +105,19 @@ class UpdateHooks:
             return
         step, params, copies, norms = saved
         owners = self._owners(step)
-        lazies = []
+        lazies: List[LazySummary] = []
         with torch.no_grad():
-            # before - after, computed in the copies (no new memory); the update is its negation,
+            saved_of = zip(params, copies, norms)
+            rest = [
+                (p, before, norm) for p, before, norm in saved_of if not self._measured_at_once(p, before, norm, owners)
+            ]
+            # the others: before - after, computed in the copies (no new memory); the update is its negation,
             # the same floats (rounding is symmetric), so it is never materialised: its sample is
             # that of before - after negated, and its statistics are measured from the copies by
             # the writer thread (nothing changes them until then), then negated
-            torch._foreach_sub_(copies, [p.detach() for p in params])
-            for p, reverse, norm in zip(params, copies, norms):
+            if rest:
+                torch._foreach_sub_([before for _, before, _ in rest], [p.detach() for p, _, _ in rest])
+            for p, reverse, norm in rest:
                 lazy = LazySummary(reverse, then=functools.partial(_negated, weight_norm=norm))
                 if reverse.is_cpu:  # sampled with the statistics, on the writer thread
                     lazy.draw = self._negated_sample
@@ -126,7 +131,22 @@ class UpdateHooks:
                 self.recorder.add_update(owners.get(id(p), []), (sample, lazy, None))
         if all(c.device.type == "cpu" for c in copies):
             self._spare[id(optimizer)] = (copies, lazies)
-        self.written(step, len(lazies))
+        self.written(step, len(params) - len(rest) + len(lazies))
+
+    def _measured_at_once(self, p: torch.Tensor, before: torch.Tensor, norm: Any, owners: Dict) -> bool:
+        """Record the update of a large float CPU parameter measured in one pass over the parameter
+        and its copy (``difference_summary``: the update is never written out); False where that
+        cannot be done (the caller subtracts and measures later)."""
+        if p.numel() <= SMALL or not isinstance(norm, torch.Tensor):
+            return False
+        row = difference_summary(p, before)
+        if row is None:
+            return False
+        row[9] = _ratio(summary_norm(row).item(), norm.item())
+        sample = self.recorder.sampler.values(p, minus=before)
+        if sample is not None:
+            self.recorder.add_update(owners.get(id(p), []), (sample, row, None))
+        return True
 
     def _negated_sample(self, reverse: torch.Tensor) -> Optional[torch.Tensor]:
         sample = self.recorder.later_sampler.values(reverse)
@@ -154,6 +174,11 @@ def _norms(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
     return [torch.linalg.vector_norm(t.float()) for t in tensors]
 
 
+def _ratio(change: float, norm: float) -> float:
+    """``||dw|| / ||w||`` (NaN for no change of a zero weight, inf for a change of one)."""
+    return change / norm if norm != 0 else (float("nan") if change == 0 else float("inf"))
+
+
 # EXACT_FIELDS of -x from those of x: mean negated, min and max swapped and negated, +inf and
 # -inf counts swapped
 _NEGATE_ORDER = [0, 1, 2, 4, 3, 5, 7, 6, 8, 9]
@@ -170,8 +195,7 @@ def _negated(reverse: torch.Tensor, weight_norm: Union[torch.Tensor, LazySummary
     if reverse.is_cpu:  # on the host: plain floats cost far less than tensor ops
         fields = reverse.tolist()
         fields = [sign * fields[i] for i, sign in zip(_NEGATE_ORDER, _NEGATE_SIGN)]
-        change, norm = summary_norm(reverse).item(), weight_norm.item()
-        fields[9] = change / norm if norm != 0 else (float("nan") if change == 0 else float("inf"))
+        fields[9] = _ratio(summary_norm(reverse).item(), weight_norm.item())
         return torch.tensor(fields, dtype=reverse.dtype)
     out = reverse[torch.tensor(_NEGATE_ORDER, device=reverse.device)]
     out *= torch.tensor(_NEGATE_SIGN, dtype=reverse.dtype, device=reverse.device)

@@ -40,7 +40,7 @@ typedef int64_t vi64 __attribute__((vector_size(32)));
 #define PICK(mask, a, b, fv, iv) ((fv)(((mask) & (iv)(a)) | (~(mask) & (iv)(b))))
 
 WIDE_VARIANTS
-static void moments32(const float *x, int64_t n, float shift, Moments *out) {
+static void moments32(const float *x, const float *y, int64_t n, float shift, Moments *out) {
     const int W = 8;
     vf32 zero = {0}, k = zero + shift, lo = zero + INFINITY, hi = zero - INFINITY;
     double sum = 0, sq = 0;
@@ -53,6 +53,12 @@ static void moments32(const float *x, int64_t n, float shift, Moments *out) {
             vf32 a, b;
             __builtin_memcpy(&a, x + i, sizeof a);
             __builtin_memcpy(&b, x + i + W, sizeof b);
+            if (y) {
+                vf32 c, d;
+                __builtin_memcpy(&c, y + i, sizeof c);
+                __builtin_memcpy(&d, y + i + W, sizeof d);
+                a -= c, b -= d;
+            }
             lo = PICK(a < lo, a, lo, vf32, vi32);
             lo = PICK(b < lo, b, lo, vf32, vi32);
             hi = PICK(a > hi, a, hi, vf32, vi32);
@@ -78,7 +84,7 @@ static void moments32(const float *x, int64_t n, float shift, Moments *out) {
         h = hi[j] > h ? hi[j] : h;
     }
     for (; i < n; i++) {
-        double v = x[i], d = v - shift;
+        double v = y ? x[i] - y[i] : x[i], d = v - shift;
         sum += d;
         sq += d * d;
         l = v < l ? v : l;
@@ -89,7 +95,7 @@ static void moments32(const float *x, int64_t n, float shift, Moments *out) {
 }
 
 WIDE_VARIANTS
-static void moments64(const double *x, int64_t n, double shift, Moments *out) {
+static void moments64(const double *x, const double *y, int64_t n, double shift, Moments *out) {
     const int W = 4;
     vf64 zero = {0}, k = zero + shift, lo = zero + INFINITY, hi = zero - INFINITY;
     vf64 s0 = zero, s1 = zero, q0 = zero, q1 = zero;
@@ -99,6 +105,12 @@ static void moments64(const double *x, int64_t n, double shift, Moments *out) {
         vf64 a, b;
         __builtin_memcpy(&a, x + i, sizeof a);
         __builtin_memcpy(&b, x + i + W, sizeof b);
+        if (y) {
+            vf64 c, d;
+            __builtin_memcpy(&c, y + i, sizeof c);
+            __builtin_memcpy(&d, y + i + W, sizeof d);
+            a -= c, b -= d;
+        }
         lo = PICK(a < lo, a, lo, vf64, vi64);
         lo = PICK(b < lo, b, lo, vf64, vi64);
         hi = PICK(a > hi, a, hi, vf64, vi64);
@@ -121,7 +133,7 @@ static void moments64(const double *x, int64_t n, double shift, Moments *out) {
         h = hi[j] > h ? hi[j] : h;
     }
     for (; i < n; i++) {
-        double v = x[i], d = v - shift;
+        double v = y ? x[i] - y[i] : x[i], d = v - shift;
         sum += d;
         sq += d * d;
         l = v < l ? v : l;
@@ -131,41 +143,44 @@ static void moments64(const double *x, int64_t n, double shift, Moments *out) {
     *out = (Moments){sum, sq, l, h, zeros};
 }
 
-static void moments(const void *x, int64_t n, int wide, double shift, Moments *out) {
+static void moments(const void *x, const void *y, int64_t n, int wide, double shift, Moments *out) {
     if (wide)
-        moments64((const double *)x, n, shift, out);
+        moments64((const double *)x, (const double *)y, n, shift, out);
     else
-        moments32((const float *)x, n, (float)shift, out);
+        moments32((const float *)x, (const float *)y, n, (float)shift, out);
 }
 
-/* finite_moments(address, n, wide) -> (mean, m2, min, max, zeros), or None when a value is not
- * finite. The values are shifted by the first one (close to the mean in most tensors), and
+/* finite_moments(address, n, wide, minus=0) -> (mean, m2, min, max, zeros) of the values, or of
+ * their differences from those at ``minus`` (an optimizer's update, from the parameters before
+ * and after it, never written out); None when a value is not finite. The values are shifted by the first one (close to the mean in most tensors), and
  * measured again about the mean when the spread is small next to it (cancellation). */
 static PyObject *finite_moments(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long address;
+    unsigned long long address, minus = 0;
     long long n;
     int wide;
-    if (!PyArg_ParseTuple(args, "KLp", &address, &n, &wide))
+    if (!PyArg_ParseTuple(args, "KLp|K", &address, &n, &wide, &minus))
         return NULL;
     if (n <= 0) {
         PyErr_SetString(PyExc_ValueError, "finite_moments needs at least one value");
         return NULL;
     }
-    const void *x = (const void *)(uintptr_t)address;
+    const void *x = (const void *)(uintptr_t)address, *y = (const void *)(uintptr_t)minus;
     double shift = wide ? ((const double *)x)[0] : ((const float *)x)[0];
+    if (y) /* the first difference, rounded as the subtraction rounds it */
+        shift = wide ? ((const double *)x)[0] - ((const double *)y)[0] : (double)(((const float *)x)[0] - ((const float *)y)[0]);
     if (!isfinite(shift))
         Py_RETURN_NONE;
     Moments m;
     double mean, m2;
     Py_BEGIN_ALLOW_THREADS;
-    moments(x, n, wide, shift, &m);
+    moments(x, y, n, wide, shift, &m);
     mean = shift + m.sum / n;
     m2 = m.sq - m.sum * (m.sum / n);
     if (isfinite(m.sq) && isfinite(m.sum) && m.sum != 0 && !(m2 > 1e-3 * m.sq)) {
         double lo = m.lo, hi = m.hi;
         int64_t zeros = m.zeros;
-        moments(x, n, wide, mean, &m); /* about the mean: the deviations themselves */
+        moments(x, y, n, wide, mean, &m); /* about the mean: the deviations themselves */
         mean += m.sum / n;
         m2 = m.sq - m.sum * (m.sum / n);
         m.lo = lo, m.hi = hi, m.zeros = zeros;
@@ -178,8 +193,8 @@ static PyObject *finite_moments(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"finite_moments", finite_moments, METH_VARARGS,
-     "finite_moments(address, n, wide) -> (mean, m2, min, max, zeros) of n float32 (float64 if "
-     "wide) values at address, or None if one is not finite."},
+     "finite_moments(address, n, wide, minus=0) -> (mean, m2, min, max, zeros) of n float32 "
+     "(float64 if wide) values at address, less those at minus if given; None if one is not finite."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,7 @@
 from typing import Optional, Tuple
 
-def finite_moments(address: int, n: int, wide: bool) -> Optional[Tuple[float, float, float, float, int]]:
+def finite_moments(
+    address: int, n: int, wide: bool, minus: int = 0
+) -> Optional[Tuple[float, float, float, float, int]]:
     """(mean, m2, min, max, zeros) of ``n`` float32 (float64 if ``wide``) values at ``address``,
-    or None if one of them is not finite."""
+    less those at ``minus`` if given; None if one of them is not finite."""

@@ -96,6 +96,26 @@ def one_pass(tensor: torch.Tensor) -> bool:
     return _fused is not None and tensor.is_cpu and tensor.is_floating_point()
 
 
+def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[torch.Tensor]:
+    """``exact_summary(after - before)`` in one pass that never writes the difference out (an
+    optimizer's update from the parameter and its copy from before the step). None where the
+    compiled ``torchlens.web._fused`` cannot (not two contiguous float CPU tensors of one dtype and
+    shape) or a difference is not finite: then subtract and measure.
+
+    Example:
+        >>> row = difference_summary(torch.tensor([1.0, 5.0] * 9000), torch.tensor([1.0, 2.0] * 9000))
+        >>> row is None or (row[1].item(), row[4].item(), row[8].item()) == (1.5, 3.0, 9000.0)
+        True
+    """
+    a, b = after.detach(), before.detach()
+    if _fused is None or a.dtype not in _ONE_PASS or (a.dtype, a.shape) != (b.dtype, b.shape) or a.numel() == 0:
+        return None
+    if not (a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous()):
+        return None
+    found = _fused.finite_moments(a.data_ptr(), a.numel(), a.dtype == torch.float64, b.data_ptr())
+    return None if found is None else _row(a.numel(), found, None)
+
+
 def _row(n: int, moments: Tuple[float, float, float, float, int], line: Optional[torch.Tensor]) -> torch.Tensor:
     """``EXACT_FIELDS`` of ``n`` finite values from plain floats: their (mean, m2, min, max, zeros)."""
     mean, m2, lo, hi, zeros = moments
