@@ -20,8 +20,9 @@
 #define WIDE_VARIANTS
 #endif
 
-/* Partial sums of float32 values are kept in float32 over BLOCK values (BLOCK / 16 per lane),
- * then added in double: the vectors stay full width, and the error stays that of a short sum. */
+/* Partial sums are kept in the values' own type over BLOCK values (BLOCK / 16 per lane for
+ * float32), then added in double: the vectors stay full width, and the error stays that of a
+ * short sum. */
 #define BLOCK 512
 
 typedef struct {
@@ -39,109 +40,59 @@ typedef int64_t vi64 __attribute__((vector_size(32)));
 /* Select by mask without the vector ternary, which C (unlike C++) lacks. */
 #define PICK(mask, a, b, fv, iv) ((fv)(((mask) & (iv)(a)) | (~(mask) & (iv)(b))))
 
-WIDE_VARIANTS
-static void moments32(const float *x, const float *y, int64_t n, float shift, Moments *out) {
-    const int W = 8;
-    vf32 zero = {0}, k = zero + shift, lo = zero + INFINITY, hi = zero - INFINITY;
-    double sum = 0, sq = 0;
-    int64_t zeros = 0, i = 0, whole = n - n % (2 * W);
-    while (i < whole) {
-        int64_t end = i + BLOCK < whole ? i + BLOCK : whole;
-        vf32 s0 = zero, s1 = zero, q0 = zero, q1 = zero;
-        vi32 z = {0};
-        for (; i < end; i += 2 * W) {
-            vf32 a, b;
-            __builtin_memcpy(&a, x + i, sizeof a);
-            __builtin_memcpy(&b, x + i + W, sizeof b);
-            if (y) {
-                vf32 c, d;
-                __builtin_memcpy(&c, y + i, sizeof c);
-                __builtin_memcpy(&d, y + i + W, sizeof d);
-                a -= c, b -= d;
-            }
-            lo = PICK(a < lo, a, lo, vf32, vi32);
-            lo = PICK(b < lo, b, lo, vf32, vi32);
-            hi = PICK(a > hi, a, hi, vf32, vi32);
-            hi = PICK(b > hi, b, hi, vf32, vi32);
-            z -= (a == zero); /* a true comparison is -1 */
-            z -= (b == zero);
-            vf32 da = a - k, db = b - k;
-            s0 += da;
-            s1 += db;
-            q0 += da * da;
-            q1 += db * db;
-        }
-        vf32 s = s0 + s1, q = q0 + q1;
-        for (int j = 0; j < W; j++) {
-            sum += s[j];
-            sq += q[j];
-            zeros += z[j];
-        }
+/* The pass, defined once for each element type T: V and M are its vector and mask types (W
+ * lanes). Two vectors per iteration keep two independent chains of additions in flight; the
+ * partial sums are added into double every BLOCK values. With y, each value is x[i] - y[i],
+ * rounded in T as a subtraction of two T tensors would round it. */
+#define DEFINE_MOMENTS(NAME, T, V, M, W)                                                          \
+    WIDE_VARIANTS                                                                                 \
+    static void NAME(const T *x, const T *y, int64_t n, T shift, Moments *out) {                  \
+        V zero = {0}, k = zero + shift, lo = zero + INFINITY, hi = zero - INFINITY;               \
+        double sum = 0, sq = 0, l = INFINITY, h = -INFINITY;                                      \
+        int64_t zeros = 0, i = 0, whole = n - n % (2 * W);                                        \
+        while (i < whole) {                                                                       \
+            int64_t end = i + BLOCK < whole ? i + BLOCK : whole;                                  \
+            V s0 = zero, s1 = zero, q0 = zero, q1 = zero;                                         \
+            M z = {0};                                                                            \
+            for (; i < end; i += 2 * W) {                                                         \
+                V a, b;                                                                           \
+                __builtin_memcpy(&a, x + i, sizeof a);                                            \
+                __builtin_memcpy(&b, x + i + W, sizeof b);                                        \
+                if (y) { /* the same for the whole loop: the compiler moves it out */             \
+                    V c, d;                                                                       \
+                    __builtin_memcpy(&c, y + i, sizeof c);                                        \
+                    __builtin_memcpy(&d, y + i + W, sizeof d);                                    \
+                    a -= c, b -= d;                                                               \
+                }                                                                                 \
+                lo = PICK(a < lo, a, lo, V, M);                                                   \
+                lo = PICK(b < lo, b, lo, V, M);                                                   \
+                hi = PICK(a > hi, a, hi, V, M);                                                   \
+                hi = PICK(b > hi, b, hi, V, M);                                                   \
+                z -= (a == zero); /* a true comparison is -1 */                                   \
+                z -= (b == zero);                                                                 \
+                V da = a - k, db = b - k;                                                         \
+                s0 += da, s1 += db;                                                               \
+                q0 += da * da, q1 += db * db;                                                     \
+            }                                                                                     \
+            for (int j = 0; j < W; j++)                                                           \
+                sum += s0[j] + s1[j], sq += q0[j] + q1[j], zeros += z[j];                         \
+        }                                                                                         \
+        for (int j = 0; j < W; j++) {                                                             \
+            l = lo[j] < l ? lo[j] : l;                                                            \
+            h = hi[j] > h ? hi[j] : h;                                                            \
+        }                                                                                         \
+        for (; i < n; i++) {                                                                      \
+            T v = y ? x[i] - y[i] : x[i];                                                         \
+            double d = (double)v - shift;                                                         \
+            sum += d, sq += d * d, zeros += v == 0;                                               \
+            l = v < l ? v : l;                                                                    \
+            h = v > h ? v : h;                                                                    \
+        }                                                                                         \
+        *out = (Moments){sum, sq, l, h, zeros};                                                   \
     }
-    double l = INFINITY, h = -INFINITY;
-    for (int j = 0; j < W; j++) {
-        l = lo[j] < l ? lo[j] : l;
-        h = hi[j] > h ? hi[j] : h;
-    }
-    for (; i < n; i++) {
-        double v = y ? x[i] - y[i] : x[i], d = v - shift;
-        sum += d;
-        sq += d * d;
-        l = v < l ? v : l;
-        h = v > h ? v : h;
-        zeros += v == 0.0;
-    }
-    *out = (Moments){sum, sq, l, h, zeros};
-}
 
-WIDE_VARIANTS
-static void moments64(const double *x, const double *y, int64_t n, double shift, Moments *out) {
-    const int W = 4;
-    vf64 zero = {0}, k = zero + shift, lo = zero + INFINITY, hi = zero - INFINITY;
-    vf64 s0 = zero, s1 = zero, q0 = zero, q1 = zero;
-    vi64 z = {0};
-    int64_t i = 0, whole = n - n % (2 * W);
-    for (; i < whole; i += 2 * W) {
-        vf64 a, b;
-        __builtin_memcpy(&a, x + i, sizeof a);
-        __builtin_memcpy(&b, x + i + W, sizeof b);
-        if (y) {
-            vf64 c, d;
-            __builtin_memcpy(&c, y + i, sizeof c);
-            __builtin_memcpy(&d, y + i + W, sizeof d);
-            a -= c, b -= d;
-        }
-        lo = PICK(a < lo, a, lo, vf64, vi64);
-        lo = PICK(b < lo, b, lo, vf64, vi64);
-        hi = PICK(a > hi, a, hi, vf64, vi64);
-        hi = PICK(b > hi, b, hi, vf64, vi64);
-        z -= (a == zero);
-        z -= (b == zero);
-        vf64 da = a - k, db = b - k;
-        s0 += da;
-        s1 += db;
-        q0 += da * da;
-        q1 += db * db;
-    }
-    double sum = 0, sq = 0, l = INFINITY, h = -INFINITY;
-    int64_t zeros = 0;
-    for (int j = 0; j < W; j++) {
-        sum += s0[j] + s1[j];
-        sq += q0[j] + q1[j];
-        zeros += z[j];
-        l = lo[j] < l ? lo[j] : l;
-        h = hi[j] > h ? hi[j] : h;
-    }
-    for (; i < n; i++) {
-        double v = y ? x[i] - y[i] : x[i], d = v - shift;
-        sum += d;
-        sq += d * d;
-        l = v < l ? v : l;
-        h = v > h ? v : h;
-        zeros += v == 0.0;
-    }
-    *out = (Moments){sum, sq, l, h, zeros};
-}
+DEFINE_MOMENTS(moments32, float, vf32, vi32, 8)
+DEFINE_MOMENTS(moments64, double, vf64, vi64, 4)
 
 static void moments(const void *x, const void *y, int64_t n, int wide, double shift, Moments *out) {
     if (wide)
