@@ -14,7 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_WIN32)
+/* AVX2 and baseline copies of the pass, chosen when the library loads (an ifunc: glibc only) */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__GLIBC__)
 #define WIDE_VARIANTS __attribute__((target_clones("avx2", "default")))
 #else
 #define WIDE_VARIANTS
