@@ -418,7 +418,8 @@ class StepRecorder:
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]
-        # a CPU tensor is copied (small ones each on their own, large ones into the pool)
+        # a small CPU tensor is copied; a large one measured at once in one pass (float, with the
+        # compiled statistics) or else copied into the pool
         copied = measure(t, pool=self.copies) if t.numel() > SMALL or t.is_cpu else None
         if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
             copied.draw = self.later_sampler.values
