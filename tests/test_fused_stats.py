@@ -62,6 +62,8 @@ def test_the_values_the_kernel_sees_are_the_tensors_own():
     _check(base[:, ::3])  # not contiguous: measured from a contiguous copy
     image = torch.randn(2, 8, 32, 32).to(memory_format=torch.channels_last)
     _check(image)
+    _check(base[1, ::3])  # a strided 1-D view: its own values, not its storage's next ones
+    _check(torch.tensor([2.5]).expand(SMALL * 2))  # stride 0: one value repeated
     _check(torch.randn(SMALL * 2, dtype=torch.float16))  # half precision: measured in float32
     _check(torch.randn(SMALL * 2).to(torch.bfloat16))
 

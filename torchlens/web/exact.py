@@ -59,6 +59,7 @@ def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> 
         x = x.float()
     if x.is_cpu:  # reading a value costs no sync there: a tensor without NaN/inf is cheap
         if _fused is not None and x.dtype in _ONE_PASS:
+            x = x.contiguous()  # a 1-D view can still be strided (x[::2]) or expanded (stride 0)
             found = _fused.finite_moments(x.data_ptr(), x.numel(), x.dtype == torch.float64)
             if found is not None:
                 return _row(x.numel(), found, line)
