@@ -119,3 +119,16 @@ def test_a_difference_is_measured_without_writing_it_out(dtype: torch.dtype):
     assert exact.difference_summary(after[4:], before[:-4]) is not None  # views at an offset
     assert exact.difference_summary(after, before[:-1]) is None  # not the same shape
     assert exact.difference_summary(after.half(), before.half()) is None  # not a measured dtype
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: like a DTensor, its memory is not the kernel's to read."""
+
+
+def test_a_tensor_subclass_is_measured_by_torch():
+    x = torch.randn(SMALL * 2, generator=torch.Generator().manual_seed(5))
+    x[3] = 0.0
+    sub = x.as_subclass(_Sub)
+    assert not exact.one_pass(sub) and exact.difference_summary(sub, sub.clone()) is None
+    got, want = exact_summary(sub), exact_summary(x)
+    assert torch.allclose(got.as_subclass(torch.Tensor)[:9].float(), want[:9].float(), rtol=1e-5)

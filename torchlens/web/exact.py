@@ -58,7 +58,7 @@ def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> 
     elif x.element_size() < 4:  # half precision: centre the values in float32
         x = x.float()
     if x.is_cpu:  # reading a value costs no sync there: a tensor without NaN/inf is cheap
-        if _fused is not None and x.dtype in _ONE_PASS:
+        if _fused is not None and x.dtype in _ONE_PASS and type(x) is torch.Tensor:  # not a subclass (DTensor)
             x = x.contiguous()  # a 1-D view can still be strided (x[::2]) or expanded (stride 0)
             found = _fused.finite_moments(x.data_ptr(), x.numel(), x.dtype == torch.float64)
             if found is not None:
@@ -94,7 +94,7 @@ _ONE_PASS = (torch.float32, torch.float64)
 def one_pass(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is measured in one pass at once (a float CPU tensor, with the compiled
     ``torchlens.web._fused``): then that costs less than copying it to measure later."""
-    return _fused is not None and tensor.is_cpu and tensor.is_floating_point()
+    return _fused is not None and tensor.is_cpu and tensor.is_floating_point() and type(tensor.detach()) is torch.Tensor
 
 
 def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[torch.Tensor]:
@@ -110,6 +110,8 @@ def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[to
     """
     a, b = after.detach(), before.detach()
     if _fused is None or a.dtype not in _ONE_PASS or (a.dtype, a.shape) != (b.dtype, b.shape) or a.numel() == 0:
+        return None
+    if type(a) is not torch.Tensor or type(b) is not torch.Tensor:  # a subclass (DTensor) has no plain memory
         return None
     if not (a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous()):
         return None
