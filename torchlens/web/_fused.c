@@ -104,8 +104,9 @@ static void moments(const void *x, const void *y, int64_t n, int wide, double sh
 
 /* finite_moments(address, n, wide, minus=0) -> (mean, m2, min, max, zeros) of the values, or of
  * their differences from those at ``minus`` (an optimizer's update, from the parameters before
- * and after it, never written out); None when a value is not finite. The values are shifted by the first one (close to the mean in most tensors), and
- * measured again about the mean when the spread is small next to it (cancellation). */
+ * and after it, never written out); None when a value is not finite. The values are shifted by
+ * the first one (close to the mean in most tensors), and measured again about the mean when the
+ * spread is small next to it (cancellation). */
 static PyObject *finite_moments(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long address, minus = 0;
@@ -118,9 +119,11 @@ static PyObject *finite_moments(PyObject *self, PyObject *args) {
         return NULL;
     }
     const void *x = (const void *)(uintptr_t)address, *y = (const void *)(uintptr_t)minus;
-    double shift = wide ? ((const double *)x)[0] : ((const float *)x)[0];
-    if (y) /* the first difference, rounded as the subtraction rounds it */
-        shift = wide ? ((const double *)x)[0] - ((const double *)y)[0] : (double)(((const float *)x)[0] - ((const float *)y)[0]);
+    double shift; /* the first value, or difference rounded as the subtraction rounds it */
+    if (wide)
+        shift = ((const double *)x)[0] - (y ? ((const double *)y)[0] : 0.0);
+    else
+        shift = ((const float *)x)[0] - (y ? ((const float *)y)[0] : 0.0f);
     if (!isfinite(shift))
         Py_RETURN_NONE;
     Moments m;

@@ -58,7 +58,7 @@ def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> 
     elif x.element_size() < 4:  # half precision: centre the values in float32
         x = x.float()
     if x.is_cpu:  # reading a value costs no sync there: a tensor without NaN/inf is cheap
-        if _fused is not None and x.dtype in _ONE_PASS and type(x) is torch.Tensor:  # not a subclass (DTensor)
+        if _kernel_reads(x):
             x = x.contiguous()  # a 1-D view can still be strided (x[::2]) or expanded (stride 0)
             found = _fused.finite_moments(x.data_ptr(), x.numel(), x.dtype == torch.float64)
             if found is not None:
@@ -87,14 +87,21 @@ def _finite_summary(x: torch.Tensor, total: float, line: Optional[torch.Tensor])
     return _row(n, (mean, max(m2, 0.0), lo, hi, zeros), line)
 
 
-# the dtypes ``torchlens.web._fused`` measures (half precision is measured in float32, see above)
+# the dtypes ``torchlens.web._fused`` reads; half precision is read after its conversion to float32
 _ONE_PASS = (torch.float32, torch.float64)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _kernel_reads(x: torch.Tensor, dtypes: Tuple[torch.dtype, ...] = _ONE_PASS) -> bool:
+    """Whether the compiled pass can read ``x``'s memory: a CPU tensor of one of ``dtypes``, and a
+    plain one (a subclass such as DTensor has no plain memory to read)."""
+    return _fused is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype in dtypes
 
 
 def one_pass(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is measured in one pass at once (a float CPU tensor, with the compiled
     ``torchlens.web._fused``): then that costs less than copying it to measure later."""
-    return _fused is not None and tensor.is_cpu and tensor.is_floating_point() and type(tensor.detach()) is torch.Tensor
+    return _kernel_reads(tensor.detach(), _ONE_PASS + _HALF)
 
 
 def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[torch.Tensor]:
@@ -109,11 +116,9 @@ def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[to
         True
     """
     a, b = after.detach(), before.detach()
-    if _fused is None or a.dtype not in _ONE_PASS or (a.dtype, a.shape) != (b.dtype, b.shape) or a.numel() == 0:
+    if not (_kernel_reads(a) and _kernel_reads(b)) or (a.dtype, a.shape) != (b.dtype, b.shape) or a.numel() == 0:
         return None
-    if type(a) is not torch.Tensor or type(b) is not torch.Tensor:  # a subclass (DTensor) has no plain memory
-        return None
-    if not (a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous()):
+    if not (a.is_contiguous() and b.is_contiguous()):
         return None
     found = _fused.finite_moments(a.data_ptr(), a.numel(), a.dtype == torch.float64, b.data_ptr())
     return None if found is None else _row(a.numel(), found, None)
