@@ -132,3 +132,42 @@ def test_a_tensor_subclass_is_measured_by_torch():
     assert not exact.one_pass(sub) and exact.difference_summary(sub, sub.clone()) is None
     got, want = exact_summary(sub), exact_summary(x)
     assert torch.allclose(got.as_subclass(torch.Tensor)[:9].float(), want[:9].float(), rtol=1e-5)
+
+
+needs_extension = pytest.mark.skipif(exact._fused is None, reason="the compiled extension is not built here")
+
+
+@needs_extension
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_sample_is_drawn_uniformly_from_the_values_themselves(dtype: torch.dtype):
+    from torchlens.train.sampling import Sampler
+
+    values = torch.arange(50_000, dtype=dtype)
+    sampler = Sampler(100)
+    drawn = torch.cat([sampler.values(values) for _ in range(400)])  # 40,000 positions
+    assert drawn.dtype == torch.float32 and drawn.numel() == 40_000
+    assert torch.equal(drawn, drawn.round()) and drawn.min() >= 0 and drawn.max() < 50_000
+    tenths = torch.histc(drawn, bins=10, min=0, max=50_000)  # 4,000 expected in each
+    assert tenths.min() > 3_600 and tenths.max() < 4_400
+    again = Sampler(100)
+    assert torch.equal(again.values(values), Sampler(100).values(values))  # one seed, one stream
+    assert not torch.equal(again.values(values), again.values(values))  # the stream moves on
+
+
+@needs_extension
+def test_a_difference_is_sampled_at_the_same_positions_of_both_tensors():
+    from torchlens.train.sampling import Sampler
+
+    before = torch.randn(30_000)
+    after = before + torch.arange(30_000.0) * 1e-3  # the change tells each position
+    got = Sampler(100).values(after, minus=before)
+    positions = (got / 1e-3).round()
+    assert torch.allclose(got, positions * 1e-3, atol=1e-5) and positions.unique().numel() > 90
+
+
+def test_a_strided_tensor_is_sampled_from_its_own_values():
+    from torchlens.train.sampling import Sampler
+
+    grid = torch.arange(200_000.0).reshape(400, 500)
+    got = Sampler(100).values(grid[:, ::2])  # only even numbers belong to the view
+    assert torch.equal(got % 2, torch.zeros(100))

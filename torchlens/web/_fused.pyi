@@ -5,3 +5,8 @@ def finite_moments(
 ) -> Optional[Tuple[float, float, float, float, int]]:
     """(mean, m2, min, max, zeros) of ``n`` float32 (float64 if ``wide``) values at ``address``,
     less those at ``minus`` if given; None if one of them is not finite."""
+
+def draw(address: int, n: int, wide: bool, minus: int, out: int, k: int, state: int) -> int:
+    """Writes ``k`` of the ``n`` values at ``address`` (less those at ``minus`` if nonzero),
+    picked at random with replacement, as float32 at ``out``; returns the random stream's next
+    state."""

@@ -124,6 +124,31 @@ def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[to
     return None if found is None else _row(a.numel(), found, None)
 
 
+def compiled_draw(
+    values: torch.Tensor, minus: Optional[torch.Tensor], k: int, state: int
+) -> Optional[Tuple[torch.Tensor, int]]:
+    """``k`` of the values (less ``minus`` at the same positions), picked at random with
+    replacement by the compiled ``torchlens.web._fused`` from the random stream at ``state``, as
+    float32; with the stream's next state. None where it cannot read them (not contiguous float
+    CPU tensors of one dtype and shape): then torch draws them.
+
+    Example:
+        >>> got = compiled_draw(torch.arange(5000.0), None, 3, state=7)
+        >>> got is None or (got[0].shape, all(0 <= v < 5000 for v in got[0].tolist()))
+        True
+    """
+    x = values.detach()
+    if not (_kernel_reads(x) and x.is_contiguous()) or x.numel() == 0:
+        return None
+    y = None if minus is None else minus.detach()
+    if y is not None and not (_kernel_reads(y) and y.is_contiguous() and (y.dtype, y.shape) == (x.dtype, x.shape)):
+        return None
+    out = torch.empty(k, dtype=torch.float32)
+    wide = x.dtype == torch.float64
+    state = _fused.draw(x.data_ptr(), x.numel(), wide, 0 if y is None else y.data_ptr(), out.data_ptr(), k, state)
+    return out, state
+
+
 def _row(n: int, moments: Tuple[float, float, float, float, int], line: Optional[torch.Tensor]) -> torch.Tensor:
     """``EXACT_FIELDS`` of ``n`` finite values from plain floats: their (mean, m2, min, max, zeros)."""
     mean, m2, lo, hi, zeros = moments
