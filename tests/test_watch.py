@@ -335,6 +335,38 @@ def test_bounded_number_of_columns(tmp_path):
     assert (s.steps[1:] > s.last_steps[:-1]).all()
 
 
+def test_module_hooks_stay_between_logged_steps_and_record_only_their_forwards(tmp_path):
+    """Logged steps in a row keep one set of module hooks (not registered anew each step); an
+    evaluation pass between them records nothing, and a step that is not logged runs without them."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = quiet_watch(model, tmp_path, log_freq=2)
+    hooks = lambda: [len(m._forward_pre_hooks) for m in model]  # noqa: E731
+    train(model, [torch.randn(3, 4)])  # step 0, logged
+    kept = [dict(m._forward_pre_hooks) for m in model]
+    assert hooks() == [1, 1, 1]
+    model.eval()
+    with torch.no_grad():
+        model(torch.full((5, 4), 7.0))  # not training: not a step, nothing recorded
+    model.train()
+    train(model, [torch.randn(3, 4)])  # step 1, not logged
+    assert hooks() == [0, 0, 0]
+    train(model, [torch.randn(3, 4)] * 2)  # steps 2 and 3
+    w.flush()
+    run = tl.open_run(w.run_dir)
+    assert list(run.steps) == [0, 2]
+    inputs = run.series("0:1", "io", "input 0")
+    assert inputs.true_max.max() < 7.0  # the evaluation batch (all sevens) never reached it
+    w.close()
+    assert hooks() == [0, 0, 0] and kept[0]
+    w = quiet_watch(model, tmp_path / "again")  # every step logged: the same hooks throughout
+    train(model, [torch.randn(3, 4)])
+    first = [list(m._forward_pre_hooks) for m in model]
+    train(model, [torch.randn(3, 4)] * 3)
+    assert [list(m._forward_pre_hooks) for m in model] == first
+    w.close()
+    assert hooks() == [0, 0, 0]
+
+
 def test_model_is_left_exactly_as_before(tmp_path):
     model = make_resnet()
     before = {name: sorted(vars(m)) for name, m in model.named_modules()}

@@ -148,7 +148,7 @@ class StepRecorder:
         # often arrives unchanged (a view of the same memory) at the input alias of the next call
         self._last_grad: Optional[Tuple[torch.Tensor, int, Part]] = None
         # a series' summary, kept while its parts stay the same (a step is written more than once)
-        self._summaries: Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]] = {}
+        self._summaries: Dict[Key, Tuple[int, Part, Optional[torch.Tensor]]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []
@@ -159,6 +159,8 @@ class StepRecorder:
         self.nested_model_calls = 0  # the model calling itself (with include_model)
         self.hidden: Set[int] = set()  # ids of modules never hooked (inside a fullgraph compile)
         self._module_hooks: list = []
+        self._hooked: List[int] = []  # ids of the modules the module hooks are on, in order
+        self.forward_active = False  # between begin_forward and end_forward: the module hooks record
         self._param_hooks: list = []
         self._tensor_hooks: list = []
         self.gate: Callable[[], bool] = lambda: True  # False while nothing may be recorded
@@ -184,20 +186,33 @@ class StepRecorder:
 
     def begin_forward(self, include_model: bool = False) -> None:
         """Hooks on every module for one forward pass (the model itself is called directly by
-        the watch, unless ``include_model``)."""
+        the watch, unless ``include_model``). Those of the last logged forward are kept while the
+        same modules are hooked: consecutive logged steps do not register them anew."""
         self.counts, self.stack, self.frames, self.nested_model_calls = {}, [], [], 0
-        for module in self.model.modules():
-            if (module is self.model and not include_model) or id(module) in self.hidden:
-                continue
-            self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
-            self._module_hooks.append(
-                module.register_forward_hook(ModelHook(self.post), with_kwargs=True, always_call=True)
-            )
+        hooked = [
+            m for m in self.model.modules() if (m is not self.model or include_model) and id(m) not in self.hidden
+        ]
+        if self._hooked != [id(m) for m in hooked]:
+            self.remove_forward_hooks()
+            for module in hooked:
+                self._module_hooks.append(module.register_forward_pre_hook(ModelHook(self.pre), with_kwargs=True))
+                self._module_hooks.append(
+                    module.register_forward_hook(ModelHook(self.post), with_kwargs=True, always_call=True)
+                )
+            self._hooked = [id(m) for m in hooked]
+        self.forward_active = True
 
     def end_forward(self) -> None:
+        """The forward pass has ended: the module hooks do nothing until the next ``begin_forward``
+        (``remove_forward_hooks`` takes them off)."""
+        self.forward_active = False
+
+    def remove_forward_hooks(self) -> None:
+        """Take the module hooks off (a step that is not logged, or the watch's end)."""
+        self.forward_active = False
         for h in self._module_hooks:
             h.remove()
-        self._module_hooks = []
+        self._module_hooks, self._hooked = [], []
 
     def collect_param_grads(self) -> bool:
         """At the end of a backward pass: sample the ``.grad`` of each parameter it reached (a
@@ -225,16 +240,22 @@ class StepRecorder:
         writer thread), and the reasons of the gradient series that got no values (of ``kinds``
         only, when given). The step goes on: a later backward or optimizer step adds to it."""
         wanted = (lambda kind: True) if kinds is None else kinds.__contains__
-        pending = {k: list(v) for k, v in self.pending.items() if wanted(k[1])}
+        # the recorder's own lists, not copies (the step's series would be copied at every write):
+        # they only grow, so the data keeps how many parts each had when collected
+        pending = {k: v for k, v in self.pending.items() if wanted(k[1])}
+        counts = {k: len(v) for k, v in pending.items()}
         for kind, parts_of in (("params_grad", self.param_grads), ("updates", self.updates)):
             if not wanted(kind):
                 continue
             for (address, name), part in parts_of.items():
                 for cid in self.calls_of.get(address, ()):
-                    pending.setdefault((cid, kind, name), []).append(part)
+                    key = (cid, kind, name)
+                    pending[key] = pending[key] + [part] if key in pending else [part]
+                    counts[key] = len(pending[key])
         reasons = {k: r for k, r in self.reasons.items() if k not in pending and wanted(k[1])}
         data = StepData(self._summaries)
         data.keys, data.parts, data.reasons = list(pending), list(pending.values()), reasons
+        data.counts = list(counts.values())
         return data
 
     def end_step(self) -> "StepData":
@@ -258,7 +279,7 @@ class StepRecorder:
     def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         """Record the call's inputs; returns the arguments with the call's own aliases of its
         inputs (None: unchanged)."""
-        address = self.addresses.get(id(module))
+        address = self.addresses.get(id(module)) if self.forward_active else None
         if address is None or not self.gate():
             return None
         if module is self.model and self.stack:  # part of the running pass, as in the traced graph
@@ -333,7 +354,7 @@ class StepRecorder:
         return replaced
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self.addresses.get(id(module)) is None or not self.stack or not self.gate():
+        if not self.forward_active or self.addresses.get(id(module)) is None or not self.stack or not self.gate():
             return
         if module is self.model and self.nested_model_calls:
             self.nested_model_calls -= 1

@@ -258,6 +258,8 @@ class Watch:
         self._backward_seen = self._end_queued = False
         self._logging = step % self.log_freq == 0 and self._compile.ready()
         self._sentinel.step_started(step)
+        if not self._logging:  # kept from a logged step before: a step not logged runs without them
+            self.recorder.remove_forward_hooks()
         if self._logging:
             # lazy modules get their parameters in the traced pass (hooks after it); FSDP swaps the
             # parameters in it (hooks before it, on the sharded ones that receive the gradients)
@@ -403,7 +405,7 @@ class Watch:
         self._compile.close()
         self._compile.unwatch_compile()
         self._depth = 0
-        self.recorder.end_forward()
+        self.recorder.remove_forward_hooks()
         self.recorder.end_step()
         for m in self._inplace_flags:
             m.inplace = True

@@ -18,15 +18,18 @@ Part = Tuple[Union[torch.Tensor, LazySummary], Optional[Union[torch.Tensor, Lazy
 
 
 class StepData:
-    """One step's series: ``keys[i]`` has the parts ``parts[i]``; after ``summarize()``, the sample
+    """One step's series: ``keys[i]`` has the first ``counts[i]`` parts of ``parts[i]`` (the
+    recorder's list, which may grow after it was collected); after ``summarize()``, the sample
     ``samples[i]`` (for its histogram) and the ``exact_summary`` ``summaries[i]`` (over all values;
     None when there is none); ``reasons``: why the gradient series named there got no values.
     ``cache``: the step's summaries by series, kept while their parts stay the same (a step is
-    written more than once); only ``summarize`` touches it, on one thread."""
+    written more than once): the count of parts and the last one, as lists only grow or are
+    made anew; only ``summarize`` touches it, on one thread."""
 
-    def __init__(self, cache: Optional[Dict[Key, Tuple[List[Part], Optional[torch.Tensor]]]] = None) -> None:
+    def __init__(self, cache: Optional[Dict[Key, Tuple[int, Part, Optional[torch.Tensor]]]] = None) -> None:
         self.keys: List[Key] = []
         self.parts: List[List[Part]] = []
+        self.counts: List[int] = []
         self.samples: List[torch.Tensor] = []
         self.summaries: List[Optional[torch.Tensor]] = []
         self.reasons: Dict[Key, str] = {}
@@ -36,18 +39,20 @@ class StepData:
         """Fill ``samples`` and ``summaries`` from the parts (once)."""
         if len(self.samples) == len(self.keys):
             return self
+        # the parts as collected (a slice: the training thread may append to the list meanwhile)
+        series = [parts[:n] for parts, n in zip(self.parts, self.counts)]
         changed = []  # the series whose parts changed since their summary was computed
-        for key, parts in zip(self.keys, self.parts):
+        for key, parts in zip(self.keys, series):
             known = self.cache.get(key)
-            if known is None or len(known[0]) != len(parts) or any(a is not b for a, b in zip(known[0], parts)):
+            if known is None or known[0] != len(parts) or known[1] is not parts[-1]:
                 changed.append((key, parts))
         LazySummary.resolve([p[1] for _, parts in changed for p in parts if isinstance(p[1], LazySummary)])
         for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
-            self.cache[key] = (parts, summary)
+            self.cache[key] = (len(parts), parts[-1], summary)
         self.samples = [
-            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in self.parts
+            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in series
         ]
-        self.summaries = [self.cache[key][1] for key in self.keys]
+        self.summaries = [self.cache[key][2] for key in self.keys]
         return self
 
 
