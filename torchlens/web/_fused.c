@@ -152,12 +152,13 @@ static PyObject *finite_moments(PyObject *self, PyObject *args) {
  * draws the same positions for the same training; the multiply-shift maps 64 random bits onto
  * [0, n) with a bias below n / 2^64. One call costs less than the torch operations it replaces
  * (randint, index_select, a conversion), which dominate for a sample of a hundred values. */
-static PyObject *draw(PyObject *self, PyObject *args) {
+static PyObject *draw(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
+    static char *names[] = {"address", "n", "wide", "minus", "out", "k", "state", NULL};
     unsigned long long address, minus, out, state;
     long long n, k;
     int wide;
-    if (!PyArg_ParseTuple(args, "KLpKKLK", &address, &n, &wide, &minus, &out, &k, &state))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KLpKKLK", names, &address, &n, &wide, &minus, &out, &k, &state))
         return NULL;
     if (n <= 0 || k < 0) {
         PyErr_SetString(PyExc_ValueError, "draw needs at least one value and a count of zero or more");
@@ -190,7 +191,7 @@ static PyMethodDef methods[] = {
     {"finite_moments", finite_moments, METH_VARARGS,
      "finite_moments(address, n, wide, minus=0) -> (mean, m2, min, max, zeros) of n float32 "
      "(float64 if wide) values at address, less those at minus if given; None if one is not finite."},
-    {"draw", draw, METH_VARARGS,
+    {"draw", (PyCFunction)(void (*)(void))draw, METH_VARARGS | METH_KEYWORDS,
      "draw(address, n, wide, minus, out, k, state) -> state: k of the n values at address (less "
      "those at minus if nonzero), picked at random with replacement, written as float32 at out."},
     {NULL, NULL, 0, NULL},

@@ -134,7 +134,7 @@ def compiled_draw(
 
     Example:
         >>> got = compiled_draw(torch.arange(5000.0), None, 3, state=7)
-        >>> got is None or (got[0].shape, all(0 <= v < 5000 for v in got[0].tolist()))
+        >>> got is None or (got[0].shape == (3,) and all(0 <= v < 5000 for v in got[0].tolist()))
         True
     """
     x = values.detach()
@@ -145,7 +145,8 @@ def compiled_draw(
         return None
     out = torch.empty(k, dtype=torch.float32)
     wide = x.dtype == torch.float64
-    state = _fused.draw(x.data_ptr(), x.numel(), wide, 0 if y is None else y.data_ptr(), out.data_ptr(), k, state)
+    minus_at = 0 if y is None else y.data_ptr()
+    state = _fused.draw(x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state)
     return out, state
 
 
