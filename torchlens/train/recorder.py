@@ -24,6 +24,7 @@ is off. A gradient series without values gets a reason (``REASONS``).
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
@@ -182,7 +183,9 @@ class StepRecorder:
                     owners.setdefault(id(p), []).append((address, name))
                     params[id(p)] = p
         for pid, p in params.items():
-            self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_recorder(owners[pid], step)))
+            self._param_hooks.append(
+                p.register_post_accumulate_grad_hook(functools.partial(self._record_grad, owners[pid], step))
+            )
 
     def begin_forward(self, include_model: bool = False) -> None:
         """Hooks on every module for one forward pass (the model itself is called directly by
@@ -350,7 +353,9 @@ class StepRecorder:
             frame.append(entry)
             for key in entry.keys:
                 self.reasons[key] = NOT_REACHED  # until a gradient comes
-            self._tensor_hooks.append(entry.tensor.register_hook(self._alias_recorder(entry, self.step)))
+            self._tensor_hooks.append(
+                entry.tensor.register_hook(functools.partial(self._record_alias, entry, self.step))
+            )
         return replaced
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -422,7 +427,7 @@ class StepRecorder:
             elif want_grad:
                 self.reasons[(cid, "io_grad", name)] = NOT_REACHED
                 try:
-                    handle = t.register_hook(self._norm_recorder((cid, "io_grad", name), self.step))
+                    handle = t.register_hook(functools.partial(self._record_norm, (cid, "io_grad", name), self.step))
                 except RuntimeError as error:
                     raise _hook_error(module, cid, name, error) from error
                 self._tensor_hooks.append(handle)
@@ -484,27 +489,23 @@ class StepRecorder:
             self._last_grad = (grad, grad._version, part)
         return part
 
-    def _norm_recorder(self, key: Key, step: Optional[int]) -> Callable:
-        def record(grad: torch.Tensor) -> None:
-            if self.step == step and grad is not None:
-                self.on_gradient()
-                self._add(key, self._norms(grad))
-
-        return record
-
-    def _alias_recorder(self, entry: _Alias, step: Optional[int]) -> Callable:
-        def record(grad: torch.Tensor) -> None:
-            if self.step != step or grad is None:
-                return
+    # the gradient hooks: partials of these methods (fewer objects than closures; a logged step
+    # places hundreds, and what lives through the step adds to the process's garbage collections)
+    def _record_norm(self, key: Key, step: Optional[int], grad: torch.Tensor) -> None:
+        if self.step == step and grad is not None:
             self.on_gradient()
-            if entry.split:  # what reached the alias before the in-place change: one part
-                self._add_part(entry, grad)
-                return
-            part = self._norms(grad)
-            for key in entry.keys:
-                self._add(key, part)
+            self._add(key, self._norms(grad))
 
-        return record
+    def _record_alias(self, entry: _Alias, step: Optional[int], grad: torch.Tensor) -> None:
+        if self.step != step or grad is None:
+            return
+        self.on_gradient()
+        if entry.split:  # what reached the alias before the in-place change: one part
+            self._add_part(entry, grad)
+            return
+        part = self._norms(grad)
+        for key in entry.keys:
+            self._add(key, part)
 
     def _add_part(self, entry: _Alias, grad: torch.Tensor) -> None:
         g = grad.detach()
@@ -521,13 +522,10 @@ class StepRecorder:
         for entry in self.split:
             self._flush(entry)
 
-    def _grad_recorder(self, owners: List[Tuple[str, str]], step: int) -> Callable:
-        def record(param: torch.Tensor) -> None:
-            if self.step == step:
-                self.on_gradient()
-                self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
-
-        return record
+    def _record_grad(self, owners: List[Tuple[str, str]], step: int, param: torch.Tensor) -> None:
+        if self.step == step:
+            self.on_gradient()
+            self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:
