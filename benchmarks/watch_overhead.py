@@ -18,6 +18,9 @@ interleaved (plain, not-logged, logged, plain, ...) so that all three see the sa
 * ``5 no input grads`` -- the same with ``input_grads=False``;
 * ``5 not logged`` -- ``log_freq=100`` with all five kinds: steps that are not logged.
 
+With ``--per-kind``, the variants are instead ``io only``, ``io_grad only``, ... (``log_freq=1``
+with that one kind): what each kind adds, each also paying the hooks all kinds share.
+
 The variants take turns in blocks of ``--block`` steps; a watched block ends when its watch
 has written what it logged (``flush``), so the writer thread's work counts for that variant, not
 for the plain steps beside it. Ratios are medians over rounds of each variant's block against the
@@ -122,6 +125,9 @@ VARIANTS: Dict[str, Dict] = {
     "5 no input grads": dict(log=FIVE, input_grads=False),
     "5 not logged": dict(log=FIVE, log_freq=100),
 }
+# one kind logged at a time (``--per-kind``): what each adds, the shared hooks counted in each
+PER_KIND: Dict[str, Dict] = {f"{kind} only": dict(log=(kind,)) for kind in FIVE}
+VARIANTS.update(PER_KIND)
 
 
 def measure(name: str, steps: int, chosen: List[str], block: int) -> Dict[str, float]:
@@ -181,6 +187,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=10, help="steps per turn of each variant")
     parser.add_argument("--backends", action="store_true", help="also time each backend's logged step")
     parser.add_argument("--cpu-time", action="store_true", help="the training thread's CPU time, not wall time")
+    parser.add_argument("--per-kind", action="store_true", help="time each kind logged alone (and nothing else)")
     parser.add_argument(
         "--variants",
         default="",
@@ -197,7 +204,8 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.steps} timed steps per variant, {clock}"
     )
-    chosen = [v.strip() for v in args.variants.split(",")] if args.variants else list(VARIANTS)
+    default = list(PER_KIND) if args.per_kind else [k for k in VARIANTS if k not in PER_KIND]
+    chosen = [v.strip() for v in args.variants.split(",")] if args.variants else default
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose among {list(VARIANTS)}")
