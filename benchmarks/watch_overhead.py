@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Cost of ``tl.watch`` on a training step, as ratios against a plain training step.
 
-For each model, three identical copies train on the same batches in one process, their steps
-interleaved (plain, not-logged, logged, plain, ...) so that all three see the same machine:
+For each model, identical copies (one per variant) train on the same batches in one process,
+taking turns in blocks of steps so that all of them see the same machine:
 
 * ``plain``      -- a training step (forward, loss, backward, SGD step) without watch;
 * ``not logged`` -- with ``tl.watch(log_freq=100)``: steps that are not logged;

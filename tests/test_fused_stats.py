@@ -171,3 +171,15 @@ def test_a_strided_tensor_is_sampled_from_its_own_values():
     grid = torch.arange(200_000.0).reshape(400, 500)
     got = Sampler(100).values(grid[:, ::2])  # only even numbers belong to the view
     assert torch.equal(got % 2, torch.zeros(100))
+
+
+@needs_extension
+def test_the_compiled_functions_take_their_arguments_by_the_names_their_stub_gives():
+    x, y = torch.arange(20_000.0), torch.ones(20_000)
+    moments = exact._fused.finite_moments(address=x.data_ptr(), n=x.numel(), wide=False, minus=y.data_ptr())
+    assert moments[2:4] == (-1.0, 19_998.0)
+    out = torch.full((5,), -1.0)
+    state = exact._fused.draw(
+        address=x.data_ptr(), n=x.numel(), wide=False, minus=y.data_ptr(), out=out.data_ptr(), k=5, state=3
+    )
+    assert state != 3 and bool(((out >= -1) & (out < 19_999)).all()) and torch.equal(out, out.round())

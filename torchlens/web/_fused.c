@@ -107,12 +107,13 @@ static void moments(const void *x, const void *y, int64_t n, int wide, double sh
  * and after it, never written out); None when a value is not finite. The values are shifted by
  * the first one (close to the mean in most tensors), and measured again about the mean when the
  * spread is small next to it (cancellation). */
-static PyObject *finite_moments(PyObject *self, PyObject *args) {
+static PyObject *finite_moments(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
+    static char *names[] = {"address", "n", "wide", "minus", NULL};
     unsigned long long address, minus = 0;
     long long n;
     int wide;
-    if (!PyArg_ParseTuple(args, "KLp|K", &address, &n, &wide, &minus))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KLp|K", names, &address, &n, &wide, &minus))
         return NULL;
     if (n <= 0) {
         PyErr_SetString(PyExc_ValueError, "finite_moments needs at least one value");
@@ -188,7 +189,7 @@ static PyObject *draw(PyObject *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"finite_moments", finite_moments, METH_VARARGS,
+    {"finite_moments", (PyCFunction)(void (*)(void))finite_moments, METH_VARARGS | METH_KEYWORDS,
      "finite_moments(address, n, wide, minus=0) -> (mean, m2, min, max, zeros) of n float32 "
      "(float64 if wide) values at address, less those at minus if given; None if one is not finite."},
     {"draw", (PyCFunction)(void (*)(void))draw, METH_VARARGS | METH_KEYWORDS,

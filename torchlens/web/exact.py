@@ -120,7 +120,7 @@ def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[to
         return None
     if not (a.is_contiguous() and b.is_contiguous()):
         return None
-    found = _fused.finite_moments(a.data_ptr(), a.numel(), a.dtype == torch.float64, b.data_ptr())
+    found = _fused.finite_moments(a.data_ptr(), a.numel(), a.dtype == torch.float64, minus=b.data_ptr())
     return None if found is None else _row(a.numel(), found, None)
 
 
