@@ -10,6 +10,8 @@ import torch
 from torchlens.web import exact
 from torchlens.web.exact import EXACT_FIELDS, SMALL, exact_summary, measure
 
+needs_extension = pytest.mark.skipif(exact._fused is None, reason="the compiled extension is not built here")
+
 
 def _reference(x: torch.Tensor) -> dict:
     """The fields computed in float64 by torch, for finite values only (as the explorer defines them)."""
@@ -47,7 +49,7 @@ def test_the_extension_is_built_by_the_install():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 513, 1024 + 5, 100_003])
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 63, 64, 65, 513, 1024 + 5, 2048 + 63, 100_003])
 def test_counts_extremes_and_moments_match_torch(dtype: torch.dtype, n: int):
     g = torch.Generator().manual_seed(n)
     x = (torch.randn(n, generator=g, dtype=torch.float64) * 3 + 2).to(dtype)
@@ -101,24 +103,42 @@ def test_a_large_float_cpu_tensor_is_measured_at_once_not_copied():
     assert isinstance(ints, exact.LazySummary) and pool.owned > 0
 
 
+@needs_extension
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_difference_is_measured_without_writing_it_out(dtype: torch.dtype):
+    from torchlens.train.sampling import Sampler
+
     g = torch.Generator().manual_seed(4)
     after, before = (
         torch.randn(SMALL * 2 + 5, generator=g, dtype=dtype),
         torch.randn(SMALL * 2 + 5, generator=g, dtype=dtype),
     )
     before[::9] = after[::9]  # zeros in the difference
-    got = dict(zip(EXACT_FIELDS, exact.difference_summary(after, before).tolist()))
+    sample, row = Sampler(100).measured_values(after, minus=before)
+    got = dict(zip(EXACT_FIELDS, row.tolist()))
     want = dict(zip(EXACT_FIELDS, exact_summary(after - before).tolist()))
     for field in ("finite", "min", "max", "zeros", "nan"):
         assert got[field] == want[field], field
     assert got["mean"] == pytest.approx(want["mean"], abs=1e-6) and got["m2"] == pytest.approx(want["m2"], rel=1e-6)
+    assert torch.equal(sample, Sampler(100).values(after, minus=before))  # the same draw as alone
     after[3] = float("inf")
-    assert exact.difference_summary(after, before) is None  # not finite: the caller subtracts
-    assert exact.difference_summary(after[4:], before[:-4]) is not None  # views at an offset
-    assert exact.difference_summary(after, before[:-1]) is None  # not the same shape
-    assert exact.difference_summary(after.half(), before.half()) is None  # not a measured dtype
+    not_finite = Sampler(100).measured_values(after, minus=before)
+    assert not_finite[1] is None and not_finite[0].numel() == 100  # the caller subtracts and measures
+    assert Sampler(100).measured_values(after[4:], minus=before[:-4]) is not None  # views at an offset
+    assert Sampler(100).measured_values(after, minus=before[:-1]) is None  # not the same shape
+    assert Sampler(100).measured_values(after.half(), minus=before.half()) is None  # not a measured dtype
+
+
+@needs_extension
+@pytest.mark.parametrize("n", [SMALL + 1, SMALL * 4 + 63, 300_001])
+def test_one_call_samples_and_measures_as_the_two_apart(n: int):
+    from torchlens.train.sampling import Sampler
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 2 - 1
+    x[::17] = 0.0
+    sample, row = Sampler(100).measured_values(x)
+    assert torch.equal(row[:9], exact_summary(x)[:9]) and torch.equal(sample, Sampler(100).values(x))
+    assert Sampler(None).measured_values(x) is None and Sampler(n).measured_values(x) is None  # all values kept
 
 
 class _Sub(torch.Tensor):
@@ -129,12 +149,9 @@ def test_a_tensor_subclass_is_measured_by_torch():
     x = torch.randn(SMALL * 2, generator=torch.Generator().manual_seed(5))
     x[3] = 0.0
     sub = x.as_subclass(_Sub)
-    assert not exact.one_pass(sub) and exact.difference_summary(sub, sub.clone()) is None
+    assert not exact.one_pass(sub) and exact.compiled_draw(sub, sub.clone(), 5, state=1, measure=True) is None
     got, want = exact_summary(sub), exact_summary(x)
     assert torch.allclose(got.as_subclass(torch.Tensor)[:9].float(), want[:9].float(), rtol=1e-5)
-
-
-needs_extension = pytest.mark.skipif(exact._fused is None, reason="the compiled extension is not built here")
 
 
 @needs_extension
@@ -183,3 +200,19 @@ def test_the_compiled_functions_take_their_arguments_by_the_names_their_stub_giv
         address=x.data_ptr(), n=x.numel(), wide=False, minus=y.data_ptr(), out=out.data_ptr(), k=5, state=3
     )
     assert state != 3 and bool(((out >= -1) & (out < 19_999)).all()) and torch.equal(out, out.round())
+    state, moments = exact._fused.draw_and_measure(
+        address=x.data_ptr(), n=x.numel(), wide=False, minus=y.data_ptr(), out=out.data_ptr(), k=5, state=3
+    )
+    assert moments[2:4] == (-1.0, 19_998.0) and state != 3
+
+
+@needs_extension
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64 * 1000 + 3])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_a_streaming_copy_copies_every_byte_whatever_the_alignment(n: int, offset: int):
+    source = torch.randn(n + offset, generator=torch.Generator().manual_seed(n))[offset:]
+    dest = torch.full((n + 4,), -7.0)[1 : n + 1]  # not on a 16-byte boundary, guarded on both sides
+    assert exact.copy_streaming([dest], [source])
+    assert torch.equal(dest, source) and dest._base[0].item() == -7.0 and dest._base[-3:].eq(-7.0).all()
+    assert not exact.copy_streaming([dest.double()], [source])  # dtypes differ: torch copies
+    assert not exact.copy_streaming([torch.zeros(n).as_subclass(_Sub)], [source])  # not plain memory

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import SMALL, CopyPool, LazySummary, measure, summary_norm
+from ..web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
@@ -444,17 +444,26 @@ class StepRecorder:
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]
-        # a small CPU tensor is copied; a large one measured at once in one pass (float, with the
-        # compiled statistics) or else copied into the pool
+        # a small CPU tensor is copied; a large one sampled and measured at once in one compiled
+        # call (float), or else copied into the pool
+        part: Part
+        both = self.sampler.measured_values(t) if t.numel() > SMALL else None
+        if both is not None:
+            part = (both[0], both[1] if both[1] is not None else exact_summary(t), None)
+            return self._remember(t, part)
         copied = measure(t, pool=self.copies) if t.numel() > SMALL or t.is_cpu else None
         if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
             copied.draw = self.later_sampler.values
-            part: Part = (copied, copied, None)
+            part = (copied, copied, None)
         else:
             sample = self.sampler.values(t)
             if sample is None:
                 return None
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
+        return self._remember(t, part)
+
+    def _remember(self, t: torch.Tensor, part: Part) -> Part:
+        """Keep ``t``'s part for the step: another call that sees it unchanged takes the same."""
         try:
             self._seen[id(t)] = (weakref.ref(t), t._version, part)
         except TypeError:  # a tensor subclass without weak references: measured each time

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from ..web.exact import SMALL, LazySummary, difference_summary, summary_norm
+from ..web.exact import SMALL, LazySummary, copy_streaming, summary_norm
 from .recorder import StepRecorder
 
 
@@ -96,7 +96,8 @@ class UpdateHooks:
         free = bool(kept) and all(lazy.measured for lazy in lazies)
         if not free or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
             return [p.detach().clone() for p in params]
-        torch._foreach_copy_(kept, [p.detach() for p in params])
+        if not copy_streaming(kept, params):
+            torch._foreach_copy_(kept, [p.detach() for p in params])
         return kept
 
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -135,17 +136,16 @@ class UpdateHooks:
 
     def _measured_at_once(self, p: torch.Tensor, before: torch.Tensor, norm: Any, owners: Dict) -> bool:
         """Record the update of a large float CPU parameter measured in one pass over the parameter
-        and its copy (``difference_summary``: the update is never written out); False where that
+        and its copy (``Sampler.measured_values``: the update is never written out); False where that
         cannot be done (the caller subtracts and measures later)."""
         if p.numel() <= SMALL or not isinstance(norm, torch.Tensor):
             return False
-        row = difference_summary(p, before)
-        if row is None:
+        both = self.recorder.sampler.measured_values(p, minus=before)
+        if both is None or both[1] is None:  # not finite: subtracted and measured by torch
             return False
+        sample, row = both
         row[9] = _ratio(summary_norm(row).item(), norm.item())
-        sample = self.recorder.sampler.values(p, minus=before)
-        if sample is not None:
-            self.recorder.add_update(owners.get(id(p), []), (sample, row, None))
+        self.recorder.add_update(owners.get(id(p), []), (sample, row, None))
         return True
 
     def _negated_sample(self, reverse: torch.Tensor) -> Optional[torch.Tensor]:

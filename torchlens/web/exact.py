@@ -104,37 +104,21 @@ def one_pass(tensor: torch.Tensor) -> bool:
     return _kernel_reads(tensor.detach(), _ONE_PASS + _HALF)
 
 
-def difference_summary(after: torch.Tensor, before: torch.Tensor) -> Optional[torch.Tensor]:
-    """``exact_summary(after - before)`` in one pass that never writes the difference out (an
-    optimizer's update from the parameter and its copy from before the step). None where the
-    compiled ``torchlens.web._fused`` cannot (not two contiguous float CPU tensors of one dtype and
-    shape) or a difference is not finite: then subtract and measure.
-
-    Example:
-        >>> row = difference_summary(torch.tensor([1.0, 5.0] * 9000), torch.tensor([1.0, 2.0] * 9000))
-        >>> row is None or (row[1].item(), row[4].item(), row[8].item()) == (1.5, 3.0, 9000.0)
-        True
-    """
-    a, b = after.detach(), before.detach()
-    if not (_kernel_reads(a) and _kernel_reads(b)) or (a.dtype, a.shape) != (b.dtype, b.shape) or a.numel() == 0:
-        return None
-    if not (a.is_contiguous() and b.is_contiguous()):
-        return None
-    found = _fused.finite_moments(a.data_ptr(), a.numel(), a.dtype == torch.float64, minus=b.data_ptr())
-    return None if found is None else _row(a.numel(), found, None)
-
-
 def compiled_draw(
-    values: torch.Tensor, minus: Optional[torch.Tensor], k: int, state: int
-) -> Optional[Tuple[torch.Tensor, int]]:
+    values: torch.Tensor, minus: Optional[torch.Tensor], k: int, state: int, measure: bool = False
+) -> Optional[Tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
     """``k`` of the values (less ``minus`` at the same positions), picked at random with
     replacement by the compiled ``torchlens.web._fused`` from the random stream at ``state``, as
-    float32; with the stream's next state. None where it cannot read them (not contiguous float
-    CPU tensors of one dtype and shape): then torch draws them.
+    float32; with the stream's next state, and with ``measure`` the ``exact_summary`` of the same
+    values from the same call (None there when a value is not finite: torch's careful path counts
+    them). None where it cannot read them (not contiguous float CPU tensors of one dtype and
+    shape): then torch draws them.
 
     Example:
-        >>> got = compiled_draw(torch.arange(5000.0), None, 3, state=7)
+        >>> got = compiled_draw(torch.arange(5000.0), None, 3, state=7, measure=True)
         >>> got is None or (got[0].shape == (3,) and all(0 <= v < 5000 for v in got[0].tolist()))
+        True
+        >>> got is None or got[2][4].item() == 4999.0  # the true maximum, whatever was drawn
         True
     """
     x = values.detach()
@@ -146,8 +130,37 @@ def compiled_draw(
     out = torch.empty(k, dtype=torch.float32)
     wide = x.dtype == torch.float64
     minus_at = 0 if y is None else y.data_ptr()
-    state = _fused.draw(x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state)
-    return out, state
+    if not measure:
+        state = _fused.draw(x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state)
+        return out, state, None
+    state, found = _fused.draw_and_measure(
+        x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state
+    )
+    return out, state, None if found is None else _row(x.numel(), found, None)
+
+
+def copy_streaming(dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> bool:
+    """Copy each source into its destination (contiguous float CPU tensors of one dtype and
+    shape) with the compiled copy whose stores go around the caches: large copies read again
+    only much later (an optimizer's parameters before its step) cost less so. False, copying
+    nothing, where it cannot (the caller copies with torch).
+
+    Example:
+        >>> a, b = torch.zeros(5), torch.arange(5.0)
+        >>> copy_streaming([a], [b]) is False or a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        True
+    """
+    pairs = [(d, s.detach()) for d, s in zip(dests, sources)]
+    if _fused is None or len(pairs) != len(dests) or len(dests) != len(sources):
+        return False
+    for d, s in pairs:
+        if not (_kernel_reads(d) and _kernel_reads(s) and d.is_contiguous() and s.is_contiguous()):
+            return False
+        if (d.dtype, d.shape) != (s.dtype, s.shape):
+            return False
+    for d, s in pairs:
+        _fused.copy(d.data_ptr(), s.data_ptr(), s.numel() * s.element_size())
+    return True
 
 
 def _row(n: int, moments: Tuple[float, float, float, float, int], line: Optional[torch.Tensor]) -> torch.Tensor:
