@@ -131,6 +131,56 @@ def test_inplace_relu_module_input_gradient(tmp_path):
     assert_strip_holds(run.series("1:1", "io_grad", "output 0"), norms(grad_after))
 
 
+class ReadBeforeActivation(nn.Module):
+    """Its hidden tensor is read twice before an in-place activation changes it."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.lin, self.act, self.out = nn.Linear(3, 4), act, nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.lin(x)
+        early = h * 3  # a use of h's old value, outside the activation's call
+        return self.out(self.act(h)) + early[:, :2]
+
+
+class MyReLU(nn.ReLU):
+    """A subclass may do anything in forward: it gets an alias like any module."""
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(inplace=True), nn.SiLU(inplace=True), MyReLU(inplace=True)])
+def test_an_inplace_activation_input_gets_its_own_share_only(tmp_path, act):
+    torch.manual_seed(0)
+    model = ReadBeforeActivation(act)
+    x = torch.randn(6, 3)
+    twin = copy.deepcopy(model)
+    h = twin.lin(x)
+    after = twin.act.__class__()(h)  # out of place: h keeps its old value
+    loss = loss_of(twin.out(after) + (h * 3)[:, :2])
+    grad_after, grad_h = torch.autograd.grad(loss, [after, h], retain_graph=True)
+    expected = torch.autograd.grad(after, h, grad_after)[0]  # without the early use's share
+    plain = copy.deepcopy(model)
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(x)).backward()
+    w.close()
+    loss_of(plain(x)).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), plain.parameters()))
+    run = tl.open_run(w.run_dir)
+    assert_strip_holds(run.series("act:1", "io_grad", "input 0"), norms(expected))
+    assert_strip_holds(run.series("act:1", "io_grad", "output 0"), norms(grad_after))
+    assert_strip_holds(run.series("lin:1", "io_grad", "output 0"), norms(grad_h))  # both uses
+
+
+def test_an_inplace_activation_that_changes_nothing_says_why(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    model[1].forward = lambda x: x  # its forward replaced: the input comes back unchanged
+    w = quiet_watch(model, tmp_path / "run")
+    loss_of(model(torch.randn(4, 3))).backward()
+    w.close()
+    s = tl.open_run(w.run_dir).series("1:1", "io_grad", "input 0")
+    assert s.steps.tolist() == [] and "left its input unchanged" in s.reason
+
+
 class Quantize(nn.Module):
     def forward(self, x):
         return x.round().long()  # stops the gradient

@@ -16,7 +16,9 @@ own alias of each input that requires grad (``x.view_as(x)``, one per distinct t
 call changes its alias in place (``ReLU(inplace=True)``), autograd routes the later uses
 through the in-place op's node on the alias's base: that node's gradient for the old base,
 plus what reached the alias before the change, is the call's share, summed when the base's old
-node is about to run. The model's own floating inputs that do not require grad get an alias
+node is about to run. torch's own in-place activations (``IN_PLACE_ACTIVATIONS``) get no alias:
+their share is read from the in-place op's node, which spares backward two copies of the
+gradient. The model's own floating inputs that do not require grad get an alias
 that does (a copy of a detached leaf; the user's tensor is untouched), unless ``input_grads``
 is off. A gradient series without values gets a reason (``REASONS``).
 """
@@ -48,6 +50,7 @@ NOT_FLOAT = "no gradient: not a floating-point tensor"
 NOT_REACHED = "no gradient: no backward pass reached it in this step"
 NOT_REBUILT = "no gradient: the input sits in a container torchlens cannot copy, so it gets no alias"
 NOT_STRIDED = "no gradient: a sparse or other non-strided input gets no alias"
+NOT_CHANGED = "no gradient: the in-place call left its input unchanged, so its share cannot be told apart"
 REASONS = (
     NOT_DIFFERENTIABLE,
     NO_OUTPUT,
@@ -57,6 +60,30 @@ REASONS = (
     NOT_REACHED,
     NOT_REBUILT,
     NOT_STRIDED,
+    NOT_CHANGED,
+)
+
+# torch's activations that change their whole input in place whenever ``inplace`` is set (the
+# exact classes: a subclass may do otherwise). Such a call's input gets no alias: its share of
+# the gradient is what the in-place op's node sends back to the input's old value, read there.
+# An alias changed in place would cost backward two more copies of the gradient (the view's
+# as_strided node and the base's CopySlices), a few percent of a ResNet's step.
+IN_PLACE_ACTIVATIONS = frozenset(
+    {
+        nn.ReLU,
+        nn.ReLU6,
+        nn.LeakyReLU,
+        nn.ELU,
+        nn.CELU,
+        nn.SELU,
+        nn.Hardtanh,
+        nn.SiLU,
+        nn.Mish,
+        nn.Hardswish,
+        nn.Hardsigmoid,
+        nn.RReLU,
+        nn.Threshold,
+    }
 )
 
 
@@ -64,7 +91,7 @@ class _Alias:
     """One call's alias of one input tensor, and what is needed to follow in-place changes.
     The tensors are let go when the call returns: a logged step keeps no activation alive."""
 
-    __slots__ = ("tensor", "keys", "base", "old_fn", "version", "geometry", "part", "split")
+    __slots__ = ("tensor", "keys", "base", "old_fn", "version", "geometry", "part", "split", "direct", "output_nr")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor: Optional[torch.Tensor] = tensor
@@ -87,6 +114,15 @@ class _Alias:
             )
         self.part: Optional[torch.Tensor] = None  # the gradient summed so far, when it comes in parts
         self.split = False  # the call changed the alias in place: its gradient comes in parts
+        self.direct = False  # not an alias: the call's own input, changed in place (IN_PLACE_ACTIVATIONS)
+        self.output_nr = 0  # with ``direct``: which output of its node ``old_fn`` the input was
+
+    @classmethod
+    def of_input(cls, tensor: torch.Tensor) -> "_Alias":
+        """An in-place activation's own input (``direct``), read through its node's history."""
+        entry = cls(tensor)
+        entry.direct, entry.old_fn, entry.output_nr = True, tensor.grad_fn, tensor.output_nr
+        return entry
 
 
 class ModelHook:
@@ -316,6 +352,7 @@ class StepRecorder:
         """Give the call its own alias of each input that can carry a gradient, hooked."""
         root = module is self.model and len(self.stack) == 1
         made: Dict[int, _Alias] = {}  # id(input) -> its alias: the same tensor gets the same alias
+        in_place = len(call[2]) == 1 and type(module) in IN_PLACE_ACTIVATIONS and module.inplace is True
         swaps: List[Tuple[Any, torch.Tensor]] = []
         for name, position, t in call[2]:
             key = (cid, "io_grad", name)
@@ -326,6 +363,10 @@ class StepRecorder:
                     continue
                 if t.requires_grad and t.layout != torch.strided:
                     self.reasons[key] = NOT_STRIDED
+                    continue
+                if in_place and t.requires_grad and t._base is None and t.grad_fn is not None:
+                    entry = made[id(t)] = _Alias.of_input(t)  # no alias to swap in: followed in post
+                    entry.keys.append(key)
                     continue
                 if t.requires_grad:
                     try:
@@ -341,6 +382,9 @@ class StepRecorder:
             entry.keys.append(key)
             swaps.append((position, entry.tensor))
         if not swaps:
+            for entry in made.values():  # an in-place activation's own input
+                frame.append(entry)
+                self.reasons[entry.keys[0]] = NOT_REACHED  # until a gradient comes
             return None
         try:
             replaced = _substitute(call[:2], swaps)
@@ -375,6 +419,8 @@ class StepRecorder:
             if not differentiable:  # nothing for backward to come back through
                 for key in entry.keys:
                     self.reasons[key] = NOT_DIFFERENTIABLE if outputs else NO_OUTPUT
+            elif entry.direct:
+                self._follow_input(entry)
             elif entry.base is not None and entry.tensor is not None and entry.tensor._version != entry.version:
                 self._follow_inplace(entry)
             entry.tensor = entry.base = entry.old_fn = None
@@ -403,6 +449,22 @@ class StepRecorder:
 
         self._tensor_hooks.append(newer.register_hook(from_base))
         self._tensor_hooks.append(node.register_prehook(done))
+
+    def _follow_input(self, entry: _Alias) -> None:
+        """An in-place activation's input (no alias): its share is what the first node added by
+        the call sends back to the input's old node, ``old_fn``."""
+        node, newer = entry.tensor.grad_fn if entry.tensor is not None else None, None
+        if entry.tensor is not None and entry.tensor._version != entry.version:
+            while node is not None and node is not entry.old_fn:
+                newer = node
+                node = node.next_functions[0][0] if node.next_functions else None
+        slots = [] if newer is None or node is None else _slots_of(newer, entry.old_fn, entry.output_nr)
+        if not slots:  # not changed in place after all (its forward replaced): no share to read
+            for key in entry.keys:
+                self.reasons[key] = NOT_CHANGED
+            return
+        hook = functools.partial(self._record_input, entry, slots, self.step)
+        self._tensor_hooks.append(newer.register_hook(hook))  # type: ignore[union-attr]
 
     def attach(self, module: nn.Module, name: str, tensor: torch.Tensor) -> None:
         address = self.addresses.get(id(module))
@@ -516,6 +578,17 @@ class StepRecorder:
         for key in entry.keys:
             self._add(key, part)
 
+    def _record_input(
+        self, entry: _Alias, slots: List[int], step: Optional[int], grad_inputs: tuple, grad_outputs: tuple
+    ) -> None:
+        grads = [grad_inputs[i] for i in slots if grad_inputs[i] is not None]
+        if self.step != step or not grads:
+            return
+        self.on_gradient()
+        part = self._norms(grads[0] if len(grads) == 1 else sum(grads[1:], grads[0]))
+        for key in entry.keys:
+            self._add(key, part)
+
     def _add_part(self, entry: _Alias, grad: torch.Tensor) -> None:
         g = grad.detach()
         entry.part = g if entry.part is None else entry.part + g
@@ -578,6 +651,11 @@ def _replaced(value: Any, path: tuple, tensor: torch.Tensor) -> Any:
     new = copy.copy(value)  # list, dict and their subclasses
     new[path[0]] = inner
     return new
+
+
+def _slots_of(node: Any, target: Any, output_nr: int) -> List[int]:
+    """The positions of ``node``'s gradients (its inputs) that go to output ``output_nr`` of ``target``."""
+    return [i for i, (fn, nr) in enumerate(node.next_functions) if fn is target and nr == output_nr]
 
 
 def _same_values(seen: torch.Tensor, version: int, grad: torch.Tensor) -> bool:
