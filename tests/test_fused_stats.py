@@ -216,3 +216,14 @@ def test_a_streaming_copy_copies_every_byte_whatever_the_alignment(n: int, offse
     assert torch.equal(dest, source) and dest._base[0].item() == -7.0 and dest._base[-3:].eq(-7.0).all()
     assert not exact.copy_streaming([dest.double()], [source])  # dtypes differ: torch copies
     assert not exact.copy_streaming([torch.zeros(n).as_subclass(_Sub)], [source])  # not plain memory
+
+
+@needs_extension
+def test_the_compiled_functions_refuse_counts_that_make_no_sense():
+    x, out = torch.arange(10.0), torch.empty(3)
+    with pytest.raises(ValueError, match="draw_and_measure needs at least one value"):
+        exact._fused.draw_and_measure(x.data_ptr(), 0, False, 0, out.data_ptr(), 3, 1)
+    with pytest.raises(ValueError, match="draw needs at least one value"):
+        exact._fused.draw(x.data_ptr(), 10, False, 0, out.data_ptr(), -1, 1)
+    with pytest.raises(ValueError, match="copy needs a count of bytes"):
+        exact._fused.copy(out.data_ptr(), x.data_ptr(), -4)

@@ -261,24 +261,40 @@ static PyObject *finite_moments(PyObject *self, PyObject *args, PyObject *kwargs
     return moments_tuple(finite, m);
 }
 
+/* The arguments of draw and draw_and_measure, the same for both. */
+typedef struct {
+    const void *x, *y;
+    long long n, k;
+    int wide;
+    float *out;
+    uint64_t state;
+} DrawCall;
+
+static int parse_draw(PyObject *args, PyObject *kwargs, const char *who, DrawCall *c) {
+    static char *names[] = {"address", "n", "wide", "minus", "out", "k", "state", NULL};
+    unsigned long long address, minus, out, state;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KLpKKLK", names, &address, &c->n, &c->wide, &minus, &out, &c->k,
+                                     &state))
+        return 0;
+    if (c->n <= 0 || c->k < 0) {
+        PyErr_Format(PyExc_ValueError, "%s needs at least one value and a count of zero or more", who);
+        return 0;
+    }
+    c->x = (const void *)(uintptr_t)address, c->y = (const void *)(uintptr_t)minus;
+    c->out = (float *)(uintptr_t)out, c->state = state;
+    return 1;
+}
+
 /* draw(address, n, wide, minus, out, k, state) -> state: k values picked at random among the n
  * at address (less those at minus if nonzero), written as float32 at out. One call costs less
  * than the torch operations it replaces (randint, index_select, a conversion), which dominate
  * for a sample of a hundred values. */
 static PyObject *draw(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *names[] = {"address", "n", "wide", "minus", "out", "k", "state", NULL};
-    unsigned long long address, minus, out, state;
-    long long n, k;
-    int wide;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KLpKKLK", names, &address, &n, &wide, &minus, &out, &k, &state))
+    DrawCall c;
+    if (!parse_draw(args, kwargs, "draw", &c))
         return NULL;
-    if (n <= 0 || k < 0) {
-        PyErr_SetString(PyExc_ValueError, "draw needs at least one value and a count of zero or more");
-        return NULL;
-    }
-    const void *x = (const void *)(uintptr_t)address, *y = (const void *)(uintptr_t)minus;
-    return PyLong_FromUnsignedLongLong(draw_values(x, y, n, wide, (float *)(uintptr_t)out, k, state));
+    return PyLong_FromUnsignedLongLong(draw_values(c.x, c.y, c.n, c.wide, c.out, c.k, c.state));
 }
 
 /* draw_and_measure(address, n, wide, minus, out, k, state) -> (state, moments): ``finite_moments``
@@ -287,26 +303,19 @@ static PyObject *draw(PyObject *self, PyObject *args, PyObject *kwargs) {
  * tensors of a few thousand values. */
 static PyObject *draw_and_measure(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *names[] = {"address", "n", "wide", "minus", "out", "k", "state", NULL};
-    unsigned long long address, minus, out, state;
-    long long n, k;
-    int wide, finite;
+    DrawCall c;
+    int finite;
     double m[5];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KLpKKLK", names, &address, &n, &wide, &minus, &out, &k, &state))
+    if (!parse_draw(args, kwargs, "draw_and_measure", &c))
         return NULL;
-    if (n <= 0 || k < 0) {
-        PyErr_SetString(PyExc_ValueError, "draw_and_measure needs at least one value and a count of zero or more");
-        return NULL;
-    }
-    const void *x = (const void *)(uintptr_t)address, *y = (const void *)(uintptr_t)minus;
     Py_BEGIN_ALLOW_THREADS;
-    finite = finite_pass(x, y, n, wide, m);
-    state = draw_values(x, y, n, wide, (float *)(uintptr_t)out, k, state); /* from cache, mostly */
+    finite = finite_pass(c.x, c.y, c.n, c.wide, m);
+    c.state = draw_values(c.x, c.y, c.n, c.wide, c.out, c.k, c.state); /* from cache, mostly */
     Py_END_ALLOW_THREADS;
     PyObject *found = moments_tuple(finite, m);
     if (found == NULL)
         return NULL;
-    return Py_BuildValue("(KN)", (unsigned long long)state, found);
+    return Py_BuildValue("(KN)", (unsigned long long)c.state, found);
 }
 
 /* copy(dest, source, nbytes): a copy whose stores go around the caches (x86-64's streaming
@@ -320,6 +329,10 @@ static PyObject *copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     long long nbytes;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKL", names, &dest, &source, &nbytes))
         return NULL;
+    if (nbytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "copy needs a count of bytes of zero or more");
+        return NULL;
+    }
     char *d = (char *)(uintptr_t)dest;
     const char *s = (const char *)(uintptr_t)source;
     Py_BEGIN_ALLOW_THREADS;
