@@ -242,6 +242,17 @@ class _Branchy(torch.nn.Module):
         return self.b(x) if dist.get_rank() == 1 else x * 1.0
 
 
+def _leave_together(out: str, rank: int, world: int, seconds: float = 30.0) -> None:
+    """Wait (bounded) until every rank has written its result, without a collective: after a
+    mismatch a rank that tears its gloo group down while a peer still uses it can abort the peer."""
+    import time
+
+    open(f"{out}.left{rank}", "w").close()
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(f"{out}.left{r}") for r in range(world)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _branch_worker(rank: int, world: int, init: str, out: str) -> None:
     import torchlens as tl
 
@@ -265,6 +276,7 @@ def _branch_worker(rank: int, world: int, init: str, out: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(error, f)
     finally:
+        _leave_together(out, rank, world)
         dist.destroy_process_group()
 
 
