@@ -408,3 +408,14 @@ def test_backward_into_a_parameter():
     report = tl.find_nonfinite(SqrtOfAParameter(), torch.ones(2))
     check(report, "backward", "sqrt", "inf", SqrtOfAParameter.forward, "torch.sqrt(self.scale)")
     assert [(p.label, p.gradient_kind, p.has_zeros) for p in report.parents] == [("scale", "inf", True)]
+
+
+def test_a_meta_model_is_refused_not_called_finite():
+    """A pass without values cannot be called finite (as compare, validate and rerun refuse)."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.raises(tl.MetaDeviceError, match="find_nonfinite needs tensor values.*meta device"):
+        tl.find_nonfinite(model, torch.zeros(2, 4, device="meta"))
+    real = nn.Linear(4, 1)  # real weights, a meta input: still no values
+    with pytest.raises(tl.MetaDeviceError, match="find_nonfinite"):
+        tl.find_nonfinite(real, torch.zeros(2, 4, device="meta"))

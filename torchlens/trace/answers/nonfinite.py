@@ -28,6 +28,7 @@ from ..capture.unwrap import eager_only, traceable_model
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
 from ..postprocess import build_history
+from ..records.meta import is_meta_history, refuse_meta
 from ..records.tensor_log import TensorLogEntry
 from .flags import FlagPlan, FocusPlan, as_finite, as_nan_free, finite_flag, read_flags
 from .report import NonfiniteReport, nonfinite_kind, parent_stats
@@ -87,6 +88,8 @@ def find_nonfinite(
         )
     model, notes = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
+    if _on_meta(model, (args, kwargs)):  # no values: "every value stayed finite" would be a guess
+        raise refuse_meta("find_nonfinite")
     seed: Union[int, RngState] = random.SystemRandom().randrange(2**32) if random_seed is None else random_seed
     if not isinstance(seed, RngState):
         seed = int(seed)
@@ -204,6 +207,9 @@ def _answer(search: _Search, backward: bool) -> NonfiniteReport:
     bad_state = _nonfinite_state(search.model)
     first = search.flag_pass(gradients=backward and bad_state is None)
     history, finite = first.history, first.finite
+    if is_meta_history(history):  # made its tensors on meta itself: nothing was measured
+        first.plan.remove_hooks()
+        raise refuse_meta("find_nonfinite")
     if bad_state is not None:
         first.plan.remove_hooks()
         address, value = bad_state
@@ -232,6 +238,12 @@ def _answer(search: _Search, backward: bool) -> NonfiniteReport:
         first.plan.remove_hooks()
     first.output = None  # frees the graph
     return _backward_report(search, first, loss, leaf_grads=leaf_grads, skipped=skipped)
+
+
+def _on_meta(model: nn.Module, inputs: Tuple[tuple, dict]) -> bool:
+    """Whether a parameter, a buffer or an input tensor is on the meta device (shapes, no values)."""
+    state = [t for t in model.parameters() if not is_lazy(t)] + [t for t in model.buffers() if t is not None]
+    return any(t.is_meta for t in state) or any(t.is_meta for _, t in tensors_in_call(*inputs))
 
 
 def _nonfinite_state(model: nn.Module) -> Optional[Tuple[str, torch.Tensor]]:
