@@ -405,23 +405,25 @@ def test_tensors_made_during_the_pass_by_untraced_calls_are_still_gaps(grad):
 
 
 def test_the_pass_leaves_the_garbage_collector_as_it_was():
-    """A pass freezes the collector's objects to tell old tensors from new ones, and always
-    unfreezes them: after a pass, after a model that raised."""
+    """A pass tells old tensors from new ones by the collector's youngest generation: it never
+    freezes, disables or collects, and its marker and callback are gone after a pass, also
+    after a model that raised."""
 
     class Raises(nn.Module):
         def forward(self, x):
             raise ValueError("the model's own error")
 
+    callbacks, enabled, thresholds = list(gc.callbacks), gc.isenabled(), gc.get_threshold()
     tl.log_forward_pass(Constants(), torch.randn(3))
-    assert gc.get_freeze_count() == 0
     with pytest.raises(ValueError):
         tl.log_forward_pass(Raises(), torch.randn(3))
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
+    assert (gc.isenabled(), gc.get_threshold()) == (enabled, thresholds)
 
 
 def test_a_process_that_froze_objects_itself():
-    """The pass must not undo a process's own ``gc.freeze()`` (a server before forking): it
-    does not freeze, and tells old from new tensors all the same."""
+    """The pass must not undo a process's own ``gc.freeze()`` (a server before forking), and
+    tells old from new tensors all the same."""
     model, x = Constants(), torch.randn(3)
     model(x)
     sentinel = []
@@ -437,6 +439,56 @@ def test_a_process_that_froze_objects_itself():
         assert not any(o is sentinel for o in gc.get_objects())  # still frozen
     finally:
         gc.unfreeze()
+
+
+class CollectsMidPass(nn.Module):
+    """Collections run inside the forward, between making tensors and using them: a tensor made
+    by an untraced call is still a gap after a collection has moved it on, and a constant made
+    before the pass is still a constant, whatever generation each ends up in."""
+
+    def __init__(self):
+        super().__init__()
+        self.cfg = SimpleNamespace(offset=torch.tensor(2.0))
+
+    def forward(self, x):
+        made = torch._C._VariableFunctions.exp(x)
+        gc.collect(0)
+        y = x * made
+        made_too = torch._C._VariableFunctions.sin(x)
+        gc.collect()
+        return y + made_too + self.cfg.offset
+
+
+def test_collections_during_the_pass_move_nothing_across_the_line():
+    h = tl.log_forward_pass(CollectsMidPass(), torch.randn(3))
+    assert len(h.untraced_layers) == 2
+    assert not any("offset" in label for label in h.untraced_layers)
+
+
+def test_the_pass_walks_no_object_older_than_itself(monkeypatch):
+    """Heap independence: a process that froze its objects and then grew by many more gets the
+    same history, and the pass never asks the collector for anything but its youngest
+    generation (the cost of a walk over the heap grows with the process, not the model)."""
+    model, x = CollectsMidPass(), torch.randn(3)
+    small = tl.log_forward_pass(model, x, random_seed=0)
+    asked = []
+    real = gc.get_objects
+
+    def get_objects(generation=None):
+        asked.append(generation)
+        return real() if generation is None else real(generation)
+
+    gc.freeze()
+    ballast = [[i] for i in range(200_000)]  # old, unfrozen objects the walk would have listed
+    try:
+        monkeypatch.setattr(gc, "get_objects", get_objects)
+        big = tl.log_forward_pass(model, x, random_seed=0)
+    finally:
+        monkeypatch.undo()
+        gc.unfreeze()
+    del ballast
+    assert big.layer_labels == small.layer_labels and big.untraced_layers == small.untraced_layers
+    assert asked and set(asked) == {0}
 
 
 def test_ground_truth_looks_inside_objects():

@@ -3,19 +3,21 @@
 A tensor that reaches a logged operation without a record is either a constant (it existed
 before the pass: held by a module, a global, a closure cell, a default argument, a class, or
 anything else the model reaches) or a gap (a call torchlens did not log made it during the
-pass). Listing the places a constant can live never ends; asking the garbage collector is
-exact, because every tensor object is tracked by it from creation to death.
+pass). Listing the places a constant can live never ends; the garbage collector already keeps
+the answer, because it files every tensor object by age from creation to death:
 
-It is also cheap. ``gc.freeze()`` at the start moves every tracked object into the permanent
-generation in constant time, so from then on the collector's generations hold only objects
-created during the pass; ``gc.unfreeze()`` at the end puts the frozen objects back (into the
-oldest generation). Nothing is walked unless an unrecorded tensor shows up, and then only the
-objects made since the start.
+- a new object is appended to the youngest generation's list, so a marker appended when the
+  pass starts divides that list into older objects (before it) and the pass's own (after it);
+- objects leave the youngest generation only in a collection, and every collection first calls
+  ``gc.callbacks``: there the pass notes the tensors of its own that are about to be moved on.
 
-A process that froze objects itself (``gc.get_freeze_count() > 0``, e.g. before forking
-workers) would have its own freeze undone by ``gc.unfreeze()``. There the pass does not
-freeze: it notes the tensors outside the permanent generation at the start instead (a walk
-over the unfrozen objects, once per pass); the answer is just as exact.
+So "was it made during the pass?" is "is it in the youngest generation after the marker, or
+noted on its way out?", whatever the rest of the process holds (frozen objects, millions of
+old objects): nothing older than the pass is ever walked, and the collector is not frozen,
+unfrozen, disabled or collected. The pass adds one marker and one callback, and removes both.
+
+A build where that filing does not hold (a free-threaded build, where the collector keeps no
+generations) falls back to noting the tensors alive at the start, a walk over the heap.
 """
 
 from __future__ import annotations
@@ -23,54 +25,112 @@ from __future__ import annotations
 import gc
 import sysconfig
 import weakref
-from typing import Dict
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 _Tensor = torch.Tensor
-_GENERATIONS = (0, 1, 2)  # youngest first: a tensor just made by an untraced call is found soonest
-# On a free-threaded build, freezing marks every object (no constant-time list move), and what
-# get_objects then reports is not settled: take the notes instead.
-_CAN_FREEZE = not sysconfig.get_config_var("Py_GIL_DISABLED")
+
+
+def _is_tensor(obj: object) -> bool:
+    return issubclass(type(obj), _Tensor)  # type(): a proxy's __class__ must not fool the check
 
 
 class PassStart:
     """The moment a pass began. ``existed(t)``: was tensor ``t`` alive then? ``end()`` must
-    follow (in a ``finally``): it puts the collector back as it was."""
+    follow (in a ``finally``): it removes the pass's marker and collection callback.
+
+    >>> before = torch.zeros(1)
+    >>> start = PassStart()
+    >>> during = torch.zeros(1)
+    >>> start.existed(before), start.existed(during)
+    (True, False)
+    >>> start.end()
+    """
 
     def __init__(self) -> None:
-        self.froze = _CAN_FREEZE and gc.get_freeze_count() == 0
-        # without a freeze of our own: the tensors in the generations now, by id (weakly: the
-        # pass must not keep alive what the model drops)
-        self.unfrozen: Dict[int, weakref.ref] = {}
-        if self.froze:
-            gc.freeze()
-        else:
-            self.unfrozen = _tensors_in_generations()
+        self._callback: Optional[Callable[[str, Dict[str, Any]], None]] = None
+        self._notes: Optional[Dict[int, weakref.ref]] = None
+        # tensors of the pass moved out of the youngest generation by a collection, by id
+        # (weakly: the pass must not keep alive what the model drops)
+        self._moved_on: Dict[int, weakref.ref] = {}
+        if not _generations_kept():
+            self._notes = {id(o): weakref.ref(o) for o in gc.get_objects() if _is_tensor(o)}
+            return
+        self._marker: List[None] = []  # a list is always tracked: appended last, now
+        self._marker_moved = False  # by a collection, out of the youngest generation
+        self._callback = self._before_collection
+        gc.callbacks.append(self._callback)
 
     def existed(self, tensor: torch.Tensor) -> bool:
-        noted = self.unfrozen.get(id(tensor))
-        if noted is not None and noted() is tensor:
-            return True
-        # in the generations now: created after the freeze (ours or the process's own)
-        return not _in_generations(tensor)
+        if self._notes is not None:
+            noted = self._notes.get(id(tensor))
+            return noted is not None and noted() is tensor
+        young = gc.get_objects(generation=0)  # a collection this triggers has run its callback
+        moved = self._moved_on.get(id(tensor))
+        if moved is not None and moved() is tensor:
+            return False
+        return not any(o is tensor for o in self._made_since_start(young))
 
     def end(self) -> None:
-        if self.froze:
-            self.froze = False
-            gc.unfreeze()
-        self.unfrozen = {}
+        if self._callback is not None:
+            try:
+                gc.callbacks.remove(self._callback)
+            except ValueError:  # the process cleared gc.callbacks itself
+                pass
+            self._callback = None
+        self._marker_moved = True
+        self._moved_on = {}
+        self._notes = None
+
+    def _made_since_start(self, young: List[Any]) -> List[Any]:
+        """The part of the youngest generation's list made after the start: after the marker
+        while it is there, all of it once a collection has moved the marker on."""
+        if self._marker_moved:
+            return young
+        marker = self._marker
+        for index in range(len(young) - 1, -1, -1):  # the marker is usually near the end
+            if young[index] is marker:
+                return young[index + 1 :]
+        return young
+
+    def _before_collection(self, phase: str, info: Dict[str, Any]) -> None:
+        """Every collection takes the youngest generation: note the pass's tensors in it, which
+        the collection moves on if they survive. Must never raise (the collector would print)."""
+        if phase != "start" or self._callback is None:
+            return
+        try:
+            for obj in self._made_since_start(gc.get_objects(generation=0)):
+                if _is_tensor(obj):
+                    self._moved_on[id(obj)] = weakref.ref(obj)
+        finally:
+            # the marker survives (the pass holds it), so it leaves the youngest generation now,
+            # and from then on all of that generation is the pass's own
+            self._marker_moved = True
 
 
-def _in_generations(obj: object) -> bool:
-    """Whether ``obj`` is in one of the collector's generations, i.e. not frozen. An id is
-    enough: ``obj`` is alive, so no other live object has its address."""
-    target = id(obj)
-    return any(target in map(id, gc.get_objects(generation)) for generation in _GENERATIONS)
+def _generations_kept() -> bool:
+    """Whether this interpreter files new objects at the end of the youngest generation, as
+    ``PassStart`` relies on; checked once on the running interpreter, not assumed."""
+    global _KEPT
+    if _KEPT is None:
+        _KEPT = not sysconfig.get_config_var("Py_GIL_DISABLED") and _filing_check()
+    return _KEPT
 
 
-def _tensors_in_generations() -> Dict[int, weakref.ref]:
-    return {id(o): weakref.ref(o) for o in gc.get_objects() if issubclass(type(o), _Tensor)}
+_KEPT: Optional[bool] = None
+
+
+def _filing_check() -> bool:
+    for _ in range(3):  # a collection may move them on in between: then look again
+        marker: List[None] = []
+        new = torch.zeros(0)
+        if not (gc.is_tracked(marker) and gc.is_tracked(new)):
+            return False
+        found = [o for o in gc.get_objects(generation=0) if o is marker or o is new]
+        if len(found) == 2:
+            return found[0] is marker
+    return False
 
 
 __all__ = ["PassStart"]
