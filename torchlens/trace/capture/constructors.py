@@ -80,9 +80,17 @@ def call_slots() -> List[CallSlot]:
 
 
 def allocates_uninitialised(func_name: str, args: Any) -> bool:
-    """Whether a logged class call made a tensor of sizes only (``torch.Tensor(2, 3)``), whose
-    values are whatever was in memory: nothing to compare a replay with."""
-    if func_name not in _NAMES or not args:
+    """Whether a logged class call made a tensor of sizes only (``torch.Tensor(2, 3)``), or the
+    legacy method ``x.new(3)`` did (``x`` first, then sizes), whose values are whatever was in
+    memory: nothing to compare a replay with.
+
+    Example:
+        >>> allocates_uninitialised("new", (torch.ones(1), 3)), allocates_uninitialised("new", (torch.ones(1), [3]))
+        (True, False)
+    """
+    if func_name == "new" and args:
+        args = args[1:]  # x.new(sizes): x (or its recorded reference) gives only dtype and device
+    elif func_name not in _NAMES or not args:
         return False
     if len(args) == 1 and isinstance(args[0], torch.Size):
         return True
