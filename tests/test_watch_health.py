@@ -6,13 +6,14 @@ import copy
 import json
 import os
 import types
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.train.sentinel import EVENTS_FILE, NonfiniteWarning
+from torchlens.train.sentinel import EVENTS_FILE, DivergenceWarning, NonfiniteWarning
 
 BAD_STEP = 5
 
@@ -180,6 +181,41 @@ def test_healthy_training_is_silent(tmp_path):
             model(x).pow(2).mean().backward()
             opt.step()
     assert not os.path.exists(tmp_path / "run" / EVENTS_FILE)
+
+
+def test_a_finite_gradient_whose_float32_norm_overflows_is_divergence_not_nan(tmp_path):
+    """A weight gradient of 2e20 is finite (only its float32 norm overflows): the sentinel must not
+    call it non-finite; it says that gradients exploded, and where."""
+    model = nn.Linear(4, 1)
+    with _watch(model, tmp_path, on_nonfinite="trace"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (model(torch.full((2, 4), 1e10)).sum() * 1e10).backward()
+    messages = [(w.category, str(w.message)) for w in caught]
+    assert [c for c, _ in messages] == [DivergenceWarning], messages  # no NonfiniteWarning
+    text = messages[0][1]
+    assert "step 0: the gradient norm of 'weight' is 4e+20, past what float32 can square" in text
+    assert "every value is still finite" in text
+    assert _events(tmp_path) == []  # no non-finite event, so no "every value stayed finite" story under one
+    h = tl.open_run(str(tmp_path / "run")).health()
+    (row,) = h[h.signal == "exploding"].to_dict("records")
+    assert (row["call"], row["series"], row["first_step"]) == ("", "params_grad/weight", 0)
+
+
+def test_a_gradient_that_grows_a_millionfold_in_two_steps_is_found_before_any_nan(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    x = torch.rand(16, 4)
+    with _watch(model, tmp_path, on_nonfinite="warn", log_freq=3):
+        with pytest.warns(DivergenceWarning) as caught:
+            for scale in (1.0, 1.0, 1e3, 1e7, 1e8):  # the loss's scale runs away from step 2 on
+                model.zero_grad()
+                (model(x).sum() * scale).backward()
+    assert len(caught) == 1  # once per run
+    message = str(caught[0].message)
+    assert "step 3: the gradient norm of '" in message and "grew 1.0e+07x in 2 step(s)" in message, message
+    h = tl.open_run(str(tmp_path / "run")).health()
+    assert 3 in h[h.signal == "exploding"].first_step.tolist()
 
 
 def test_bad_mode_is_refused(tmp_path):

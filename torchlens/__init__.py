@@ -66,7 +66,7 @@ _LAZY = {
     **{name: "torchlens.trace.generate" for name in ("log_generate", "GenerateHistory")},
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
-    **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning")},
+    **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning", "DivergenceWarning")},
     "RankMismatchError": "torchlens.train.distributed",
 }
 
@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from .trace.validate import validate_history
     from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
     from .train.distributed import RankMismatchError
-    from .train.sentinel import NonfiniteError, NonfiniteWarning
+    from .train.sentinel import DivergenceWarning, NonfiniteError, NonfiniteWarning
 
 
 def __getattr__(name: str) -> Any:
@@ -153,6 +153,7 @@ __all__ = [
     "Watch",
     "NonfiniteError",
     "NonfiniteWarning",
+    "DivergenceWarning",
     "RankMismatchError",
     "TorchlensError",
     "__version__",

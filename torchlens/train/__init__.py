@@ -3,7 +3,7 @@ database, wandb and TensorBoard), ``open_run`` reads them, ``serve`` shows them 
 
 from .limits import setup
 from .reader import Run, RunError, Series, open_run
-from .sentinel import NonfiniteError, NonfiniteWarning
+from .sentinel import DivergenceWarning, NonfiniteError, NonfiniteWarning
 from .session import Watch, attach, unwatch, watch
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "Watch",
     "NonfiniteError",
     "NonfiniteWarning",
+    "DivergenceWarning",
 ]

@@ -14,6 +14,8 @@ One finding per (call, series, signal), worst first. The signals and their thres
   of that line (over every call and logged step); exploding also needs it to be larger than the
   gradient the loss sends into the model's outputs (amplified inside the model: the last layers
   of a network whose early gradients vanish are far above the median too, but not exploding).
+  The NaN sentinel (``on_nonfinite=...``, every step) adds the parameter whose gradient norm
+  grew 1e6x within 2 steps, or went past what its dtype can square, before anything was NaN.
 - ``dead``: at least ``DEAD_FRACTION`` (90%) of an output's values are exactly 0 (dead ReLUs).
 - ``saturated``: at least ``SATURATED_FRACTION`` (90%) of a Tanh / Sigmoid / Hardtanh /
   Hardsigmoid output lies within 1e-3 of its bounds (``saturation.py`` counts all values).
@@ -73,6 +75,7 @@ def findings(run: Any) -> List[Dict[str, Any]]:
         if c in leaves and k in ("io", "io_grad") and n.startswith("output")
     }
     loss_grads = [run.series(c, k, n) for c, k, n in names if c == "" and k == "io_grad" and n.startswith("output")]
+    rows += _diverging(run.run_dir)
     rows += _gradients({key: s for key, s in outputs.items() if key[1] == "io_grad"}, loss_grads)
     rows += _dead({key: s for key, s in outputs.items() if key[1] == "io"})
     rows += _saturated(run.run_dir, calls)
@@ -211,12 +214,27 @@ def _inside(calls: Dict[str, Any], cid: str, ancestor: str) -> bool:
     return False
 
 
-def _events(run_dir: str) -> List[dict]:
+def _events(run_dir: str, key: str = "events") -> List[dict]:
     try:
         with open(os.path.join(run_dir, EVENTS_FILE), encoding="utf-8") as f:
-            return list(json.load(f).get("events", []))
+            return list(json.load(f).get(key, []))
     except (OSError, ValueError):
         return []
+
+
+def _diverging(run_dir: str) -> List[Dict[str, Any]]:
+    """The sentinel's divergence finding: the parameter whose gradient norm exploded."""
+    return [
+        {
+            "call": e.get("call") or "",
+            "series": f"params_grad/{str(e['parameter']).rpartition('.')[2]}",
+            "signal": "exploding",
+            "first_step": int(e["step"]),
+            "latest_value": None,
+            "explanation": f"{e['detail']}, while every value was still finite (the NaN sentinel)",
+        }
+        for e in _events(run_dir, "diverging")
+    ]
 
 
 def _event_row(event: dict) -> Dict[str, Any]:

@@ -3,8 +3,15 @@ is checked for NaN/Inf in the model's outputs, the gradient that reaches them (t
 parameters' gradients.
 
 The check stays on the device: one 0-d flag per output (``isfinite(t).all()``), one per gradient
-arriving at an output, and one fused ``_foreach_norm`` (float32) over the parameters' ``.grad``
-when the backward pass ends; the flags are read together with one host transfer per step. Only
+arriving at an output, and one fused ``_foreach_norm`` over the parameters' ``.grad`` when the
+backward pass ends, accumulated in float64 (a finite float32 gradient of 1e20 has a float32 norm
+of inf: it must not be called non-finite); the flags and the norms are read together with one
+host transfer per step.
+
+The norms also tell a run that diverges before anything is NaN (``DivergenceWarning``, once per
+run, and an ``exploding`` finding in ``run.health()``): a parameter whose gradient norm grew
+``GROWTH`` (1e6) times within ``WINDOW`` (2) steps, or whose norm is past what its dtype can
+square (``torch.nn.utils.clip_grad_norm_`` then returns inf and zeroes the gradient). Only
 when a step went non-finite (rare) does more run: the step's forward (and backward, when the
 forward was finite) is re-run on a copy of the model, with the inputs the step used and the random
 generators as they were when it began, to name the call that produced the value; with ``'trace'``
@@ -25,6 +32,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import os
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -42,6 +50,8 @@ _ENGINE = torch.autograd.Variable._execution_engine
 # the gradient reaching an output is kept until the step ends (a rerun's backward starts from it);
 # beyond this size (an LLM's logits) only with 'trace', to keep memory as it was otherwise
 KEEP_GRAD_NUMEL = 1 << 24
+GROWTH = 1e6  # a gradient norm this many times its value of WINDOW steps before: diverging
+WINDOW = 2
 
 
 class NonfiniteError(TorchlensError, FloatingPointError):
@@ -51,6 +61,11 @@ class NonfiniteError(TorchlensError, FloatingPointError):
 
 class NonfiniteWarning(UserWarning):
     """A watched training step went non-finite (``on_nonfinite='warn'`` or ``'trace'``); given once."""
+
+
+class DivergenceWarning(UserWarning):
+    """A parameter's gradient norm exploded while every value was still finite (any
+    ``on_nonfinite`` mode); given once per run."""
 
 
 def check_mode(mode: Optional[str]) -> Optional[str]:
@@ -91,6 +106,8 @@ class Sentinel:
         self.queued = False
         self.quiet = mode is None  # warn/trace: after the first finding, steps are no longer checked
         self.events: List[dict] = []
+        self.diverging: List[dict] = []  # the run's divergence finding (one)
+        self.norms: Dict[str, List[float]] = {}  # parameter name -> its gradient norms of the last steps
 
     # ----- the watch's calls ------------------------------------------------------------------
     def forward_started(self, args: tuple, kwargs: dict) -> None:
@@ -149,27 +166,38 @@ class Sentinel:
         self.queued = False
         if step != self.step or self.quiet:
             return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None and _floating(p.grad)]
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None and _floating(p.grad)]
         flags = list(self.flags)
-        if grads:
-            # one fused kernel per device and dtype; NaN/Inf make the norm non-finite (so does a
-            # finite gradient whose float32 norm overflows, values past ~1e19: as good as infinite)
-            norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=torch.float32)
-            flags.append(torch.isfinite(torch.stack([n.to(norms[0].device) for n in norms])).all())
+        norms: Optional[torch.Tensor] = None
+        if named:
+            # one fused kernel per device and dtype, accumulated in float64: NaN/Inf make a norm
+            # non-finite, a finite gradient never does (float32 squares overflow past ~1.8e19)
+            parts = torch._foreach_norm([g.detach() for _, g in named], 2, dtype=torch.float64)
+            norms = torch.stack([n.to(parts[0].device) for n in parts])
+            flags.append(torch.isfinite(norms).all())
         ranks = getattr(self.watch, "_ranks", None)
         if ranks is not None and ranks.broken is None:
             # the ranks decide together (a NaN in one rank's outputs must stop them all): one
             # all_reduce of one number, whose read is the step's host read (distributed.py)
             own = self._all(flags[: len(self.flags)])
-            source = ranks.first_nonfinite(own, flags[-1] if grads else None)
+            source = ranks.first_nonfinite(own, flags[-1] if named else None)
             if source is not None:
                 self._found(step, source)
+            elif norms is not None:  # read after the collective's read: the device is idle by now
+                self._growth(step, named, norms.tolist())
             return
-        if not flags:
+        verdict = self._all(flags)
+        if verdict is None:
             return
-        if bool(self._all(flags)):  # the one host transfer of the step
-            return
-        self._found(step)
+        if norms is None:
+            finite, values = bool(verdict), []
+        else:  # the one host transfer of the step: the verdict and the norms together
+            read = torch.cat([verdict.to(norms.device, torch.float64).reshape(1), norms]).tolist()
+            finite, values = read[0] != 0, read[1:]
+        if not finite:
+            self._found(step)
+        elif values:
+            self._growth(step, named, values)
 
     @staticmethod
     def _all(flags: List[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -178,6 +206,55 @@ class Sentinel:
         device = flags[-1].device
         fast = device.type != "cpu"  # a non-blocking copy to the host could be read before it lands
         return torch.stack([f.to(device, non_blocking=fast) for f in flags]).all()
+
+    # ----- a diverging run ------------------------------------------------------------------------
+    def _growth(self, step: int, named: List[Tuple[str, torch.Tensor]], values: List[float]) -> None:
+        """Keep each parameter's gradient norm of the last ``WINDOW`` steps; the first parameter
+        (largest first) whose norm exploded makes the run's divergence finding."""
+        if self.diverging:
+            return
+        worst: Optional[Tuple[float, str, str]] = None  # (how bad, parameter, what happened)
+        for (name, grad), norm in zip(named, values):
+            before = self.norms.setdefault(name, [])
+            limit = math.sqrt(torch.finfo(grad.dtype).max) if not grad.is_complex() else math.inf
+            earlier = [v for v in before if v > 0]
+            if earlier and norm >= GROWTH * min(earlier):
+                at = before.index(min(earlier))
+                grown = norm / min(earlier)
+                what = f"grew {grown:.1e}x in {len(before) - at} step(s) (from {min(earlier):.3g} to {norm:.3g})"
+                candidate = (grown, name, what)
+            elif norm > limit:
+                what = (
+                    f"is {norm:.3g}, past what {str(grad.dtype).replace('torch.', '')} can square "
+                    f"({limit:.3g}): a norm in that dtype is inf (torch.nn.utils.clip_grad_norm_ returns "
+                    "inf and zeroes the gradient)"
+                )
+                candidate = (norm / limit, name, what)
+            else:
+                candidate = None
+            if candidate is not None and (worst is None or candidate[0] > worst[0]):
+                worst = candidate
+            before.append(norm)
+            del before[:-WINDOW]
+        if worst is None:
+            return
+        _, name, what = worst
+        address = name.rpartition(".")[0]
+        event = {
+            "step": step,
+            "parameter": name,
+            "call": call_id(address, 1),
+            "detail": f"the gradient norm of '{name}' {what}",
+        }
+        event["message"] = (
+            f"torchlens: step {step}: the gradient norm of '{name}' {what}; every value is still finite, "
+            "but training is diverging (lower the learning rate, clip gradients, or check the loss's scale)."
+        )
+        self.diverging.append(event)
+        self._save()
+        ranks = getattr(self.watch, "_ranks", None)
+        if ranks is None or ranks.rank == 0:
+            warnings.warn(DivergenceWarning(event["message"]), stacklevel=2)
 
     # ----- a non-finite step ----------------------------------------------------------------------
     def _found(self, step: int, source: Optional[int] = None) -> None:
@@ -282,6 +359,12 @@ class Sentinel:
         if report.found and report.label:
             line = f" (line {event['report']['line']}: `{event['report']['code']}`)" if report.source else ""
             event["message"] = event["message"].rstrip(".") + f"; operation {report.label}{line}."
+        elif not report.found:  # its story would contradict the sentinel: say that it could not reproduce it
+            event["report"]["story"] = (
+                "The tracer's re-run of this step stayed finite: it did not reproduce the step "
+                "(another random draw, or a value the step's inputs no longer hold)."
+            )
+            event["message"] = event["message"].rstrip(".") + "; the tracer's re-run of the step stayed finite."
 
     def _save(self) -> None:
         if not self.watch.run_dir:
@@ -289,7 +372,7 @@ class Sentinel:
         path = os.path.join(self.watch.run_dir, EVENTS_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"events": self.events}, f)
+            json.dump({"events": self.events, "diverging": self.diverging}, f)
         os.replace(tmp, path)  # a reader never sees half a file
 
 
@@ -397,4 +480,13 @@ def _backward_call(twin: nn.Module, done: list, grads: Tuple[dict, dict], parent
     return "backward", None, "a gradient is non-finite although the forward was finite"
 
 
-__all__ = ["Sentinel", "NonfiniteError", "NonfiniteWarning", "check_mode", "locate", "MODES", "EVENTS_FILE"]
+__all__ = [
+    "Sentinel",
+    "NonfiniteError",
+    "NonfiniteWarning",
+    "DivergenceWarning",
+    "check_mode",
+    "locate",
+    "MODES",
+    "EVENTS_FILE",
+]
