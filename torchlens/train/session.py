@@ -88,6 +88,7 @@ class Watch:
         self._backward_seen = False
         self._end_queued = False  # a callback waits for the end of the backward pass in flight
         self._depth = 0  # calls of the model in progress (it may call itself)
+        self._model_forwards = 0  # with manual steps: forwards of the model since begin_step
         self._markers: list = []  # gradient hooks on the model's outputs
         self._steps = StepWriter(self)
         sampler = Sampler(sample_n)  # one fixed seed: the same training gives the same run
@@ -97,15 +98,28 @@ class Watch:
         if self._ranks is not None:  # writes stay on this thread: a copy would only add a pass
             self.recorder.copies.limit = 0
         self._compile = CompileSwitch(model, self.recorder)  # keeps hooks out of compiled code
-        self._compile.next_logged = lambda: not manual_steps and self._next_step % self.log_freq == 0
+        self._compile.next_logged = lambda: (
+            not manual_steps
+            and (
+                self._next_step % self.log_freq == 0 or (bool(self._optimizers) and self._logging)  # may go on
+            )
+        )
         self.recorder.gate = lambda: self._tracing is None and self._training()
         self.recorder.on_gradient = self._gradient_arrived
+        # a watch that knows the optimizer counts its steps: the forwards before each are one step
+        self._optimizers = list(optimizer) if optimizer is not None else []
+        for opt in self._optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"tl.watch: optimizer= takes torch.optim.Optimizer objects, not {type(opt).__name__}.")
+        self._stepped = False  # an optimizer step ended the step in progress (with optimizers known)
         self._updates = None
         if "updates" in self.kinds:
             from .updates import UpdateHooks
 
             logged = lambda: self._step if self._logging and self._tracing is None else None  # noqa: E731
-            self._updates = UpdateHooks(self.recorder, logged, self._steps.updates_added, optimizer)
+            self._updates = UpdateHooks(
+                self.recorder, logged, self._steps.updates_added, None if optimizer is None else self._optimizers
+            )
         options = {
             "log_freq": log_freq,
             "log": list(log),
@@ -151,6 +165,7 @@ class Watch:
         self._root_hooks.append(
             model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)
         )
+        self._root_hooks += [opt.register_step_post_hook(self._optimizer_stepped) for opt in self._optimizers]
         _WATCHES[id(model)] = self
         for m in model.modules():
             _MODULE_OWNERS[id(m)] = self
@@ -237,8 +252,13 @@ class Watch:
             # it would run training_step twice (the run then has calls without data-flow edges)
             if self._logging and not self._graph_done and "forward" not in vars(module):
                 self._trace_graph(args, kwargs)
+            if self._logging and self._model_forwards and not self.recorder.stack:
+                # another micro-batch of the step: its calls overlay the first one's (0:1, not 0:2),
+                # as when begin_step(n) is called again with the same n (Lightning's accumulation)
+                self.recorder.begin_forward(include_model=True)
+            self._model_forwards += 1
             return None
-        if not (self.delay and self._step is not None and not self._backward_seen):
+        if not self._continues_step():
             self._start_step(self._next_step, (args, kwargs))
         if self._logging:
             self._compile.set_logging(True)
@@ -252,10 +272,24 @@ class Watch:
     def _training(self) -> bool:
         return self.model.training and torch.is_grad_enabled()
 
+    def _continues_step(self) -> bool:
+        """Whether a training forward belongs to the step in progress: with the optimizer known,
+        until it steps (gradient accumulation, two forwards per update); with
+        ``delay_log_multibackward``, until a backward pass has come."""
+        if self._step is None:
+            return False
+        if self._optimizers:
+            return not self._stepped
+        return self.delay and not self._backward_seen
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = self._step is not None
+
     def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
         self._finish_step()
         self._step, self._next_step = step, step + 1
-        self._backward_seen = self._end_queued = False
+        self._backward_seen = self._end_queued = self._stepped = False
+        self._model_forwards = 0
         self._logging = step % self.log_freq == 0 and self._compile.ready()
         self._sentinel.step_started(step)
         if not self._logging:  # kept from a logged step before: a step not logged runs without them
@@ -283,6 +317,7 @@ class Watch:
             return
         if step != self._step:
             self._start_step(int(step))
+        self._model_forwards = 0
         self.recorder.end_forward()
         self._compile.set_logging(self._logging)
         if self._logging:
@@ -465,8 +500,11 @@ def watch(
             Under ``torch.distributed`` call ``watch`` on every rank: each logged step's series
             are those of the global batch, rank 0 writes the run (``w.run_dir`` is None on the
             others); every rank must call ``close()``.
-        log_freq: log every ``log_freq``-th training step (a step is a forward pass in training
-            mode with gradients enabled), the first one included. A logged step is written to
+        log_freq: log every ``log_freq``-th training step, the first one included. A step is a
+            forward pass in training mode with gradients enabled; when ``optimizer`` is given, an
+            optimizer step: the forward passes before each ``optimizer.step()`` (gradient
+            accumulation, two forwards per update) are one step, their calls overlaid (the
+            ``count`` of ``0:1`` is that of all its micro-batches). A logged step is written to
             the run when its backward pass ends (readable at once), and again when a later
             backward pass through its forward or its optimizer step adds to it; a step without
             backward when the next starts (or at ``flush()``/``close()``). ``params_grad`` is
@@ -500,14 +538,16 @@ def watch(
         wandb_html_every: refresh the page in wandb every this many logged steps.
         manual_steps: steps begin when you call ``w.begin_step(n)`` (for frameworks whose
             training step does not call the model itself, or to count optimizer steps), with all
-            their backward passes; otherwise each
+            their forward and backward passes: the model's forwards of one step (micro-batches)
+            are overlaid into its calls, as the Lightning callback does; otherwise each
             training forward pass of the model is a step.
         input_grads: record the gradient of the model's own floating inputs (the data) also
             when they do not require grad: on logged steps the model gets an alias of each that
             requires grad (your tensor keeps ``requires_grad=False``); this adds the first
             layers' input-gradient work to a logged step's backward. False: no such strips.
         optimizer: the optimizer(s) whose steps make ``updates`` (default: every optimizer
-            whose step changes a watched parameter, found by torch's global step hooks).
+            whose step changes a watched parameter, found by torch's global step hooks). Given,
+            they also delimit the steps: a step is everything up to an optimizer step.
         on_nonfinite: ``None``, ``'warn'``, ``'raise'`` or ``'trace'``: check every step for NaN/Inf
             in the outputs and gradients (``torchlens.train.sentinel``); warn once naming the step
             and call, raise ``tl.NonfiniteError`` from ``backward()``, or also name the operation.
