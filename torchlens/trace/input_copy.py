@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .capture.args import replace_tensors, tensors_in
+from .capture.run import check_not_capturing
 
 
 def as_args(input_args: Any) -> tuple:
@@ -66,6 +67,7 @@ def require_model(model: Any, caller: str) -> None:
         TypeError: validate_model_activations expects a torch.nn.Module as its model, got int (5). Pass ...
     """
     refuse_module_class(model, caller)
+    check_not_capturing()
     if isinstance(model, nn.Module):
         return
     raise TypeError(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...errors import TorchlensError
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from . import decorate, ops
 from .args import tensors_in, tensors_in_call
@@ -106,7 +107,28 @@ def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str,
     return named
 
 
+class CudaGraphCaptureError(TorchlensError, RuntimeError):
+    """A pass was asked for while a CUDA graph was being captured on the current stream.
+
+    A trace copies activations and reads what it records; inside a capture those reads are
+    recorded into the graph instead of happening, so the log would describe nothing real.
+    Trace the forward outside ``torch.cuda.graph(...)`` (a graph replays what was captured
+    without running Python, so it could not be traced anyway)."""
+
+
+def check_not_capturing() -> None:
+    """Refuse a trace while the current CUDA stream is capturing a graph (``CudaGraphCaptureError``)."""
+    # only where CUDA is initialised: asking otherwise would start a CUDA context for a CPU model
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        raise CudaGraphCaptureError(
+            "torchlens: a forward cannot be traced while a CUDA graph is being captured "
+            "(torch.cuda.graph / make_graphed_callables): the trace's copies and reads would be "
+            "recorded into the graph instead of running. Trace the model outside the capture."
+        )
+
+
 def _check_not_nested() -> None:
+    check_not_capturing()
     active = ops.ACTIVE.tracer
     if active is not None and active.thread_id == threading.get_ident():
         raise RuntimeError(
@@ -385,4 +407,14 @@ def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
         error.args = (f"{error.args[0]}\n{note}",) + error.args[1:]
 
 
-__all__ = ["run_pass", "PassResult", "RngState", "seed_everything", "named_inputs", "PassSession", "HeldWrappers"]
+__all__ = [
+    "CudaGraphCaptureError",
+    "check_not_capturing",
+    "run_pass",
+    "PassResult",
+    "RngState",
+    "seed_everything",
+    "named_inputs",
+    "PassSession",
+    "HeldWrappers",
+]
