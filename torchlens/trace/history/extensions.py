@@ -24,6 +24,7 @@ _PROVIDERS = {
     "save": "torchlens.trace.storage",
     "rerun": "torchlens.trace.rerun",
     "first_nonfinite": "torchlens.trace.answers",
+    "export": "torchlens.trace.export",
 }
 _REGISTERED: Dict[str, Callable[..., Any]] = {}
 

@@ -428,6 +428,23 @@ class ModelHistory:
         """
         return extension("save")(self, path, overwrite=overwrite)
 
+    def export(self, path: str, format: Optional[str] = None, overwrite: bool = False, weights: Any = None) -> str:
+        """Write this history for another tool: ``format="netron"`` (an ONNX graph: ONNX's JSON
+        form, or a binary model for a ``.onnx`` path; ``weights=model`` stores parameter values),
+        ``"model_explorer"`` (Google Model Explorer's JSON graph, modules as boxes),
+        ``"chrome_trace"`` (Perfetto / chrome://tracing: a slice per operation, a track per
+        module depth) or ``"parquet"`` (the ``to_pandas`` table; the default for a ``.parquet``
+        path). An existing file is replaced only with ``overwrite=True``. Returns ``path``
+        (``torchlens.trace.export`` describes each format).
+
+        Example:
+            >>> import tempfile, torch, torchlens as tl
+            >>> h = tl.log_forward_pass(torch.nn.Linear(3, 2), torch.ones(1, 3))
+            >>> h.export(tempfile.mkdtemp() + "/model.json", format="model_explorer").endswith("model.json")
+            True
+        """
+        return extension("export")(self, path, format=format, overwrite=overwrite, weights=weights)
+
     def rerun(self, changes: Dict[Any, Any]) -> "ModelHistory":
         """A new history in which the named layers have new values (a tensor, or a function
         ``fn(activation, entry)`` returning one) and every layer downstream is recomputed from
