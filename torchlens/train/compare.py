@@ -10,6 +10,15 @@ histograms of n and m sampled values: about 0.23 for two samples of 100, nothing
 of large tensors), so two runs that train identically do not differ by their samples. Columns are matched by their steps (the same first and last step),
 so runs logged at different frequencies or compacted differently are compared where they
 meet. Series are matched by (call id, kind, name).
+
+The histograms are drawn from samples; the exact statistics (over all values) decide first: a
+column differs when the two runs' value counts (``count``, ``nan``, ``posinf``, ``neginf``)
+differ, or when ``true_min``, ``true_max``, ``mean`` or ``std`` differ by more than float
+rounding (``EXACT_RTOL``, 1e-5, of the larger magnitude of the two columns' values). A 1000x
+learning rate moves a weight by far more than that at the first step after the change, while
+its histogram (one bias value, a sample of 100) may stay within the sampling noise; two runs
+that train identically have the same statistics to the last bit. ``SeriesComparison.detail``
+says which statistic differed.
 """
 
 from __future__ import annotations
@@ -20,14 +29,18 @@ from typing import Any, List, Optional
 import numpy as np
 
 TOLERANCE = 0.1  # a KS distance above this: the distributions differ
+EXACT_RTOL = 1e-5  # exact statistics further apart than this (of the values' magnitude) differ
+_COUNTS = ("count", "nan", "posinf", "neginf")
+_VALUES = ("true_min", "true_max", "mean", "std")
 
 
 @dataclass
 class SeriesComparison:
     """One series of two runs: ``first_step`` is the first step whose distance exceeds the
-    tolerance (None: never, or the series is in one run only: ``only_in`` is then 'a' or 'b');
-    ``distance`` is the distance there (else the largest seen); ``steps_compared`` counts the
-    columns both runs have."""
+    tolerance or whose exact statistics differ (None: never, or the series is in one run only:
+    ``only_in`` is then 'a' or 'b'); ``distance`` is the histograms' distance there (else the
+    largest seen); ``steps_compared`` counts the columns both runs have; ``detail`` says what
+    differed first (e.g. ``'mean 0.0123 vs 0.0456'``)."""
 
     call_id: str
     kind: str
@@ -36,6 +49,7 @@ class SeriesComparison:
     distance: float
     steps_compared: int
     only_in: Optional[str] = None
+    detail: Optional[str] = None
 
 
 def _cdf(lo: float, hi: float, counts: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -68,6 +82,35 @@ def column_distance(a: tuple, b: tuple) -> float:
     return float(np.max(np.abs(_cdf(a[0], a[1], a[2], grid) - _cdf(b[0], b[1], b[2], grid))))
 
 
+def exact_difference(sa: Any, i: int, sb: Any, j: int) -> Optional[str]:
+    """What differs between column ``i`` of series ``sa`` and column ``j`` of ``sb`` in their
+    exact statistics (None: nothing beyond float rounding, or not recorded).
+
+    Example:
+        >>> from types import SimpleNamespace as S
+        >>> col = lambda mean: S(count=[4.0], nan=[0.0], posinf=[0.0], neginf=[0.0], true_min=[-1.0],
+        ...                      true_max=[1.0], mean=[mean], std=[0.5])
+        >>> exact_difference(col(0.1), 0, col(0.1 + 1e-9), 0), exact_difference(col(0.1), 0, col(0.2), 0)
+        (None, 'mean 0.1 vs 0.2')
+    """
+
+    def at(s: Any, name: str, k: int) -> float:
+        values = getattr(s, name)
+        return float(values[k]) if k < len(values) else float("nan")
+
+    for name in _COUNTS:
+        a, b = at(sa, name, i), at(sb, name, j)
+        if np.isfinite(a) and np.isfinite(b) and a != b:
+            return f"{name} {a:.0f} vs {b:.0f}"
+    pairs = [(name, at(sa, name, i), at(sb, name, j)) for name in _VALUES]
+    pairs = [(name, a, b) for name, a, b in pairs if np.isfinite(a) and np.isfinite(b)]
+    scale = max([abs(v) for _, a, b in pairs for v in (a, b)] + [0.0])  # the values' magnitude
+    for name, a, b in pairs:
+        if abs(a - b) > EXACT_RTOL * scale:
+            return f"{name} {a:.3g} vs {b:.3g}"
+    return None
+
+
 def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[SeriesComparison]:
     """Per series of either run (``Run`` objects: the reader imports this module, not the
     other way round), where the two runs first differ (see the module's text)."""
@@ -98,11 +141,18 @@ def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[S
             )
             n, m = float(sa.counts[i].sum()), float(sb.counts[j].sum())
             noise = 1.63 * np.sqrt((n + m) / (n * m)) if n > 0 and m > 0 else 0.0
-            if d > tolerance + noise:
+            detail = exact_difference(sa, i, sb, j)
+            if detail is None and d > tolerance + noise:
+                detail = f"histogram distance {d:.3g} > {tolerance:g} + {noise:.3g} (sampling noise)"
+            if detail is not None:
                 first, worst = span[0], d
                 break
             worst = max(worst, d)
-        out.append(SeriesComparison(key[0], key[1], key[2], first_step=first, distance=worst, steps_compared=compared))
+        out.append(
+            SeriesComparison(
+                key[0], key[1], key[2], first_step=first, distance=worst, steps_compared=compared, detail=detail
+            )
+        )
     seen = set(names_a)
     for key in names_b:
         if key not in seen:
@@ -114,4 +164,4 @@ def compare_runs(run_a: Any, run_b: Any, tolerance: float = TOLERANCE) -> List[S
     return out
 
 
-__all__ = ["compare_runs", "column_distance", "SeriesComparison", "TOLERANCE"]
+__all__ = ["compare_runs", "column_distance", "exact_difference", "SeriesComparison", "TOLERANCE", "EXACT_RTOL"]

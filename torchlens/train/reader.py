@@ -275,12 +275,14 @@ class Run:
     def compare(self, other: "Run", tolerance: float = 0.1) -> list:
         """Per series, the first logged step where this run's distribution and ``other``'s
         differ: a list of ``SeriesComparison`` (``torchlens.train.compare``, where the distance
-        and the tolerance are described); series only one run has say which.
+        and the tolerance are described): their exact statistics differ beyond float rounding,
+        or their histograms by more than ``tolerance``; series only one run has say which.
 
         Example:
             >>> import tempfile, torch, torchlens as tl
             >>> runs = []
             >>> for scale in (1.0, 10.0):
+            ...     _ = torch.manual_seed(0)  # the same weights and data: only the scale differs
             ...     model, folder = torch.nn.Linear(3, 2), tempfile.mkdtemp()
             ...     with tl.watch(model, run_dir=folder, backend=(), verbose=False, log=("io",)):
             ...         for step in range(3):
