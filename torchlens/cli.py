@@ -9,6 +9,8 @@ Examples:
     torchlens path/to/lm.py:build_model --input 1,12 --dtype long   # a function returning a module
     torchlens explore torchlens_runs/ --port 8080      # the explorer page of watched runs
     torchlens explore RUN_DIR --export page.html       # one self-contained file
+    torchlens runs torchlens_runs/                     # the runs of a folder, a line each
+    torchlens runs torchlens_runs/ --sql "SELECT run, count(*) FROM series GROUP BY run"
 """
 
 from __future__ import annotations
@@ -490,6 +492,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "explore":
         return explore_main(argv[1:])
+    if argv and argv[0] == "runs":
+        from .train.run_query import runs_main
+
+        return runs_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         fileformat = _output_format(args.output)  # before the trace, which may take long

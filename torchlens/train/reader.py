@@ -272,6 +272,15 @@ class Run:
 
         return health(self)
 
+    def export(self, path: str, format: Optional[str] = None, overwrite: bool = False) -> str:
+        """Write this run's series as one long table (``format="parquet"``, the default for a
+        ``.parquet`` path): a row per series and column, with step, call, kind, name, the exact
+        statistics and the histogram (``torchlens.train.run_export``). Needs pyarrow. An
+        existing file is replaced only with ``overwrite=True``. Returns ``path``."""
+        from .run_export import export_run
+
+        return export_run(self, path, format=format, overwrite=overwrite)
+
     def compare(self, other: "Run", tolerance: float = 0.1) -> list:
         """Per series, the first logged step where this run's distribution and ``other``'s
         differ: a list of ``SeriesComparison`` (``torchlens.train.compare``, where the distance
