@@ -233,7 +233,8 @@ def test_summary_of_a_subset_describes_the_whole_pass(net):
         f"7 tensors ({tl.trace.records.format.human_bytes(full.tensor_bytes)}) computed in forward pass; 1 tensors"
         in text
     )
-    assert "used by 3 operations" in text and "1 of 7 layers kept" in text
+    assert "used by 3 operations" in text and "Layers (1 of 7 kept: the saved ones" in text  # small: every layer
+    assert "1 of 7 layers kept" in h.summary()
     assert "Layer linear_1_5, operation 6/7:" in str(h["linear_1_5"])  # its place in the pass, as in full
 
 

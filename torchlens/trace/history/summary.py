@@ -1,6 +1,10 @@
-"""What ``print(history)`` shows: a header (model, operations, totals, notes) and one row per
-module (address indented by depth, class, calls, output shape of the first call, parameters,
-bytes of saved activations); ``history.print_layers()`` lists every layer instead.
+"""What ``print(history)`` shows. A small pass (at most ``SMALL_LAYERS`` layers) prints as the
+seed did: a header, the module hierarchy and the numbered list of layers (``0: input_1_0`` ...),
+the names to index the history with. A larger one prints the header and one row per module
+(address indented by depth, class, calls, output shape of the first call, parameters, bytes of
+saved activations), with runs of identical numbered blocks folded into one row (``h.0-5
+GPT2Block x6``). ``history.summary()`` gives every module's row, ``history.print_layers()``
+every layer.
 
 Everything here is linear in the entries times their module depth, so printing stays fast for
 models with tens of thousands of operations; the default print shows at most ``MAX_ROWS``
@@ -10,7 +14,16 @@ Example:
     >>> import torch, torchlens as tl
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
     >>> h = tl.log_forward_pass(model, torch.ones(2, 3), random_seed=0)
-    >>> text = str(h)
+    >>> print(str(h)[str(h).index("Module Hierarchy"):])  # doctest: +NORMALIZE_WHITESPACE
+    Module Hierarchy:
+        0
+        1
+    Layers:
+        0: input_1_0
+        1: linear_1_1
+        2: relu_1_2
+        3: output_1_3
+    >>> text = h.summary()
     >>> print(text[text.index("Module  "):])
     Module  Class   Calls  Output shape  Params  Saved
     0       Linear      1  (2, 4)            16   32 B
@@ -21,11 +34,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..records.format import human_bytes
 
 MAX_ROWS = 250  # modules shown by the default print; deeper levels are left out beyond it
+SMALL_LAYERS = 60  # a pass of at most this many layers prints every layer (the seed's printout)
 
 
 class SummaryText(str):
@@ -36,18 +50,96 @@ class SummaryText(str):
         return str(self)
 
 
-def _tree(history: Any) -> List[Tuple[str, int]]:
-    """(address, depth) of every module, parents before children, depth 1 for top level."""
+class Row(NamedTuple):
+    """One row of the module table: ``shown`` is the address as printed (``h.0-5`` for a folded
+    run), ``address`` a module it stands for, ``run`` the run's length and ``copies`` how many
+    modules the row stands for (runs folded around it included)."""
+
+    shown: str
+    depth: int
+    address: str
+    run: int
+    copies: int
+
+
+def _tree(history: Any, signatures: Optional[Dict[str, Any]] = None) -> List[Row]:
+    """Every module, parents before children, depth 1 for top level; with ``signatures``, a run
+    of numbered siblings with equal signatures (``h.0`` ... ``h.5``) is one row, its submodules
+    shown once under it (``h.0-5.attn``)."""
     children = history.modules.children
-    out: List[Tuple[str, int]] = []
-    stack = [(a, 1) for a in reversed(children.get("", []))]
-    while stack:
-        address, depth = stack.pop()
-        out.append((address, depth))
-        stack.extend((c, depth + 1) for c in reversed(children.get(address, [])))
-    listed = {a for a, _ in out}
-    out.extend((a, a.count(".") + 1) for a in history.modules.addresses if a not in listed)
+    out: List[Row] = []
+
+    def walk(address: str, shown: str, depth: int, copies: int) -> None:  # recursion: module depth
+        kids = children.get(address, [])
+        i = 0
+        while i < len(kids):
+            child = kids[i]
+            run = _run_length(kids, i, address, signatures) if signatures is not None else 1
+            label = shown + child[len(address) :]
+            if run > 1:
+                label += "-" + _index(kids[i + run - 1], address)
+            out.append(Row(label, depth, address=child, run=run, copies=copies * run))
+            folded.extend(kids[i + 1 : i + run])
+            walk(child, label, depth + 1, copies * run)
+            i += run
+
+    folded: List[str] = []  # the blocks a run's first one stands for
+    walk("", "", 1, 1)
+    listed = {r.address for r in out}
+    while folded:  # they and their submodules are not left over
+        address = folded.pop()
+        listed.add(address)
+        folded.extend(children.get(address, []))
+    out.extend(
+        Row(a, a.count(".") + 1, address=a, run=1, copies=1) for a in history.modules.addresses if a not in listed
+    )
     return out
+
+
+def _index(child: str, parent: str) -> str:
+    """``5`` for ``h.5`` under ``h`` (the child's own name)."""
+    return child[len(parent) + 1 :] if parent else child
+
+
+def _run_length(kids: List[str], i: int, parent: str, signatures: Dict[str, Any]) -> int:
+    """How many siblings from ``kids[i]`` on are numbered consecutively and alike."""
+    first = _index(kids[i], parent)
+    if not first.isdigit():
+        return 1
+    run = 1
+    while i + run < len(kids):
+        name = _index(kids[i + run], parent)
+        if not name.isdigit() or int(name) != int(first) + run:
+            break
+        if signatures.get(kids[i + run]) != signatures.get(kids[i]):
+            break
+        run += 1
+    return run
+
+
+def _signatures(history: Any, facts: Tuple[Dict[str, List[Any]], Dict[str, int], Dict[str, int]]) -> Dict[str, Any]:
+    """What must agree for two modules to fold into one row: class, calls, output shapes,
+    parameters, saved bytes, and the same of every submodule under the same relative name."""
+    shapes, params, saved = facts
+    children = history.modules.children
+    types, passes = history.modules.types, history.modules.passes
+    found: Dict[str, Any] = {}
+
+    def signature(address: str) -> Any:
+        if address not in found:
+            found[address] = (
+                types.get(address),
+                passes.get(address, 0),
+                tuple(None if shape is None else tuple(shape) for shape in shapes.get(address, ())),
+                params.get(address, 0),
+                saved.get(address, 0),
+                tuple((c[len(address) :], signature(c)) for c in children.get(address, [])),
+            )
+        return found[address]
+
+    for address in history.modules.addresses:
+        signature(address)
+    return found
 
 
 def _module_facts(history: Any) -> Tuple[Dict[str, List[Any]], Dict[str, int], Dict[str, int]]:
@@ -112,13 +204,13 @@ def _header(history: Any) -> List[str]:
     return lines
 
 
-def _auto_depth(tree: List[Tuple[str, int]]) -> Optional[int]:
+def _auto_depth(tree: List[Row]) -> Optional[int]:
     """The deepest level whose modules fit in ``MAX_ROWS`` rows (None: all of them fit)."""
     if len(tree) <= MAX_ROWS:
         return None
     per_depth: Dict[int, int] = {}
-    for _, d in tree:
-        per_depth[d] = per_depth.get(d, 0) + 1
+    for row in tree:
+        per_depth[row.depth] = per_depth.get(row.depth, 0) + 1
     total, chosen = 0, 1
     for d in sorted(per_depth):
         total += per_depth[d]
@@ -139,7 +231,9 @@ def _table(rows: List[List[str]]) -> List[str]:
 
 def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) -> SummaryText:
     """The header and the module table of ``history``, modules at most ``depth`` levels deep
-    (``None``: all; ``auto``: the deepest levels that fit in ``MAX_ROWS`` rows).
+    (``None``: all). ``auto`` (``print(history)``): a pass of at most ``SMALL_LAYERS`` layers
+    gives ``layers_text`` instead; a larger one folds runs of identical blocks and keeps the
+    deepest levels that fit in ``MAX_ROWS`` rows.
 
     Example:
         >>> import torch, torchlens as tl
@@ -149,34 +243,39 @@ def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) 
     """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise ValueError(f"depth must be None or an int >= 0 (0: no module rows), not {depth!r}")
-    tree = _tree(history)
+    if auto and depth is None and len(history) <= SMALL_LAYERS:
+        return SummaryText(layers_text(history))
+    facts = _module_facts(history)
+    tree = _tree(history, _signatures(history, facts) if auto else None)
     if auto and depth is None:
         depth = _auto_depth(tree)
-    shown = [(a, d) for a, d in tree if depth is None or d <= depth]
-    shapes, params, saved = _module_facts(history)
+    shown = [r for r in tree if depth is None or r.depth <= depth][: MAX_ROWS if auto else None]
+    shapes, params, saved = facts
     lines = _header(history)
     if shown:
         rows = [["Module", "Class", "Calls", "Output shape", "Params", "Saved"]]
-        for address, d in shown[:MAX_ROWS] if auto else shown:
+        for r in shown:
+            kind = history.modules.types.get(r.address, "?")
             rows.append(
                 [
-                    "  " * (d - 1) + address,
-                    history.modules.types.get(address, "?"),
-                    str(history.modules.passes.get(address, 0)),
-                    _shape_text(shapes.get(address)),
-                    f"{params.get(address, 0):,}",
-                    human_bytes(saved.get(address, 0)),
+                    "  " * (r.depth - 1) + r.shown,
+                    kind if r.run == 1 else f"{kind} x{r.run}",
+                    str(history.modules.passes.get(r.address, 0)),
+                    _shape_text(shapes.get(r.address)),
+                    f"{params.get(r.address, 0):,}",
+                    human_bytes(saved.get(r.address, 0)),
                 ]
             )
         lines.append("")
         lines.extend(_table(rows))
     lines.append("")
-    hidden = len(tree) - min(len(shown), MAX_ROWS if auto else len(shown))
-    lines.append(_footer(history, hidden, nested=len(shown) > sum(d == 1 for _, d in shown)))
+    hidden = sum(r.copies for r in tree) - sum(r.copies for r in shown)
+    folded = next((r for r in shown if r.run > 1), None)
+    lines.append(_footer(history, hidden, folded, nested=any(r.depth > 1 for r in shown)))
     return SummaryText("\n".join(lines))
 
 
-def _footer(history: Any, hidden: int, nested: bool) -> str:
+def _footer(history: Any, hidden: int, folded: Optional[Row], nested: bool) -> str:
     kept = (
         f"{len(history)} layers"
         if len(history) == history.num_tensors
@@ -184,7 +283,15 @@ def _footer(history: Any, hidden: int, nested: bool) -> str:
     )
     text = f"{kept}: history.print_layers() lists every one"
     if hidden:
-        text += f"; {hidden} deeper module{'s' if hidden > 1 else ''} not shown: history.summary() shows all"
+        text += f"; {hidden} deeper module{'s' if hidden > 1 else ''} not shown"
+    if folded is not None:
+        kind = history.modules.types.get(folded.address, "?")
+        text += (
+            f"{',' if hidden else ';'} identical blocks folded ({folded.shown} stands for {folded.run} {kind}; "
+            "the numbers are each one's)"
+        )
+    if hidden or folded is not None:
+        text += ": history.summary() shows all"
     elif nested:
         text += "; history.summary(depth=1) shows the top-level modules only"
     return text + "."
