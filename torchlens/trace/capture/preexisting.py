@@ -100,9 +100,10 @@ class PassStart:
         if phase != "start" or self._callback is None:
             return
         try:
-            for obj in self._made_since_start(gc.get_objects(generation=0)):
-                if _is_tensor(obj):
-                    self._moved_on[id(obj)] = weakref.ref(obj)
+            young = self._made_since_start(gc.get_objects(generation=0))
+            # inline (no call per object): this runs over every object of each collection
+            moved = [o for o in young if issubclass(type(o), _Tensor)]
+            self._moved_on.update({id(t): weakref.ref(t) for t in moved})
         finally:
             # the marker survives (the pass holds it), so it leaves the youngest generation now,
             # and from then on all of that generation is the pass's own
