@@ -5,6 +5,8 @@
 #   make test-fast  test suite without the slow model-zoo tests
 #   make lint       ruff (lint and format check) and mypy over the package (CI runs it before the tests)
 #   make demo       run the demo module (python -m torchlens.examples.demo)
+#   make docs       build the documentation site into site/ (mkdocs --strict: warnings and broken links fail)
+#   make docs-serve preview the documentation at http://127.0.0.1:8000
 #   make images     draw the README's example graphs and explorer screenshots into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
 #   make clean      remove build/test/demo artefacts (keeps .venv)
@@ -30,7 +32,7 @@ BENCH_ARGS ?=
 # Quieter pip output on CI (CI=true): no progress bars, never prompt.
 PIP_FLAGS ?= --no-input $(if $(filter true 1 yes,$(CI)),--progress-bar off,)
 
-.PHONY: venv test test-fast lint format demo bench images clean distclean graphviz chromium compiler
+.PHONY: venv test test-fast lint format demo bench images docs docs-serve clean distclean graphviz chromium compiler
 
 venv: $(STAMP)
 
@@ -108,11 +110,17 @@ images: venv
 	"$(VENV_PY)" -m torchlens.examples.health_images images
 	"$(VENV_PY)" -m torchlens.examples.tworuns_images images
 
+docs: venv
+	NO_MKDOCS_2_WARNING=1 "$(VENV_PY)" -m mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 "$(VENV_PY)" -m mkdocs serve
+
 bench: venv
 	"$(VENV_PY)" benchmarks/overhead.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build dist .eggs .pytest_cache demo_out benchmarks/results
+	rm -rf build dist .eggs .pytest_cache demo_out benchmarks/results site
 	find . -path ./$(VENV) -prune -o -name '*.egg-info' -prune -exec rm -rf {} + 
 	find . -path ./$(VENV) -prune -o -name '__pycache__' -type d -prune -exec rm -rf {} +
 
