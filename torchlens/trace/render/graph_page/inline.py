@@ -84,9 +84,10 @@ def mimebundle(history: "ModelHistory", include: Any = None, exclude: Any = None
     return bundle
 
 
-def show(history: "ModelHistory", height: int = DEFAULT_HEIGHT, **options: Any) -> Any:
-    """Display the page inline in Jupyter (returns the IPython ``HTML`` object displayed); outside
-    a notebook, raise a ``RuntimeError`` suggesting ``to_html(path)``.
+def show(history: "ModelHistory", height: int = DEFAULT_HEIGHT, **options: Any) -> None:
+    """Display the page inline in Jupyter (once: it returns None, so ``h.show()`` ending a cell
+    is not shown again as the cell's value); outside a notebook, raise a ``RuntimeError``
+    suggesting ``to_html(path)``.
 
     Example:
         >>> import torch, torchlens as tl
@@ -100,11 +101,10 @@ def show(history: "ModelHistory", height: int = DEFAULT_HEIGHT, **options: Any) 
             "history.show() displays the graph in a Jupyter notebook; elsewhere write a file with "
             "history.to_html('graph.html') and open it in a browser."
         )
-    from IPython.display import HTML, display
+    from IPython.display import display
 
-    shown = HTML(notebook_html(history, height, **options))
-    display(shown)
-    return shown
+    # raw: IPython's HTML object warns about an <iframe> ("consider IFrame"); the page is one
+    display({"text/html": notebook_html(history, height, **options)}, raw=True)
 
 
 __all__ = ["notebook_page", "notebook_html", "mimebundle", "inline_svg", "show", "DEFAULT_HEIGHT"]
