@@ -320,7 +320,31 @@ def test_exploding_gradients_are_found_when_one_layer_blows_up(tmp_path):
             model(x).pow(2).mean().backward()
             opt.step()
     exploding = _rows(tl.open_run(w.run_dir).health(), "exploding")
-    assert set(exploding.call) >= {"0:1", "1:1", "2:1"} and set(exploding.first_step) == {7}
+    # the call that amplifies, not the calls before it that receive the amplified gradient
+    assert exploding.call.tolist() == ["3:1"] and exploding.first_step.tolist() == [7]
+    assert exploding.series.tolist() == ["io_grad/input 0"]
+    assert "its backward multiplies the gradient by" in exploding.explanation.iloc[0]
+
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)) for _ in range(5))
+
+    def forward(self, x):
+        return torch.cat([b(x) for b in self.branches], 1).sum(1, keepdim=True)
+
+
+def test_the_call_that_amplifies_in_one_of_five_branches_is_found_and_the_others_are_quiet(tmp_path):
+    torch.manual_seed(0)
+    model = Branches()
+    with torch.no_grad():
+        model.branches[2][0].weight.mul_(1000.0)
+    h = _fit(model, tmp_path, steps=4, lr=1e-6, x=torch.randn(32, 16))
+    exploding = _rows(h, "exploding")
+    assert exploding.call.tolist() == ["branches.2.0:1"], h.to_string()
+    assert exploding.first_step.tolist() == [0] and exploding.active.tolist() == [True]
+    assert set(h.call) == {"branches.2.0:1"}, h.to_string()  # nothing on the healthy branches
 
 
 def test_a_healthy_small_cnn_has_no_finding(tmp_path):
@@ -366,6 +390,55 @@ def test_a_healthy_run_s_page_has_a_quiet_health_panel_and_no_carets(browser, tm
         # trimming's outliers reach past the bins on every step: a band, and no caret shouting it
         assert int(strip.get_attribute("data-beyond")) == 6
         assert int(strip.get_attribute("data-carets")) == 0
+        assert errors == []
+    finally:
+        context.close()
+
+
+def _ended_early(tmp_path):
+    """AdamW at a warm-up lr for 3 steps, then a sane one: every weight's update ratio was above
+    1e-2 at first and is fine now: findings that ended long ago."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    with _watch(model, tmp_path, log=("io", "io_grad", "params", "params_grad", "updates")):
+        for step in range(30):
+            if step == 3:
+                for group in opt.param_groups:
+                    group["lr"] = 1e-3
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return str(tmp_path / "run")
+
+
+def test_findings_that_ended_long_ago_are_history_not_alarms(tmp_path):
+    from torchlens.train.health import findings, status_line
+
+    rows = findings(tl.open_run(_ended_early(tmp_path)))
+    assert {(r["call"], r["signal"], r["first_step"], r["active"]) for r in rows} == {
+        (c, "update_ratio", 0, False) for c in ("0:1", "2:1", "4:1")
+    }
+    assert status_line(rows) == "healthy now: 3 findings ended earlier (update_ratio)"
+
+
+def test_the_page_folds_ended_findings_without_badges_and_keeps_pinned_strips_in_view(browser, tmp_path):
+    from torchlens.train.serve import export_html
+
+    path = export_html(_ended_early(tmp_path), str(tmp_path / "run.html"))
+    context, page, errors = _open_file(browser, path)
+    try:
+        panel = page.wait_for_selector('[data-role="health"]:not([hidden])')
+        assert "no finding now" in panel.inner_text() and "clear" in panel.get_attribute("class")
+        assert "healthy now" in page.inner_text('[data-role="health-status"]')
+        fold = page.query_selector('[data-role="health-ended"]')
+        assert fold is not None and fold.get_attribute("open") is None  # folded
+        assert "3 ended earlier" in fold.inner_text()
+        assert page.query_selector_all(".health-badge") == []  # no node badged by history
+        page.drag_and_drop('[data-node="2:1"]', '[data-role="panels"]')
+        strip = page.wait_for_selector('[data-panel="2:1"] canvas[data-series]')
+        assert strip.bounding_box()["y"] < 900  # the pinned strips start above the fold
         assert errors == []
     finally:
         context.close()

@@ -9,11 +9,14 @@ One finding per (call, series, signal), worst first. The signals and their thres
   whose output holds NaN/Inf while its inputs did not, leaving containers to their inner calls;
   when the forward stayed finite, the last call whose backward sent NaN/Inf to its inputs while
   the gradient reaching its outputs was finite.
-- ``exploding`` / ``vanishing``: the median per-sample norm of the gradient arriving at a call's
-  output (the ``io_grad`` line) is more than ``FAR`` (1000) times above / below the run's median
-  of that line (over every call and logged step); exploding also needs it to be larger than the
-  gradient the loss sends into the model's outputs (amplified inside the model: the last layers
-  of a network whose early gradients vanish are far above the median too, but not exploding).
+- ``exploding``: amplification happens in a call: the call whose backward sends its inputs a
+  gradient more than ``GAIN`` (100) times the one reaching its outputs (median per-sample norms,
+  the ``io_grad`` lines: the largest input's over the largest output's, at the same step). Only
+  when no call does (a gradient that grows a little in each of many layers) the calls whose
+  arriving gradient is more than ``FAR`` (1000) times above the run's median of that line, and
+  larger than the gradient the loss sends into the model's outputs.
+- ``vanishing``: the gradient arriving at a call's output is more than ``FAR`` times below the
+  run's median of that line (over every call and logged step).
   The NaN sentinel (``on_nonfinite=...``, every step) adds the parameter whose gradient norm
   grew 1e6x within 2 steps, or went past what its dtype can square, before anything was NaN.
 - ``dead``: at least ``DEAD_FRACTION`` (90%) of an output's values are exactly 0 (dead ReLUs).
@@ -41,6 +44,7 @@ from . import saturation
 from .sentinel import EVENTS_FILE
 
 FAR = 1e3
+GAIN = 1e2  # a call whose backward multiplies the gradient by more than this amplifies it
 DEAD_FRACTION = 0.9
 SATURATED_FRACTION = 0.9
 UPDATE_RATIO = (1e-4, 1e-2)
@@ -76,7 +80,11 @@ def findings(run: Any) -> List[Dict[str, Any]]:
     }
     loss_grads = [run.series(c, k, n) for c, k, n in names if c == "" and k == "io_grad" and n.startswith("output")]
     rows += _diverging(run.run_dir)
-    rows += _gradients({key: s for key, s in outputs.items() if key[1] == "io_grad"}, loss_grads)
+    sent_back = {(c, k, n): run.series(c, k, n) for c, k, n in names if c in leaves and k == "io_grad"}
+    amplifiers = _amplifiers({key: s for key, s in sent_back.items() if not key[2].startswith("output")}, sent_back)
+    rows += amplifiers
+    grads = _gradients({key: s for key, s in outputs.items() if key[1] == "io_grad"}, loss_grads)
+    rows += [r for r in grads if not (amplifiers and r["signal"] == "exploding")]  # the amplifier explains them
     rows += _dead({key: s for key, s in outputs.items() if key[1] == "io"})
     rows += _saturated(run.run_dir, calls)
     rows += _updates(run, names, calls)
@@ -115,11 +123,14 @@ def health(run: Any) -> Any:
 
 
 def status_line(rows: List[Dict[str, Any]]) -> str:
-    """The run in one line: the first NaN and where, else how many findings, else 'healthy'.
+    """The run in one line: the first NaN and where, else how many findings are true at the
+    latest step, else 'healthy' (findings that ended earlier are counted apart, not alarmed on).
 
     Example:
         >>> status_line([])
         'healthy: no finding'
+        >>> status_line([{"signal": "update_ratio", "active": False}])
+        'healthy now: 1 finding ended earlier (update_ratio)'
     """
     bad = [r for r in rows if r["signal"] == "nonfinite"]
     if bad:
@@ -127,8 +138,15 @@ def status_line(rows: List[Dict[str, Any]]) -> str:
         return f"NaN/Inf since step {r['first_step']} in {r['address'] or 'the model itself'}: {r['explanation']}"
     if not rows:
         return "healthy: no finding"
-    kinds = sorted({r["signal"] for r in rows}, key=SIGNALS.index)
-    return f"{len(rows)} finding{'s' if len(rows) > 1 else ''}: {', '.join(kinds)}"
+    now = [r for r in rows if r.get("active", True)]
+    ended = len(rows) - len(now)
+    earlier = f"{ended} finding{'s' if ended > 1 else ''} ended earlier"
+    if not now:
+        kinds = sorted({r["signal"] for r in rows}, key=SIGNALS.index)
+        return f"healthy now: {earlier} ({', '.join(kinds)})"
+    kinds = sorted({r["signal"] for r in now}, key=SIGNALS.index)
+    line = f"{len(now)} finding{'s' if len(now) > 1 else ''}: {', '.join(kinds)}"
+    return f"{line}; {earlier}" if ended else line
 
 
 # ----- the signals ----------------------------------------------------------------------------
@@ -295,6 +313,56 @@ def _gradients(grads: Dict[Tuple[str, str, str], Any], loss_grads: List[Any]) ->
     return rows
 
 
+def _amplifiers(
+    inputs: Dict[Tuple[str, str, str], Any], grads: Dict[Tuple[str, str, str], Any]
+) -> List[Dict[str, Any]]:
+    """Calls whose backward multiplies the gradient by more than ``GAIN`` (see the module's text)."""
+    by_call: Dict[str, List[Tuple[str, Any]]] = {}
+    for (cid, _, name), s in inputs.items():
+        by_call.setdefault(cid, []).append((name, s))
+    rows = []
+    for cid, ins in by_call.items():
+        outs = [s for (c, _, n), s in grads.items() if c == cid and n.startswith("output")]
+        reaching = _per_step(outs)
+        sent = {name: _per_step([s]) for name, s in ins}
+        steps = sorted(st for st in reaching if any(st in v for v in sent.values()))
+        gains = []  # (step, gain, input name, sent, reaching)
+        for st in steps:
+            name, value = max(((n, v[st]) for n, v in sent.items() if st in v), key=lambda nv: nv[1])
+            gains.append((st, value / reaching[st] if reaching[st] > 0 else math.nan, name, value, reaching[st]))
+        hits = [g for g in gains if math.isfinite(g[1]) and g[1] > GAIN]
+        if not hits:
+            continue
+        step, gain, name, value, arriving = hits[-1]
+        rows.append(
+            {
+                "call": cid,
+                "series": f"io_grad/{name}",
+                "signal": "exploding",
+                "first_step": hits[0][0],
+                "latest_step": gains[-1][0],
+                "latest_value": gain,
+                "active": hits[-1] is gains[-1],
+                "explanation": f"its backward multiplies the gradient by {_fmt(gain)}: it sends {name} a median "
+                f"per-sample norm of {_fmt(value)} from {_fmt(arriving)} reaching its output (step {step}; "
+                f"over {GAIN:g}x: the gradient explodes here)",
+            }
+        )
+    return rows
+
+
+def _per_step(series: List[Any]) -> Dict[int, float]:
+    """Step -> the largest ``line`` (median per-sample norm) of ``series`` at that step."""
+    out: Dict[int, float] = {}
+    for s in series:
+        if len(s.line) != len(s.steps):
+            continue
+        for st, v in zip(s.steps.tolist(), s.line.tolist()):
+            if math.isfinite(v):
+                out[st] = max(out.get(st, -math.inf), v)
+    return out
+
+
 def _dead(outputs: Dict[Tuple[str, str, str], Any]) -> List[Dict[str, Any]]:
     rows = []
     for (cid, kind, name), s in outputs.items():
@@ -387,4 +455,14 @@ def _fmt(x: float) -> str:
     return "nan" if not math.isfinite(x) else f"{x:.3g}"
 
 
-__all__ = ["health", "findings", "status_line", "SIGNALS", "COLUMNS", "FAR", "DEAD_FRACTION", "SATURATED_FRACTION"]
+__all__ = [
+    "health",
+    "findings",
+    "status_line",
+    "SIGNALS",
+    "COLUMNS",
+    "FAR",
+    "GAIN",
+    "DEAD_FRACTION",
+    "SATURATED_FRACTION",
+]

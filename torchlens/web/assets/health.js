@@ -1,5 +1,7 @@
 /* torchlens explorer: the Health panel (run.health()'s findings, worst first), a status line in
- * the header, and badges on graph nodes whose subtree has a finding. Data: GET /api/health.
+ * the header, and badges on graph nodes whose subtree has a finding still true at the latest
+ * step. Findings that ended earlier (an update ratio high in AdamW's first steps) are folded
+ * under "ended earlier": no badges, and the pinned strips below stay in view. Data: GET /api/health.
  * Clicking a finding opens the call's parent graph, pins the call's strips and marks the step.
  * Loaded before explorer.js; works through window.TorchlensExplorer and its "torchlens:graph"
  * event. An exported page (no server) carries the findings in its data (without the links to
@@ -41,7 +43,7 @@
       box = document.createElement("span");
       box.className = "health-status";
       box.dataset.role = "health-status";
-      box.onclick = () => { if (health.findings.length) go(health.findings[0]); };
+      box.onclick = () => { const now = current(); if (now.length) go(now[0]); };
       const status = $("status");
       status.parentNode.insertBefore(box, status);
     }
@@ -60,20 +62,35 @@
     return box;
   }
 
+  const current = () => health.findings.filter((f) => f.active);
+
   function render() {
+    const now = current();
+    const ended = health.findings.filter((f) => !f.active);
     const status = statusBox();
     status.textContent = health.status;
     status.hidden = !health.status;
-    status.classList.toggle("bad", health.findings.some((f) => f.signal === "nonfinite"));
-    status.classList.toggle("ok", Boolean(health.status) && !health.findings.length);
+    status.classList.toggle("bad", now.some((f) => f.signal === "nonfinite"));
+    status.classList.toggle("ok", Boolean(health.status) && !now.length);
     const box = panelBox();
     box.hidden = !health.status;
-    box.classList.toggle("clear", !health.findings.length);  // no red edge without a finding
+    box.classList.toggle("clear", !now.length);  // no red edge without a finding true now
     box.innerHTML = "";
     const h = document.createElement("h3");
-    h.textContent = health.findings.length ? `Health · ${health.findings.length} finding${health.findings.length > 1 ? "s" : ""}` : "Health · no finding";
+    h.textContent = now.length ? `Health · ${now.length} finding${now.length > 1 ? "s" : ""}` : "Health · no finding now";
     box.appendChild(h);
     const list = document.createElement("ol");
+    box.appendChild(list);
+    let endedList = list;
+    if (ended.length) {  // folded: history, not an alarm
+      const fold = document.createElement("details");
+      fold.dataset.role = "health-ended";
+      const summary = document.createElement("summary");
+      summary.textContent = `${ended.length} ended earlier`;
+      endedList = document.createElement("ol");
+      fold.append(summary, endedList);
+      box.appendChild(fold);
+    }
     health.findings.forEach((f, i) => {
       const item = document.createElement("li");
       item.dataset.finding = String(i);
@@ -103,9 +120,8 @@
         why.append(" ", a);
       }
       item.onclick = () => go(f);
-      list.appendChild(item);
+      (f.active ? list : endedList).appendChild(item);
     });
-    box.appendChild(list);
     badges();
   }
 
@@ -149,13 +165,13 @@
     });
   }
 
-  // ----- badges: a node whose subtree (the call or a call inside it) has a finding ------------
+  // ----- badges: a node whose subtree (the call or a call inside it) has a finding true now ------
   function badges() {
     const ex = app();
     if (!ex || !ex.state.summary) return;
     const calls = ex.state.summary.calls;
     const under = {};  // call id -> findings in its subtree
-    for (const f of health.findings) {
+    for (const f of current()) {
       for (let c = f.call; c !== null && c !== undefined && c in calls; c = calls[c].parent) {
         (under[c] = under[c] || []).push(f);
         if (c === "") break;
