@@ -39,6 +39,8 @@ from ..web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure, su
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
+from .measure import measurable
+from .measure.phase import Measured, PhaseMeasure
 from .sampling import Sampler
 from .step_data import Key, Part, StepData
 
@@ -170,6 +172,10 @@ class StepRecorder:
         # CopyPool), with a generator of its own: the order of its draws is the step's order
         self.copies = CopyPool()
         self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
+        # tensors on these devices are measured together at the end of their phase (measure/);
+        # the CPU keeps its one-at-a-time path (the compiled pass and the copy pool are faster there)
+        self.batched = PhaseMeasure(sampler.sample_n, sampler._generator, seed=sampler.seed + 2)
+        self.batch_devices = frozenset({"cuda"})
         self.ignore_io_grad = ignore_io_grad_classes
         self.step: Optional[int] = None
         self.known_calls: Set[str] = set()
@@ -211,6 +217,7 @@ class StepRecorder:
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         self.reasons, self.split = {}, []
+        self.batched.clear()  # of a step that ended half-way
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
         for address, module in named_modules(self.model):
@@ -243,8 +250,9 @@ class StepRecorder:
 
     def end_forward(self) -> None:
         """The forward pass has ended: the module hooks do nothing until the next ``begin_forward``
-        (``remove_forward_hooks`` takes them off)."""
+        (``remove_forward_hooks`` takes them off). The pass's tensors are measured now, together."""
         self.forward_active = False
+        self.batched.flush()
 
     def remove_forward_hooks(self) -> None:
         """Take the module hooks off (a step that is not logged, or the watch's end)."""
@@ -265,6 +273,7 @@ class StepRecorder:
                     self.version += 1
                     for owner in owners:
                         self.param_grads[owner] = part
+            self.batched.flush()  # the gradients, measured together
         return bool(touched)
 
     def add_update(self, owners: List[Tuple[str, str]], part: Part) -> None:
@@ -279,6 +288,7 @@ class StepRecorder:
         writer thread), and the reasons of the gradient series that got no values (of ``kinds``
         only, when given). The step goes on: a later backward or optimizer step adds to it."""
         wanted = (lambda kind: True) if kinds is None else kinds.__contains__
+        self.batched.flush()  # anything seen since a phase ended (nothing, in the usual order)
         # the recorder's own lists, not copies (the step's series would be copied at every write):
         # they only grow, so the data keeps how many parts each had when collected
         pending = {k: v for k, v in self.pending.items() if wanted(k[1])}
@@ -339,11 +349,11 @@ class StepRecorder:
         found = [(f"input {_dotted(p)}", p, t) for p, t in tensors_in_call(args, kwargs)]
         if "io" in self.kinds:
             for name, _, t in found:
-                self._add((cid, "io", name), self._values(t))
+                self._add((cid, "io", name), self._values(t, (cid, "io", name)))
         if "params" in self.kinds:
             for name, p in module._parameters.items():
                 if p is not None and not _is_lazy(p):
-                    self._add((cid, "params", name), self._values(p))
+                    self._add((cid, "params", name), self._values(p, (cid, "params", name)))
         if "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad):
             return self._alias_inputs(module, cid, (args, kwargs, found), frame)
         return None
@@ -483,7 +493,7 @@ class StepRecorder:
         want_grad = "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad)
         for name, t in named:
             if want_io:
-                self._add((cid, "io", name), self._values(t))
+                self._add((cid, "io", name), self._values(t, (cid, "io", name)))
             if want_grad and not t.requires_grad:
                 self.reasons[(cid, "io_grad", name)] = NOT_DIFFERENTIABLE
             elif want_grad:
@@ -499,13 +509,20 @@ class StepRecorder:
             self.version += 1
             self.pending.setdefault(key, []).append(part)
 
-    def _values(self, t: torch.Tensor) -> Optional[Part]:
+    def _values(self, t: torch.Tensor, place: Optional[Key] = None) -> Optional[Part]:
         """A sample of ``t`` and its statistics over all values, taken now (before any later
-        in-place change); the same for a tensor already measured unchanged in this step."""
+        in-place change), or at the end of the phase with the phase's other tensors on a GPU
+        (``place``: where it was seen, see ``PhaseMeasure``); the same for a tensor already
+        measured unchanged in this step."""
         t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
+            if place is not None and isinstance(seen[2][1], Measured):
+                self.batched.seen_at(seen[2][1], place)
             return seen[2]
+        if t.device.type in self.batch_devices and measurable(t):
+            later = self.batched.add(t, place)
+            return self._remember(t, (later, later, None))
         # a small CPU tensor is copied; a large one sampled and measured at once in one compiled
         # call (float), or else copied into the pool
         part: Part

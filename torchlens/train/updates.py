@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from ..web.exact import SMALL, LazySummary, copy_streaming, summary_norm
+from .measure import measurable
 from .recorder import StepRecorder
 
 
@@ -38,7 +39,8 @@ class UpdateHooks:
         self.logging = logging
         self.written = written
         # id(optimizer) -> (step, its watched params, their copies, their norms) before its step
-        self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], List[Any]]] = {}
+        # (the norms: a list, or one tensor of them all where the updates are measured together)
+        self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], Any]] = {}
         self._handles: list = []
         # id(optimizer) -> CPU copies kept for its next logged step, and their lazy summaries
         self._spare: Dict[int, Tuple[List[torch.Tensor], List[LazySummary]]] = {}
@@ -76,7 +78,12 @@ class UpdateHooks:
             return  # a step that is not logged copies nothing
         owners = self._owners(step)
         params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in owners]
-        if params:
+        if params and self._batched(params):  # on a GPU: copied, and later measured, together
+            with torch.no_grad():
+                copies = [torch.empty_like(p) for p in params]
+                torch._foreach_copy_(copies, [p.detach() for p in params])
+                self._before[id(optimizer)] = (step, params, copies, torch.stack(_norms(copies)).double())
+        elif params:
             with torch.no_grad():
                 copies = self._copies(optimizer, params)
                 # ||w|| from this step's forward statistics, if unchanged since (measured by then,
@@ -106,6 +113,9 @@ class UpdateHooks:
             return
         step, params, copies, norms = saved
         owners = self._owners(step)
+        if isinstance(norms, torch.Tensor):  # the weights' norms of a batched step, as one tensor
+            self._post_batched(step, params, copies, norms)
+            return
         lazies: List[LazySummary] = []
         with torch.no_grad():
             saved_of = zip(params, copies, norms)
@@ -133,6 +143,34 @@ class UpdateHooks:
         if all(c.device.type == "cpu" for c in copies):
             self._spare[id(optimizer)] = (copies, lazies)
         self.written(step, len(params) - len(rest) + len(lazies))
+
+    def _batched(self, params: List[torch.Tensor]) -> bool:
+        """Whether the updates of ``params`` are measured together (``measure/``): all of them
+        on one device of the recorder's batched kind."""
+        devices = {p.device for p in params}
+        return (
+            len(devices) == 1
+            and next(iter(devices)).type in self.recorder.batch_devices
+            and all(measurable(p) for p in params)
+        )
+
+    def _post_batched(
+        self, step: int, params: List[torch.Tensor], copies: List[torch.Tensor], weight_norms: torch.Tensor
+    ) -> None:
+        """The updates (after - before, computed in the copies) measured together, with the
+        update-to-weight ratio as their line: a fixed number of kernels for all parameters."""
+        owners = self._owners(step)
+        with torch.no_grad():
+            torch._foreach_sub_(copies, [p.detach() for p in params])  # before - after
+            torch._foreach_neg_(copies)  # the update itself: negation is exact
+
+            def line(table: torch.Tensor) -> torch.Tensor:
+                return _ratios(summary_norm(table), weight_norms.to(table.dtype))
+
+            measured = self.recorder.batched.measure_now(copies, line)
+        for p, m in zip(params, measured):
+            self.recorder.add_update(owners.get(id(p), []), (m, m, None))
+        self.written(step, len(params))
 
     def _measured_at_once(self, p: torch.Tensor, before: torch.Tensor, norm: Any, owners: Dict) -> bool:
         """Record the update of a large float CPU parameter measured in one pass over the parameter
@@ -172,6 +210,12 @@ def _norms(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
     if all(t.dtype in (torch.float32, torch.float64) and t.layout == torch.strided for t in tensors):
         return list(torch._foreach_norm(tensors))
     return [torch.linalg.vector_norm(t.float()) for t in tensors]
+
+
+def _ratios(change: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """``_ratio`` of each pair, on the device (no value read on the host)."""
+    undefined = torch.where(change == 0, float("nan"), float("inf"))
+    return torch.where(norm != 0, change / norm, undefined)
 
 
 def _ratio(change: float, norm: float) -> float:

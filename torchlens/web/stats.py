@@ -136,24 +136,26 @@ def histograms(
     squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
     missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
     given = list(summaries) if summaries is not None else [None] * n
-    summary_rows = torch.stack([missing if v is None else v.to(device, exact) for v in given])
-    packed = (
-        torch.cat(
-            [
-                counts.to(exact),
-                lo.to(exact)[:, None],
-                hi.to(exact)[:, None],
-                nonfinite.to(exact)[:, None],
-                sums[:, None],
-                squares[:, None],
-                summary_rows,
-            ],
-            dim=1,
-        )
-        .cpu()
-        .double()
-        .numpy()
-    )  # the one host transfer
+    # summaries already on the host (a GPU step's, moved once per phase) stay there
+    on_host = {} if device.type == "cpu" else {i: v for i, v in enumerate(given) if v is not None and v.is_cpu}
+    summary_rows = torch.stack(
+        [missing if v is None or i in on_host else v.to(device, exact) for i, v in enumerate(given)]
+    )
+    on_device = torch.cat(
+        [
+            counts.to(exact),
+            lo.to(exact)[:, None],
+            hi.to(exact)[:, None],
+            nonfinite.to(exact)[:, None],
+            sums[:, None],
+            squares[:, None],
+            summary_rows,
+        ],
+        dim=1,
+    )
+    packed = _to_host(on_device).double().numpy()  # the one host transfer
+    for i, v in on_host.items():
+        packed[i, bins + 5 :] = v.double().numpy()
     lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
     empty = ~np.isfinite(lo_host)
     lo_host[empty], hi_host[empty] = np.nan, np.nan
@@ -166,6 +168,20 @@ def histograms(
         sums_of_squares=packed[:, bins + 4],
         exact=packed[:, bins + 5 :],
     )
+
+
+def _to_host(values: torch.Tensor) -> torch.Tensor:
+    """``values`` on the host. From a GPU: copied into pinned memory, and waited for by an
+    event of the copy alone (not a synchronisation of the device: a thread doing this does not
+    stall the others' work, and ``torch.cuda.set_sync_debug_mode`` does not count it)."""
+    if values.device.type != "cuda":
+        return values.cpu()
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(values.device))
+    event.synchronize()
+    return host
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:

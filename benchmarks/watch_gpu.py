@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Cost of ``tl.watch`` on a GPU training step, as ratios against a plain training step.
+
+ResNet-18 (torchvision, ``weights=None``), batch 64 at 224x224, SGD with momentum, on CUDA.
+Identical copies of the model (one per variant) train on the same batch in one process, taking
+turns in blocks of steps, the order turning by one each round:
+
+* ``plain``        -- forward, loss, backward, optimizer step, no watch;
+* ``not logged``   -- ``tl.watch(log_freq=1000)``: steps that are not logged;
+* ``logged``       -- ``log_freq=1``, the four default kinds (io, io_grad, params, params_grad);
+* ``5 kinds``      -- ``log_freq=1`` with ``updates`` too.
+
+Clocks are read after ``torch.cuda.synchronize()``; a watched block ends when its watch has
+written what it logged (``flush``), so the writer thread's work counts for that variant. Every
+variant first runs warm-up steps (cuDNN's algorithm search, the watch's first logged step, which
+traces the module graph and compiles the batched measurement where Triton is present). Ratios
+are medians over rounds of each variant's block time against the plain block of the same
+round. Also printed: the peak GPU memory of a step of each variant against the plain step's,
+and which measuring kernels ran (compiled by ``torch.compile`` or torch's eager ones).
+
+    python benchmarks/watch_gpu.py [--quick] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.train.measure import COMPILED
+
+VARIANTS = {
+    "plain": None,
+    "not logged": dict(log_freq=1000),
+    "logged": dict(log_freq=1),
+    "5 kinds": dict(log_freq=1, log=("io", "io_grad", "params", "params_grad", "updates")),
+}
+
+
+def make_model(device: torch.device) -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).to(device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few rounds (a check that it runs, not a figure)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of turns (default 12, quick 2)")
+    parser.add_argument("--block", type=int, default=None, help="steps per turn (default 10, quick 3)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (no figure)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("watch_gpu.py needs a CUDA device (torch.cuda.is_available() is False)")
+    rounds = args.rounds or (2 if args.quick else 12)
+    block = args.block or (3 if args.quick else 10)
+    warmup = 3 if args.quick else 10
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    torch.backends.cudnn.benchmark = True
+
+    base = make_model(device)
+    x = torch.randn(args.batch, 3, 224, 224, device=device)
+    y = torch.randint(0, 1000, (args.batch,), device=device)
+    models: Dict[str, nn.Module] = {}
+    optimizers: Dict[str, torch.optim.Optimizer] = {}
+    watches: Dict[str, object] = {}
+    folder = tempfile.mkdtemp(prefix="torchlens-watch-gpu-")
+    for name, options in VARIANTS.items():
+        models[name] = copy.deepcopy(base)
+        optimizers[name] = torch.optim.SGD(models[name].parameters(), lr=1e-3, momentum=0.9)
+        if options is not None:
+            run_dir = f"{folder}/{name.replace(' ', '_')}"
+            watches[name] = tl.watch(models[name], run_dir=run_dir, backend=None, verbose=False, **options)
+
+    def step(name: str) -> None:
+        model, opt = models[name], optimizers[name]
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def synchronize() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def run_block(name: str, steps: int) -> float:
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(name)
+        if name in watches:
+            watches[name].flush()  # type: ignore[attr-defined]
+        synchronize()
+        return time.perf_counter() - start
+
+    for name in VARIANTS:  # warm-up
+        run_block(name, warmup)
+
+    peaks: Dict[str, float] = {}
+    for name in VARIANTS:  # peak memory of one step (the block's writes included)
+        synchronize()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        run_block(name, 2)
+        peaks[name] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
+
+    times: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    order = list(VARIANTS)
+    for r in range(rounds):
+        turn = order[r % len(order) :] + order[: r % len(order)]
+        for name in turn:
+            times[name].append(run_block(name, block) / block)
+    for w in watches.values():
+        w.close()  # type: ignore[attr-defined]
+
+    plain_ms = statistics.median(times["plain"]) * 1e3
+    result = {
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu (dry run)",
+        "torch": torch.__version__,
+        "model": f"resnet18 batch {args.batch} at 224x224, SGD",
+        "rounds": rounds,
+        "block": block,
+        "plain_ms": plain_ms,
+        "ms": {name: statistics.median(t) * 1e3 for name, t in times.items()},
+        "ratio": {
+            name: statistics.median(v / p for v, p in zip(times[name], times["plain"]))
+            for name in VARIANTS
+            if name != "plain"
+        },
+        "peak_mib": peaks if cuda else None,
+        "peak_ratio": {name: peaks[name] / peaks["plain"] for name in VARIANTS if name != "plain"} if cuda else None,
+        "measure_kernels": (
+            "compiled (torch.compile)"
+            if COMPILED.fn is not None
+            else f"eager ({COMPILED.error or 'the compiled kernel is for CUDA tensors'})"
+        ),
+    }
+    print(f"{result['device']}, torch {result['torch']}, {result['model']}, {rounds} rounds of {block} steps")
+    print(f"  plain step: {plain_ms:.1f} ms, peak {peaks['plain']:.0f} MiB")
+    for name in VARIANTS:
+        if name == "plain":
+            continue
+        print(
+            f"  {name:<11} {result['ms'][name]:7.1f} ms  {result['ratio'][name]:.3f}x"
+            f"   peak {peaks[name]:.0f} MiB ({peaks[name] / peaks['plain']:.3f}x)"
+        )
+    print(f"  measuring kernels: {result['measure_kernels']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

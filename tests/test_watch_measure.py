@@ -1,0 +1,241 @@
+"""The batched measurement (torchlens.train.measure) on CPU tensors: the same statistics as the
+per-tensor path (float64 reference), samples drawn from the values, a number of operations that
+does not grow with the number of tensors, and a watched training run whose numbers equal those of
+the CPU's own path."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchlens as tl
+from torchlens.train.measure import layout, measure_batch, row_stats_eager
+from torchlens.train.measure.phase import PhaseMeasure
+from torchlens.web.exact import EXACT_FIELDS, exact_summary
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.uint8, torch.bool]
+FIELDS = ("count", "mean", "std", "true_min", "true_max", "nan", "posinf", "neginf", "zeros", "line")
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks small enough that CPU-sized tensors are read in place and split across buffers."""
+    monkeypatch.setattr(layout, "BIG", 3000)
+    monkeypatch.setattr(layout, "CHUNK", 8192)
+
+
+def planted(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * 3 + 0.5
+    if dtype == torch.bool:
+        return x > 0
+    if not dtype.is_floating_point:
+        return (x.abs() * 10).to(dtype)
+    x = x.to(dtype)
+    if n > 8:
+        x[1], x[3], x[5], x[7] = float("nan"), float("inf"), -float("inf"), 0.0
+    return x
+
+
+def assert_row(row, ref, rtol):
+    for field, a, r in zip(EXACT_FIELDS, row.tolist(), ref.tolist()):
+        if field == "line":
+            continue
+        if np.isnan(r):
+            assert np.isnan(a), (field, a, r)
+        else:
+            assert a == pytest.approx(r, rel=rtol, abs=1e-9), (field, a, r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_equals_the_float64_reference(dtype, small_blocks):
+    sizes = [1, 3, 9, 1023, 1024, 1025, 2999, 3000, 5000, 8192, 20001]
+    tensors = [planted(n, dtype, i) for i, n in enumerate(sizes)]
+    got = measure_batch(tensors, 50, lambda d: None, np.random.default_rng(0))
+    # float32 data: deviations in float32, sums in float64 (a few float32 ulps on m2)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    for t, row in zip(tensors, got.rows):
+        assert_row(row, exact_summary(t.double()), rtol)
+
+
+def test_odd_layouts_and_values(small_blocks):
+    base = torch.randn(6, 5, 40)
+    tensors = [
+        base.permute(2, 0, 1),  # dense, not contiguous: read in place, in memory order
+        base[:, ::2],  # gaps: copied
+        base.to(memory_format=torch.contiguous_format).expand(2, 6, 5, 40),  # repeated values
+        torch.full((7,), float("nan")),  # nothing finite
+        torch.tensor([-0.0, 0.0, 5.0]),
+        torch.full((4000,), 1e6) + torch.arange(4000.0) * 1e-2,  # far from zero, small spread
+    ]
+    got = measure_batch(tensors, 20, lambda d: None, np.random.default_rng(1))
+    for t, row in zip(tensors, got.rows):
+        assert_row(row, exact_summary(t.double()), 1e-5)
+
+
+def test_unmeasurable_tensors_are_left_out():
+    tensors = [torch.ones(3, dtype=torch.complex64), torch.zeros(0), torch.ones(2)]
+    got = measure_batch(tensors, 5, lambda d: None, np.random.default_rng(0))
+    assert got.rows[0] is None and got.rows[1] is None and got.samples[0] is None
+    assert got.rows[2][0].item() == 2.0
+
+
+def test_samples_are_values_of_their_tensor(small_blocks):
+    tensors = [torch.arange(10.0), torch.arange(100.0, 20100.0), torch.arange(7, dtype=torch.int64)]
+    got = measure_batch(tensors, 400, lambda d: None, np.random.default_rng(2))
+    a, b, c = got.samples
+    assert a.tolist() == tensors[0].tolist() and c.tolist() == list(map(float, range(7)))  # all, in order
+    assert b.dtype == torch.float32 and b.numel() == 400
+    assert ((b >= 100) & (b < 20100) & (b == b.round())).all()
+    # the large tensor spans several blocks: its sample reaches every part of it, uniformly
+    counts = np.histogram(b.numpy(), bins=4, range=(100, 20100))[0]
+    assert counts.min() > 60, counts
+
+
+def test_sample_n_none_takes_every_value():
+    t = torch.randn(3000)
+    got = measure_batch([t], None, lambda d: None, np.random.default_rng(0))
+    assert torch.equal(got.samples[0], t)
+
+
+def test_row_stats_of_a_row_without_finite_values():
+    row = row_stats_eager(torch.tensor([[float("nan"), float("inf")]]))[0].tolist()
+    assert row[:5] == [0.0, 0.0, 1.0, 1.0, 0.0]
+
+
+class Count(TorchDispatchMode):
+    """Counts the ATen operations that compute (views only name memory: no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops += 1
+            self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_operations_do_not_grow_with_the_number_of_tensors():
+    def ops(n):
+        tensors = [torch.randn(64) for _ in range(n)] + [torch.randn(5, 7) for _ in range(n)]
+        with Count() as count:
+            measure_batch(tensors, 16, lambda d: None, np.random.default_rng(0))
+        return count.ops
+
+    assert ops(200) <= ops(10) + 5  # views aside: no operation per tensor
+
+
+def test_phase_learns_the_places_changed_in_place():
+    pm = PhaseMeasure(4, lambda d: None)
+    x = torch.tensor([1.0, -2.0])
+    first = pm.add(x, place="bn")  # a new place: copied when seen
+    x.relu_()
+    pm.flush()
+    assert first.summary[3].item() == -2.0 and pm.risky == {"bn"}
+    y = torch.tensor([3.0, -4.0])
+    second = pm.add(y, place="bn")  # learned: copied again
+    y.relu_()
+    z = torch.tensor([5.0])
+    third = pm.add(z, place="other")
+    pm.flush()
+    assert second.summary[3].item() == -4.0 and third.summary[1].item() == 5.0 and pm.risky == {"bn"}
+    w = torch.tensor([-1.0])
+    lost = pm.add(w, place="other")  # known to be safe, yet changed: no values rather than false ones
+    w.relu_()
+    pm.flush()
+    assert lost.summary is None and lost.sample.numel() == 0 and "other" in pm.risky
+
+
+def test_copies_are_measured_early_past_the_budget():
+    pm = PhaseMeasure(4, lambda d: None, budget=1000)
+    tensors = [torch.full((100,), float(i)) for i in range(5)]
+    measured = [pm.add(t, place=i) for i, t in enumerate(tensors)]
+    assert measured[0].measured and measured[1].measured  # 800 bytes, then 1200: flushed
+    for t in tensors:
+        t.zero_()
+    pm.flush()
+    assert [m.summary[1].item() for m in measured[:3]] == [0.0, 1.0, 2.0]
+
+
+# ----- a watched training run: the batched path on the CPU against the CPU's own path ----------
+
+
+class Block(nn.Module):
+    """A residual block with the in-place changes a ResNet has (ReLU(inplace), out += x)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+def small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+
+
+KINDS = ("io", "io_grad", "params", "params_grad", "updates")
+
+
+def train_watched(model, tmp_path, name, batched, steps=3, fail_at=None):
+    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS)
+    if batched:
+        w.recorder.batch_devices = frozenset({"cpu"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        x = torch.randn(4, 3, 8, 8, generator=g)
+        y = torch.randint(0, 10, (4,), generator=g)
+        if i == fail_at:
+            with pytest.raises(RuntimeError):
+                model(x.reshape(4, 3, 4, 16)[..., :3])  # a shape the linear layer refuses, half-way
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    w.close()
+    return tl.open_run(w.run_dir), w
+
+
+def test_watched_run_equals_the_per_tensor_path(tmp_path):
+    base = small_net()
+    plain, _ = train_watched(copy.deepcopy(base), tmp_path, "plain", batched=False)
+    batched, w = train_watched(copy.deepcopy(base), tmp_path, "batched", batched=True)
+    # learned: each BatchNorm output changed later (by ReLU(inplace) or out += x), and the second
+    # ReLU's input (changed by the ReLU itself)
+    assert ("1.bn1:1", "io", "output 0") in w.recorder.batched.risky
+    assert ("1.bn2:1", "io", "output 0") in w.recorder.batched.risky
+    assert ("0:1", "io", "output 0") not in w.recorder.batched.risky
+    names = plain.series_names()
+    assert sorted(names) == sorted(batched.series_names()) and len(names) > 40
+    for call, kind, name in names:
+        a, b = plain.series(call, kind, name), batched.series(call, kind, name)
+        assert a.steps.tolist() == b.steps.tolist() == [0, 1, 2], (call, kind, name)
+        for field in FIELDS:
+            x, y = getattr(a, field), getattr(b, field)
+            assert np.allclose(x, y, rtol=2e-5, atol=1e-7, equal_nan=True), (call, kind, name, field, x, y)
+
+
+def test_a_step_that_fails_half_way_leaves_the_next_one_whole(tmp_path):
+    base = small_net()
+    plain, _ = train_watched(copy.deepcopy(base), tmp_path, "plain", batched=False)
+    batched, _ = train_watched(copy.deepcopy(base), tmp_path, "failed", batched=True, fail_at=1)
+    for call, kind, name in plain.series_names():
+        a, b = plain.series(call, kind, name), batched.series(call, kind, name)
+        for field in ("count", "mean", "true_max"):
+            assert np.allclose(getattr(a, field)[-1], getattr(b, field)[-1], rtol=2e-5, equal_nan=True)

@@ -1,0 +1,155 @@
+"""The batched measurement on a GPU: the same statistics as the CPU's per-tensor path, the
+compiled kernel agreeing with torch's eager one, and a logged step without a host sync."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.train.measure import COMPILED, measure_batch, row_stats_eager
+from torchlens.train.measure.rows import row_stats
+from torchlens.web.exact import EXACT_FIELDS, exact_summary
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+FIELDS = ("count", "mean", "std", "true_min", "true_max", "nan", "posinf", "neginf", "zeros", "line")
+
+
+def planted(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * 3 + 0.5
+    if dtype == torch.bool:
+        return x > 0
+    if not dtype.is_floating_point:
+        return (x * 10).to(dtype)
+    x = x.to(dtype)
+    if n > 8:
+        x[1], x[3], x[5], x[7] = float("nan"), float("inf"), -float("inf"), 0.0
+    return x
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]
+)
+def test_batch_on_cuda_equals_float64_reference(dtype):
+    tensors = [planted(n, dtype, i) for i, n in enumerate([1, 7, 1000, 1024, 4097, 70000, (1 << 22) + 3])]
+    got = measure_batch([t.cuda() for t in tensors], 100, lambda d: None, np.random.default_rng(0))
+    for t, row, sample in zip(tensors, got.rows, got.samples):
+        ref = exact_summary(t.double())
+        assert row.is_cuda and sample.is_cuda and sample.numel() == min(t.numel(), 100)
+        _close(row.cpu(), ref, rtol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+def test_compiled_kernel_agrees_with_eager():
+    x = torch.randn(300, 1024, device="cuda") * 5 + 2
+    x[0, 0], x[1, 1], x[2, 2], x[3, :] = float("nan"), float("inf"), -float("inf"), float("nan")
+    eager = row_stats_eager(x)
+    got = row_stats(x)  # compiled where Triton is present
+    torch.testing.assert_close(got, eager, rtol=1e-9, atol=1e-9, equal_nan=True)
+    print("measuring kernels:", "compiled" if COMPILED.fn is not None else f"eager ({COMPILED.error})")
+
+
+class Block(nn.Module):
+    """A residual block with the in-place changes a ResNet has (ReLU(inplace), out += x)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+def small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+
+
+KINDS = ("io", "io_grad", "params", "params_grad", "updates")
+
+
+def train_watched(model, device, tmp_path, name, steps=3):
+    model = model.to(device)
+    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64).to(device)
+        y = torch.randint(0, 10, (4,), generator=g).to(device)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    w.close()
+    return tl.open_run(w.run_dir), w
+
+
+def test_logged_steps_on_cuda_equal_the_cpu_path(tmp_path):
+    base = small_net().double()  # float64: the two devices compute the same values
+    cpu_run, _ = train_watched(copy.deepcopy(base), "cpu", tmp_path, "cpu")
+    gpu_run, w = train_watched(copy.deepcopy(base), "cuda", tmp_path, "cuda")
+    assert w.recorder.batched.risky, "the in-place places were learned"
+    names = cpu_run.series_names()
+    assert sorted(names) == sorted(gpu_run.series_names())
+    compared = 0
+    for call, kind, name in names:
+        a, b = cpu_run.series(call, kind, name), gpu_run.series(call, kind, name)
+        assert a.steps.tolist() == b.steps.tolist(), (call, kind, name)
+        for field in FIELDS:
+            x, y = getattr(a, field), getattr(b, field)
+            assert np.allclose(x, y, rtol=1e-6, atol=1e-9, equal_nan=True), (call, kind, name, field, x, y)
+        compared += 1
+    assert compared > 20
+
+
+def test_a_logged_step_makes_no_host_sync(tmp_path):
+    model = small_net().cuda()
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=KINDS)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    y = torch.randint(0, 10, (4,), device="cuda")
+
+    def step():
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):  # the first logged step traces the graph; kernels compile
+        step()
+    w.flush()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):  # two logged steps: the first one ends (and is written) when the second starts
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    w.close()  # a write that synchronised (on the writer thread) would raise here
+    run = tl.open_run(w.run_dir)
+    assert run.steps.tolist() == [0, 1, 2, 3, 4]
+    s = run.series("1.conv1:1", "io", "output 0")
+    assert np.isfinite(s.mean).all() and (s.count > 0).all()
+
+
+def _close(row, ref, rtol):
+    for field, a, r in zip(EXACT_FIELDS, row.tolist(), ref.tolist()):
+        if field == "line":
+            continue
+        if np.isnan(r):
+            assert np.isnan(a), (field, a, r)
+        else:
+            assert a == pytest.approx(r, rel=rtol, abs=1e-9), (field, a, r)

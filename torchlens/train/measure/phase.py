@@ -1,0 +1,214 @@
+"""A logged step's tensors kept until the end of their phase, then measured together.
+
+The hooks hand each tensor to ``PhaseMeasure.add`` (no kernel: a reference and its version);
+``flush`` at the end of the phase (the forward pass, the backward pass's parameter gradients,
+the optimizer step) measures them all with ``measure_batch`` and moves the phase's table of
+``EXACT_FIELDS`` to the host once, into pinned memory without waiting; the writer thread waits
+on the copy's event when it reads a summary (``Measured.summary``).
+
+A tensor changed in place after it was seen (an output that ``ReLU(inplace=True)`` or
+``out += identity`` overwrites) cannot be measured at the phase's end: such places are learned.
+The first time a place is seen, and every time after it was found changed, its tensor is copied
+when seen (one kernel), and the copies are measured early, together, once they hold more than
+``budget`` bytes; a place whose tensor is found unchanged at the end of its phase is read in
+place from then on. A tensor found changed where that was not expected gets no values in that
+step (its series says nothing rather than something false); its place is copied from then on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
+
+import numpy as np
+import torch
+
+from ...web.exact import LazySummary
+from .batch import Batch, measure_batch
+
+Place = Hashable  # where a tensor was seen (the recorder's series key)
+
+
+class Measured(LazySummary):
+    """A tensor measured with its phase: ``sample`` (float32, on its device) and ``summary``
+    (its ``EXACT_FIELDS`` on the host, read once the phase's copy has arrived: reading waits for
+    it) are set when the phase is flushed; ``device_row``: the summary on the device."""
+
+    __slots__ = ("_row", "event", "device_row")
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._row: Optional[torch.Tensor] = None
+        self.event: Any = None
+        self.device_row: Optional[torch.Tensor] = None
+        super().__init__(values)
+
+    @property  # type: ignore[override]
+    def summary(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, behind a wait
+        event = self.event
+        if event is not None:
+            event.synchronize()  # waits for this copy alone: not a device synchronisation
+            self.event = None
+        return self._row
+
+    @summary.setter
+    def summary(self, row: Optional[torch.Tensor]) -> None:
+        self._row = row
+
+
+class _Entry:
+    __slots__ = ("tensor", "version", "nbytes", "copy", "places", "measured")
+
+    def __init__(self, tensor: torch.Tensor, measured: Measured) -> None:
+        self.tensor: Optional[torch.Tensor] = tensor
+        self.version = tensor._version
+        self.nbytes = _storage_bytes(tensor)
+        self.copy: Optional[torch.Tensor] = None
+        self.places: List[Place] = []
+        self.measured = measured
+
+    def unchanged(self) -> bool:
+        t = self.tensor
+        return t is not None and t._version == self.version and _storage_bytes(t) == self.nbytes
+
+
+class PhaseMeasure:
+    """The tensors of a logged step's phase awaiting their batched measurement.
+
+    ``generator(device)``: the sampler's generator there; ``sample_n``: values per sample.
+
+    Example:
+        >>> pm = PhaseMeasure(3, lambda d: None)
+        >>> m = pm.add(torch.tensor([1.0, 2.0]), place="a")
+        >>> pm.flush(); m.summary[1].item(), m.sample.tolist()
+        (1.5, [1.0, 2.0])
+    """
+
+    def __init__(
+        self,
+        sample_n: Optional[int],
+        generator: Callable[[torch.device], Optional[torch.Generator]],
+        seed: int = 0,
+        budget: int = 256 << 20,
+    ) -> None:
+        self.sample_n = sample_n
+        self.generator = generator
+        self.rng = np.random.default_rng(seed)
+        self.budget = budget  # bytes of copies held before they are measured
+        self.known: Set[Place] = set()  # places seen at the end of a phase
+        self.risky: Set[Place] = set()  # places whose tensor was changed in place after it was seen
+        self._pending: List[_Entry] = []
+        self._watched: List[_Entry] = []  # copied entries measured early: checked at the phase's end
+        self._copied = 0  # bytes of copies pending
+
+    def add(self, tensor: torch.Tensor, place: Optional[Place] = None) -> Measured:
+        """Hold ``tensor`` (seen at ``place``) for the phase's measurement; its results arrive
+        in the returned ``Measured`` when the phase is flushed."""
+        t = tensor.detach()
+        entry = _Entry(t, Measured(t))
+        self._pending.append(entry)
+        if place is not None:
+            self.seen_at(entry.measured, place, entry)
+        return entry.measured
+
+    def seen_at(self, measured: Measured, place: Place, entry: Optional[_Entry] = None) -> None:
+        """``measured``'s tensor (unchanged) is also seen at ``place``: copied now if that place
+        is new or was found changed before."""
+        if entry is None:
+            entry = next((e for e in reversed(self._pending) if e.measured is measured), None)
+            if entry is None:
+                return
+        entry.places.append(place)
+        if entry.copy is None and entry.tensor is not None and (place in self.risky or place not in self.known):
+            entry.copy = entry.tensor.clone()
+            self._copied += entry.copy.numel() * entry.copy.element_size()
+            if self._copied > self.budget:
+                self.flush(phase_end=False)
+
+    def flush(self, phase_end: bool = True) -> None:
+        """Measure what is pending (with ``phase_end=False``: only the copies, to free them)."""
+        if phase_end:
+            todo, self._pending = self._pending, []
+        else:
+            todo = [e for e in self._pending if e.copy is not None]
+            self._pending = [e for e in self._pending if e.copy is None]
+        if phase_end:
+            for entry in self._watched + todo:
+                same = entry.unchanged()
+                self.known.update(entry.places)
+                if not same:
+                    self.risky.update(entry.places)
+                if entry.copy is None and not same:
+                    entry.tensor = None  # changed before it was measured: no values this step
+            self._watched = []
+        else:
+            self._watched += todo
+        self._copied = 0 if phase_end else self._copied - sum(e.copy.numel() * e.copy.element_size() for e in todo)  # type: ignore[union-attr]
+        measured = [e for e in todo if e.copy is not None or e.tensor is not None]
+        lost = [e for e in todo if e.copy is None and e.tensor is None]
+        self._deliver([e.measured for e in measured], [e.copy if e.copy is not None else e.tensor for e in measured])  # type: ignore[misc]
+        for entry in todo:
+            entry.copy = None
+            if phase_end:
+                entry.tensor = None
+        for entry in lost:
+            m = entry.measured
+            device = m.values.device if m.values is not None else torch.device("cpu")
+            m.sample = torch.empty(0, dtype=torch.float32, device=device)
+            m.summary, m.values = None, None
+
+    def measure_now(
+        self, tensors: Sequence[torch.Tensor], line: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    ) -> List[Measured]:
+        """Measure ``tensors`` at once, together (a phase of their own); ``line(table)``: the
+        line of each row of the device table (all ``tensors`` on one device), before it is copied."""
+        out = [Measured(t.detach()) for t in tensors]
+        self._deliver(out, [t.detach() for t in tensors], line)
+        return out
+
+    def clear(self) -> None:
+        """Forget what is pending (a step that ended half-way: nothing of it is measured)."""
+        self._pending, self._watched, self._copied = [], [], 0
+
+    def _deliver(
+        self,
+        measured: List[Measured],
+        sources: List[torch.Tensor],
+        line: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    ) -> None:
+        if not measured:
+            return
+        batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.rng)
+        host: Dict[torch.device, tuple] = {}
+        for device, table in batch.tables.items():
+            if line is not None:
+                table[:, 9] = line(table)
+            host[device] = _to_host(table)
+        for m, where, sample, row in zip(measured, batch.where, batch.samples, batch.rows):
+            if where is None:  # not measurable in a batch (e.g. complex): as the per-tensor path does
+                m.summary, m.sample, m.values = None, None, None
+                continue
+            rows, event = host[where[0]]
+            m.device_row, m.sample, m.summary, m.event = row, sample, rows[where[1]], event
+            m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
+
+
+def _to_host(table: torch.Tensor) -> tuple:
+    """The table on the host: a pinned copy made without waiting, and the event that says it
+    has arrived (None on the CPU)."""
+    if table.device.type != "cuda":
+        return table, None
+    host = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+    host.copy_(table, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(table.device))
+    return host, event
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    """The size of ``t``'s storage (FSDP frees a parameter by shrinking it to nothing)."""
+    try:
+        return t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage to speak of
+        return -1
+
+
+__all__ = ["Measured", "PhaseMeasure"]
