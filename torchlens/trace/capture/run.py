@@ -211,6 +211,7 @@ def run_pass(
             if observed:
                 observer.pass_ended()
             tracer.pass_start.end()
+            tracer.stack.forget()
             if lazy is not None:
                 lazy.remove()
             ops.ACTIVE.tracer = None

@@ -20,12 +20,15 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Optional, Tuple
 
 from torch import nn
 
 # Frames of torch's module-call machinery are not part of any func_call_stack.
 _MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
+# a frame of these codes can be resumed from different callers: its f_back is not fixed
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 
 class StackWalker:
@@ -37,6 +40,10 @@ class StackWalker:
         self.skip_code_ids = skip_code_ids
         # id(code) -> (code, its call sites (bytecode offset -> record), or None when skipped)
         self.code_sites: Dict[int, Tuple[Any, Optional[dict]]] = {}
+        # the last walk's first frame and the records above it: consecutive calls from one frame
+        # (a forward making op after op) share their callers, so only the first record changes
+        self.last_frame: Any = None
+        self.last_outer: tuple = ()
 
     def sites_of(self, code: Any) -> Optional[dict]:
         """``code``'s call sites seen so far, or None for a code that is never part of a stack."""
@@ -48,12 +55,18 @@ class StackWalker:
 
     def walk(self, frame: Any) -> tuple:
         """The records of ``frame`` and its callers up to the stop, outermost first."""
+        if frame is self.last_frame:  # still running (held here, so not a new frame at its address)
+            return self.last_outer + (self._site(frame),)
+        first = frame
         found = []
+        fixed = True  # no frame above can be resumed from elsewhere: the callers stay as they are
         stop, code_sites = self.stop_code, self.code_sites
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
+            if code.co_flags & _RESUMABLE:
+                fixed = False
             known = code_sites.get(id(code))
             sites = known[1] if known is not None else self.sites_of(code)
             if sites is not None:
@@ -64,7 +77,22 @@ class StackWalker:
                 found.append(site)
             frame = frame.f_back
         found.reverse()
-        return tuple(found)
+        records = tuple(found)
+        if fixed and found and first is not None and found[-1][0] is first.f_code:
+            self.last_frame, self.last_outer = first, records[:-1]
+        return records
+
+    def _site(self, frame: Any) -> tuple:
+        code, lasti = frame.f_code, frame.f_lasti
+        sites = self.code_sites[id(code)][1]
+        site = sites.get(lasti)
+        if site is None:
+            site = sites[lasti] = (code, frame.f_lineno, lasti)
+        return site
+
+    def forget(self) -> None:
+        """Let go of the last frame (a finished one keeps its locals alive while held)."""
+        self.last_frame, self.last_outer = None, ()
 
     def count(self, frame: Any) -> int:
         """``len(self.walk(frame))``, without building the records."""
