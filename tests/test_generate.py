@@ -342,3 +342,33 @@ def test_step_slider_in_chromium(browser, tmp_path):
         assert not errors
     finally:
         context.close()
+
+
+# ----- attention across steps, and keys that name nothing (issue 42) ----------------------------
+def test_decompose_sdpa_gives_the_attention_of_every_step():
+    """decompose=("sdpa",) is log_generate's own option (not handed to generate): every step's
+    attention runs as its math; the tokens are a plain generate's."""
+    model = _gpt2()
+    options = _options(do_sample=False)
+    plain = model.generate(PROMPT, **options)
+    gen = tl.log_generate(model, PROMPT, layers_to_save=None, decompose=("sdpa",), **options)
+    assert torch.equal(gen.tokens, plain)
+    assert not any("recorded leanly" in n for n in gen.notes)  # every step traced: each has its attention
+    saved = tl.log_generate(model, PROMPT, layers_to_save=["attnsoftmax"], decompose="sdpa", **options)
+    probs = saved.attention("transformer.h.1.attn")
+    prompt = PROMPT.shape[1]
+    assert [tuple(p.shape) for p in probs] == [(1, 2, prompt, prompt)] + [(1, 2, 1, prompt + i) for i in range(1, 6)]
+    for p in probs:
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+    assert torch.equal(probs[0].triu(1), torch.zeros_like(probs[0]))  # causal in the prefill
+    assert [len([e for e in step if e.layer_type == "attnsoftmax"]) for step in gen] == [2] * 6
+    with pytest.raises(tl.TorchlensError, match="decompose: unknown name"):
+        tl.log_generate(model, PROMPT, decompose=("flash",), **options)
+
+
+def test_layer_of_a_module_the_model_does_not_have_says_so():
+    model = _gpt2()  # 2 blocks
+    gen = tl.log_generate(model, PROMPT, **_options(do_sample=False))
+    with pytest.raises(KeyError, match=r"'transformer.h.9' is not a layer label, module address.*Did you mean"):
+        gen.layer("transformer.h.9")
+    assert gen.layer("transformer.ln_f").shape == (1, PROMPT.shape[1] + 5, 32)  # a module it has

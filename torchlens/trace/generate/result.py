@@ -108,8 +108,16 @@ class GenerateHistory:
         all have one shape (decode steps), else concatenated along the one dimension where
         their shapes differ (the prefill's positions, then one per decode step).
 
-        A ``ValueError`` names the steps where the layer is missing or unsaved."""
+        A ``KeyError`` says when ``key`` names nothing at any step (no layer or module of that
+        name, as ``gen[step][key]`` says), a ``ValueError`` names the steps where the layer is
+        missing or unsaved."""
         entries = self.entries(key, steps)
+        chosen = self.steps[steps or slice(None)]
+        if entries and all(e is None for e in entries) and all(_names_nothing(h, key) for h in chosen):
+            try:
+                chosen[0][key]  # its KeyError says so, with close matches
+            except KeyError as error:
+                raise KeyError(f"layer({key!r}): no step has it. {error.args[0]}") from None
         missing = [i for i, e in enumerate(entries) if e is None or e.activation is None]
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
@@ -129,6 +137,24 @@ class GenerateHistory:
             f"layer({key!r}): its shapes over the steps ({sorted(shapes)}) differ in more than one dimension; "
             "read them one by one with gen.entries(key)."
         )
+
+    def attention(self, module: str, steps: Optional[slice] = None) -> List[torch.Tensor]:
+        """The attention probabilities of one call of ``module`` (``'transformer.h.0.attn'``, as
+        ``history.attention``) at each step, from ``log_generate(..., decompose=("sdpa",))``: a
+        list, as the shapes differ: the prefill's ``[batch, heads, prompt, prompt]``, then each
+        decode step's ``[batch, heads, 1, keys so far]``. ``AttentionNotFoundError`` says what
+        to change when a step has none.
+
+        Example:
+            >>> import torch, transformers, torchlens as tl
+            >>> config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)
+            >>> model = transformers.GPT2LMHeadModel(config).eval()
+            >>> gen = tl.log_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, decompose=("sdpa",),
+            ...                       do_sample=False, pad_token_id=0)
+            >>> [tuple(p.shape) for p in gen.attention("transformer.h.0.attn")]
+            [(1, 2, 3, 3), (1, 2, 1, 4)]
+        """
+        return [history.attention(module) for history in self.steps[steps or slice(None)]]
 
     # ----- output ---------------------------------------------------------------------------
     def to_html(self, path: Optional[str] = None, structure_step: Optional[int] = None) -> str:
@@ -198,6 +224,19 @@ def write_manifest(result: GenerateHistory, path: str) -> None:
     }
     with open(os.path.join(path, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
+
+
+def _names_nothing(history: ModelHistory, key: LayerKey) -> bool:
+    """``key`` names no layer of ``history`` (saved or not), no module of its model, and is in
+    no label (``layers_to_save`` takes substrings)."""
+    if not isinstance(key, str):
+        return False
+    base, _, suffix = key.rpartition(":")
+    base = base if suffix.isdigit() else key
+    if base in history.modules.types or history.lookup_value(key) is not None:
+        return False
+    labels = getattr(history, "_all_labels", None) or [e.label for e in history]
+    return not any(key.lower() in label or label.rpartition(":")[0] == base for label in labels)
 
 
 __all__ = ["GenerateHistory", "STEP_FOLDER", "write_manifest"]

@@ -19,6 +19,8 @@ every operation is recorded with its own shape, dtype, size and time, and checke
 traced step's (function, parents, parameters, module stack, call site) before its structure is
 used. A step that ran differently raises ``StepStructureError`` (it cannot be traced again: its
 forward has run and changed the cache); ``reuse_structure=False`` traces every step.
+``decompose=("sdpa",)`` traces every step fully too (its attention runs as its math in each;
+neither the plain forward nor the lean tracer runs decompositions).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from torch import nn
 
 from ..capture.args import tensors_in
+from ..capture.decompose import FastPathOff, check_decompose, decompositions
 from ..capture.lean import LeanTracer
 from ..capture.modules import ModelInventory, RngState, traced_addresses
 from ..capture.run import HeldWrappers, PassSession, run_pass, seed_everything
@@ -118,14 +121,16 @@ class _Steps:
         self.steps: List[ModelHistory] = []
         self.templates: Dict[Tuple[Any, ...], _Template] = {}
         self.matched_keys: set = set()
+        self.decompositions = decompositions(options["decompose"])
+        reuse = options["reuse_structure"] and not self.decompositions  # a reused step would run fused
         self.fast = (
-            options["reuse_structure"]
+            reuse
             and bool(request.modules)
             and not (request.save_all or request.type_substrings or request.addresses or request.needs_labels)
             and not self.keep_unsaved
         )
         # metadata only: later steps of a key run with the lean tracer (capture/lean.py)
-        self.lean = options["reuse_structure"] and request.saves_nothing and self.keep_unsaved
+        self.lean = reuse and request.saves_nothing and self.keep_unsaved
         self.lean_steps: List[int] = []
         inventory = ModelInventory.of(model)
         self.addresses = inventory.module_addresses  # id -> address
@@ -179,12 +184,14 @@ class _Steps:
 
     def _plan(self, stream: Any, **which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        return make(
+        made = make(
             output_device=self.options["output_device"],
             activation_postfunc=self.options["activation_postfunc"],
             detach=self.options["detach"],
             **which,
         )
+        made.decompositions = self.decompositions
+        return made
 
     def _request_plan(self, stream: Any, template: Optional[_Template]) -> SavePlan:
         request = self.request
@@ -395,6 +402,7 @@ def log_generate(
     random_seed: Optional[int] = None,
     save_to: Optional[str] = None,
     reuse_structure: bool = True,
+    decompose: Union[None, str, Tuple[str, ...]] = None,
     **generate_kwargs: Any,
 ) -> GenerateHistory:
     """Run ``model.generate(input_ids, max_new_tokens=..., **generate_kwargs)`` and trace every
@@ -421,6 +429,10 @@ def log_generate(
             shape, dtype, size and time (checked operation by operation: function, parents,
             parameters, modules, call site). A step that ran differently raises
             ``StepStructureError``. False: trace every step fully.
+        decompose: ``("sdpa",)``: in every step, ``F.scaled_dot_product_attention`` runs as its
+            math, so the attention probabilities are layers (type ``attnsoftmax``), as in
+            ``log_forward_pass``: ``gen.attention(module)`` gives them step by step,
+            ``gen[i].attention(module)`` one step's. Every step is then traced fully.
         **generate_kwargs: passed to ``generate`` (``do_sample``, ``top_k``, ``use_cache``,
             ``cache_implementation``, ``pad_token_id`` ...).
 
@@ -434,6 +446,7 @@ def log_generate(
         (4, torch.Size([1, 7]), torch.Size([1, 1, 50]))
     """
     _check(model, input_ids, max_new_tokens)
+    decomposed = check_decompose(decompose)
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
     else:
@@ -463,6 +476,7 @@ def log_generate(
             activation_postfunc=activation_postfunc,
             detach=detach_saved_tensors,
             notes=notes,
+            decompose=decomposed,
         ),
     )
     if hasattr(getattr(model, "generation_config", None), "disable_compile"):
@@ -474,7 +488,11 @@ def log_generate(
         generate: Any = model.generate
         # compiled submodules run their Python code, as in log_forward_pass; unless most steps run
         # untraced (steps.fast), the wrappers stay in place from step to step (inactive between them)
-        with eager_only(), HeldWrappers() if not steps.fast else _Nothing() as steps.held:
+        with (
+            eager_only(),
+            FastPathOff(bool(decomposed)),
+            HeldWrappers() if not steps.fast else _Nothing() as steps.held,
+        ):
             output = generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
     finally:
         steps.restore_forward()
