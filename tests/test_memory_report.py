@@ -271,3 +271,55 @@ def test_meta_llama_flops_are_the_planning_formula():
     n = sum(p.numel() for p in model.parameters())
     assert (mem.params, mem.grads, mem.optimizer_state) == (2 * n, 2 * n, 8 * n)
     assert all(p.is_meta for p in model.parameters())
+
+
+def _live_tensor_bytes() -> int:
+    gc.collect()
+    return sum(o.numel() * o.element_size() for o in gc.get_objects() if type(o) is torch.Tensor)
+
+
+def test_a_report_keeps_nothing_of_the_pass_alive():
+    """After it returns only numbers remain: the pass's saved tensors (ReLU and Tanh save their
+    own outputs) were once kept alive by a cycle through autograd, 1.4 GB for 8 ResNet reports."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10))
+    x = torch.randn(64, 256)
+    before = _live_tensor_bytes()
+    reports = [tl.memory_report(model, x, optimizer="adam") for _ in range(4)]
+    assert _live_tensor_bytes() - before == 0
+    assert reports[0].saved_for_backward == (64 * 256 + 2 * 64 * 1024) * F32  # it did measure them
+
+
+def test_the_optimizer_object_the_user_holds_is_measured():
+    model = nn.Sequential(nn.Linear(10, 20), nn.Linear(20, 5))
+    x = torch.ones(3, 10)
+    elements = sum(p.numel() for p in model.parameters())
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mem = tl.memory_report(model, x, optimizer=adam)  # before any step: from its class
+    assert mem.optimizer_state == 2 * elements * F32 and "optimizer state (Adam)" in str(mem)
+    amsgrad = torch.optim.AdamW(model.parameters(), amsgrad=True)
+    assert tl.memory_report(model, x, optimizer=amsgrad).optimizer_state == 3 * elements * F32
+    rms = torch.optim.RMSprop(model.parameters(), momentum=0.9, centered=True)
+    model(x).sum().backward()
+    rms.step()  # its state now exists: measured
+    held = sum(v.numel() * v.element_size() for s in rms.state.values() for v in s.values() if v.dim() > 0)
+    assert tl.memory_report(model, x, optimizer=rms).optimizer_state == held == 3 * elements * F32
+    assert tl.memory_report(model, x, optimizer=torch.optim.SGD).optimizer_state == 0  # momentum 0 by default
+    assert tl.memory_report(model, x, optimizer=torch.optim.Adagrad).optimizer_state == elements * F32
+
+
+def test_an_unknown_optimizer_says_what_to_pass_or_add_with_attributes_that_exist():
+    model, x = nn.Linear(4, 2), torch.ones(1, 4)
+
+    class Mine(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+    with pytest.raises(ValueError) as caught:
+        tl.memory_report(model, x, optimizer=Mine(model.parameters()))
+    message = str(caught.value)
+    assert "after one optimizer.step()" in message and "Parameter containing" not in message  # no repr
+    for text in (message, str(pytest.raises(ValueError, tl.memory_report, model, x, optimizer="lion").value)):
+        for attribute in ("mem.grads", "mem.peak_estimate"):
+            assert attribute in text and hasattr(tl.memory_report(model, x), attribute.split(".")[1])
+        assert "params_fp32" not in text

@@ -33,17 +33,16 @@ from ..postprocess import build_history
 from ..records.format import human_bytes
 from .attention import FusedAttention
 from .flops import OpFlops
+from .optimizer_state import NAMES, optimizer_state
 
-# optimizer -> state tensors per parameter element, each kept in float32 (see memory_report)
-OPTIMIZER_STATES = {"none": 0, "sgd": 1, "adam": 2, "adamw": 2}
-_FP32 = 4
+OPTIMIZER_STATES = NAMES  # optimizer name -> float32 state tensors per parameter element
 
 
 def memory_report(
     model: nn.Module,
     input_args: Any,
     input_kwargs: Optional[Dict[str, Any]] = None,
-    optimizer: Optional[str] = None,
+    optimizer: Any = None,
     device: Optional[str] = None,
 ) -> "MemoryReport":
     """What a training step of ``model`` on these inputs holds in memory, and its FLOPs.
@@ -54,8 +53,11 @@ def memory_report(
     ``params``; ``grads`` (one per parameter that requires grad, same dtype); ``buffers``;
     ``optimizer_state``: ``None``/``'none'``: 0; ``'sgd'`` (with momentum): one float32 tensor
     per trainable parameter; ``'adam'``/``'adamw'``: two (``exp_avg``, ``exp_avg_sq``), i.e. 8
-    bytes per trainable element, as in mixed-precision training (``torch.optim`` keeps them in
-    the parameter's dtype: half that for bf16 parameters). ``peak_estimate`` is the sum of all
+    bytes per trainable element, as in mixed-precision training. The optimizer object you
+    hold (``torch.optim.Adam(model.parameters())``) counts what it keeps: its ``state`` once it
+    has stepped, else what its class keeps for its options (``amsgrad``, ``momentum``,
+    ``centered``), in the parameters' dtype as ``torch.optim`` does; a ``torch.optim`` class
+    counts its default options (``torchlens.trace.answers.optimizer_state``). ``peak_estimate`` is the sum of all
     these plus the largest single op output (``largest_transient``); it is an estimate because
     the allocator's caching and fragmentation, temporaries inside kernels, the gradients of
     activations alive during backward and the optimizer's own temporaries are not counted,
@@ -64,7 +66,8 @@ def memory_report(
     Args:
         model: any ``torch.nn.Module``; may live on the meta device (no memory needed).
         input_args, input_kwargs: as for ``log_forward_pass``.
-        optimizer: ``None``, ``'sgd'``, ``'adam'`` or ``'adamw'``.
+        optimizer: ``None``, ``'sgd'``, ``'adam'``, ``'adamw'``, a ``torch.optim`` optimizer
+            object, or its class.
         device: ``'meta'``: run on meta copies of the parameters and inputs (nothing is
             allocated; the model is left untouched).
 
@@ -83,19 +86,15 @@ def memory_report(
         80000
     """
     require_model(model, "memory_report")
-    key = "none" if optimizer is None else optimizer
-    if not isinstance(key, str) or key.lower() not in OPTIMIZER_STATES:
-        raise ValueError(
-            f"optimizer must be None, 'sgd' (with momentum), 'adam' or 'adamw', not {optimizer!r}; for another "
-            "optimizer, add its state to mem.peak_estimate yourself (e.g. 2 x mem.params_fp32 for Adam-like ones)."
-        )
+    trainable = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
+    state = optimizer_state(optimizer, trainable)  # before meta copies replace the parameters
     check_device(device)
     model, notes = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if device is not None:
         args, kwargs = inputs_on("meta", args, kwargs)
     with eager_only(), torch.enable_grad(), MetaCopies(model) if device is not None else contextlib.nullcontext():
-        report = _measure(model, args, kwargs, key.lower())
+        report = _measure(model, args, kwargs, state)
     for note in notes:
         print(f"torchlens: note: {note}", file=sys.stderr)
     report.notes.extend(notes)
@@ -141,9 +140,13 @@ class _SavedTensors(PassObserver):
             if key not in self.saved and key not in self.excluded:
                 self.saved[key] = (len(tracer.entries), nbytes)
                 self.held.append(storage)
+            # what autograd keeps: a detached alias. The tensor itself would make a cycle through
+            # C++ when an op saves its own output (ReLU, tanh: the output's grad_fn holds the output),
+            # which the garbage collector cannot see: the pass's saved tensors would outlive the report
+            packed = tensor.detach()
         finally:
             tracer.paused = paused
-        return tensor
+        return packed
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
@@ -160,7 +163,7 @@ def _storage_of(tensor: torch.Tensor) -> Tuple[int, int, Any]:
         return id(tensor), tensor.numel() * tensor.element_size(), tensor
 
 
-def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: str) -> "MemoryReport":
+def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: Tuple[str, int]) -> "MemoryReport":
     params = {id(p): p for p in model.parameters()}.values()
     buffers = {id(b): b for b in model.buffers()}.values()
     excluded = {_storage_of(p)[0]: "param" for p in params}
@@ -203,8 +206,8 @@ def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: str) -> "Me
         params=sum(_nbytes(p) for p in params),
         grads=sum(_nbytes(p) for p in trainable),
         buffers=sum(_nbytes(b) for b in buffers),
-        optimizer=optimizer,
-        optimizer_state=OPTIMIZER_STATES[optimizer] * _FP32 * sum(p.numel() for p in trainable),
+        optimizer=optimizer[0],
+        optimizer_state=optimizer[1],
         per_op=per_op,
         flops_per_op=flops_per_op,
         saved_inputs=saved_inputs,
