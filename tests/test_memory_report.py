@@ -323,3 +323,18 @@ def test_an_unknown_optimizer_says_what_to_pass_or_add_with_attributes_that_exis
         for attribute in ("mem.grads", "mem.peak_estimate"):
             assert attribute in text and hasattr(tl.memory_report(model, x), attribute.split(".")[1])
         assert "params_fp32" not in text
+
+
+@pytest.mark.cuda
+def test_a_report_on_the_gpu_leaves_no_gpu_memory_behind():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.Tanh(), nn.Linear(4096, 8)).cuda()
+    x = torch.randn(256, 512, device="cuda")
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    reports = [tl.memory_report(model, x, optimizer=torch.optim.AdamW(model.parameters())) for _ in range(3)]
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert reports[-1].saved_for_backward >= 3 * 256 * 4096 * F32
