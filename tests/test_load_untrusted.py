@@ -425,3 +425,224 @@ def test_a_malformed_generator_state_is_a_file_error_when_replayed(saved):
     assert validate_history(loaded) is False  # that layer's replay fails with the reason; nothing else raises
     with pytest.raises(tl.HistoryFileError, match="the rng_state of layer relu_1_2 cannot be read: a tuple"):
         loaded["relu_1_2"].rng_state
+
+
+# ----- a replayed operation produces only what its record declares (issue 41) ------------------
+def _patch_stored_tensor(folder: pathlib.Path, number: int, data: bytes) -> None:
+    """Overwrite tensor #number's bytes in its shard (same length) and fix its CRC: what someone
+    who edits a folder on purpose does."""
+    import struct
+    import zlib
+
+    document = _index(folder)
+    record = document["tensors"][number]
+    path = folder / record["file"]
+    raw = bytearray(path.read_bytes())
+    header_len = struct.unpack("<Q", raw[:8])[0]
+    start, end = json.loads(raw[8 : 8 + header_len])[record["name"]]["data_offsets"]
+    assert end - start == len(data)
+    raw[8 + header_len + start : 8 + header_len + end] = data
+    path.write_bytes(bytes(raw))
+    record["crc"] = zlib.crc32(data)
+    _write(folder, document)
+
+
+_SPARSE_ATTACK = """
+import pathlib, sys, torch, torchlens as tl
+from torchlens.trace.rerun import RerunError
+loaded = tl.load(sys.argv[1])
+assert tl.validate_history(loaded) is False
+try:
+    loaded.rerun({"input_2_1": torch.tensor([3.0])})
+except RerunError as error:
+    assert "sparsecootensor_1_2" in str(error), error
+    print("refused:", error)
+else:
+    raise AssertionError("rerun built the sparse tensor")
+"""
+
+
+@pytest.mark.parametrize("func", ["torch.sparse_coo_tensor", "torch.ops.aten._sparse_coo_tensor_unsafe.default"])
+def test_sparse_indices_from_the_file_outside_the_size_do_not_crash(tmp_path, func):
+    """Indices [[1000000000]] for a size (2,): torch densified them unchecked (exit 139)."""
+    import subprocess
+    import sys
+
+    class MakesSparse(nn.Module):
+        def forward(self, indices, values):
+            return torch.sparse_coo_tensor(indices, values, (2,)) * 2
+
+    with torch.sparse.check_sparse_tensor_invariants(enable=False):
+        h = tl.log_forward_pass(MakesSparse(), (torch.tensor([[0]]), torch.tensor([1.0])), save_function_args=True)
+    folder = pathlib.Path(h.save(tmp_path / "h"))
+    document = _index(folder)
+    _set_field(document, "sparsecootensor_1_2", "func", {"t": "func", "v": func})
+    _write(folder, document)
+    _patch_stored_tensor(folder, 0, torch.tensor([[1000000000]]).numpy().tobytes())
+    done = subprocess.run(
+        [sys.executable, "-c", _SPARSE_ATTACK, str(folder)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert "refused:" in done.stdout and ("invalid sparse tensor" in done.stdout or "inconsistent" in done.stdout)
+
+
+def _peak_bytes(run) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _rss_growth(run) -> int:
+    """Growth of the process's peak resident memory while ``run`` runs (torch allocates outside
+    Python's allocator, so tracemalloc does not see tensors)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+
+
+@pytest.mark.parametrize(
+    "func,args",
+    [
+        ("torch.ones", [{"t": "size", "v": [1 << 28]}]),
+        ("torch.zeros", [[1 << 14, 1 << 14]]),
+        ("torch.Tensor.new_ones", [{"t": "parent", "v": "linear_1_1"}, [1 << 28]]),
+        ("torch.Tensor.expand", [{"t": "parent", "v": "linear_1_1"}, [1 << 26, 2, 3]]),
+        ("torch.ops.aten.ones.default", [[1 << 28]]),
+    ],
+)
+def test_sizes_from_the_file_do_not_become_allocations(saved, func, args):
+    """relu replaced by torch.ones([1 << 28]): validate allocated 1 GiB for a declared (2, 3)."""
+    _tamper(saved, func, args)
+    loaded = tl.load(saved)
+    messages = []
+    loaded_entry = loaded["relu_1_2"]
+    assert _rss_growth(lambda: messages.append(validate_history(loaded))) < 256 << 20
+    assert messages == [False]
+    from torchlens.trace.replay import replay_entry
+
+    result = replay_entry(loaded_entry, {e.label: e for e in loaded}, {})
+    if func != "torch.Tensor.expand":  # a view makes no data: it fails only the comparison
+        assert isinstance(result, str) and "refused" in result and "bytes, more than this replay may" in result
+
+
+def test_a_sparse_record_with_a_huge_size_is_never_made_dense(tmp_path):
+    """A sparse activation whose size was edited to [1 << 34] asked validate for 64 GiB."""
+
+    class Sparse(nn.Module):
+        def forward(self, x):
+            return (x * 2).to_sparse() * 3
+
+    h = tl.log_forward_pass(Sparse(), torch.tensor([1.0, 0.0]), save_function_args=True)
+    folder = pathlib.Path(h.save(tmp_path / "h"))
+    document = _index(folder)
+    sparse = [r for r in document["tensors"] if r["kind"] == "sparse_coo"]
+    assert sparse
+    for record in sparse:
+        record["size"] = [1 << 34]
+    _write(folder, document)
+    loaded = tl.load(folder)
+    results = []
+    assert _rss_growth(lambda: results.append(validate_history(loaded))) < 256 << 20
+    assert results == [False]
+
+
+def test_printing_operators_are_not_replayed(saved, capfd):
+    """aten._print wrote the file's string (escape codes that clear the screen) to the terminal."""
+    for name in ("torch.ops.aten._print.default", "torch.ops.aten._print", "torch._print"):
+        _tamper(saved, name, ["\x1b[2J\x1b[Hpwned"])
+        _validate_then_rerun(saved)
+        loaded = tl.load(saved)
+        assert isinstance(loaded["relu_1_2"].func, UnavailableFunction)
+        assert "effect outside its result" in loaded["relu_1_2"].func.unavailable_reason
+    assert "pwned" not in capfd.readouterr().out
+
+
+def test_side_effects_inside_a_replayed_function_are_refused(capfd):
+    """The guard sees the operators a composite function reaches, not only the saved name."""
+    from torchlens.trace.replay_guard import ReplayGuard, ReplayRefusedError
+
+    with pytest.raises(ReplayRefusedError, match="effect outside its result"):
+        with ReplayGuard(limit_bytes=1 << 20):
+            torch.ops.aten._print("\x1b[2Jpwned")
+    assert "pwned" not in capfd.readouterr().out
+
+
+def test_a_parent_swapped_for_another_shape_is_refused_before_the_call(saved):
+    document = _index(saved)
+    _record_of(document, "linear_1_1")["shape"] = [3, 2]  # same bytes, another shape than its record says
+    _write(saved, document)
+    loaded = tl.load(saved)
+    from torchlens.trace.replay import replay_entry
+
+    result = replay_entry(loaded["relu_1_2"], {e.label: e for e in loaded}, {})
+    assert isinstance(result, str) and "declares (2, 3)" in result
+
+
+_IMPORT_CHECK = """
+import sys, torch, torchlens as tl
+before = {m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo"))}
+try:
+    tl.load(sys.argv[1])
+except tl.HistoryFileError as error:
+    print("refused:", error)
+after = {m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo"))}
+print("imported:", sorted(after - before)[:5])
+"""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"t": "torch", "v": "_inductor"},
+        {"t": "torch", "v": "_dynamo"},
+        {"t": "dtype", "v": "_inductor"},
+        {"t": "meta", "shape": [1], "dtype": "_dynamo"},
+    ],
+)
+def test_loading_imports_nothing(saved, value):
+    """{"t": "torch", "v": "_inductor"} made tl.load import torch._inductor and torch._dynamo."""
+    import subprocess
+    import sys
+
+    document = _index(saved)
+    document["history"]["notes"] = [value]
+    _write(saved, document)
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHECK, str(saved)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused:" in done.stdout and "imported: []" in done.stdout, done.stdout
+
+
+def test_control_characters_in_names_are_shown_not_sent(tmp_path):
+    """A module name with escape codes reached the terminal raw and made dot fail."""
+    model = nn.Sequential()
+    model.add_module("a\x1b[2J\x07\x9bb", nn.Linear(2, 2))
+    h = tl.log_forward_pass(model, torch.ones(1, 2))
+    loaded = tl.load(h.save(tmp_path / "h"))
+    for history in (h, loaded):
+        for text in (str(history), history.summary(), str(history["linear_1_1"])):
+            assert not any(c in text for c in "\x1b\x07\x9b"), repr(text)
+            assert "\u241b[2J" in text
+    import shutil as _shutil
+
+    if _shutil.which("dot") is None:
+        pytest.skip("graphviz's dot is not installed")
+    out = tmp_path / "graph"
+    tl.render_graph(loaded, vis_outpath=str(out), vis_fileformat="svg", vis_save_only=True)
+    assert "\u241b[2J" in (tmp_path / "graph.svg").read_text()
+
+
+def test_print_layers_shows_control_characters(tmp_path, capsys):
+    model = nn.Sequential()
+    model.add_module("x\x1b]0;title\x07", nn.ReLU())
+    tl.log_forward_pass(model, torch.ones(1, 2)).print_layers()
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u241b]0;title\u2407" in out

@@ -322,3 +322,103 @@ def test_corrupted_tensor_header(saved):
         tl.HistoryFileError, match=r"tensors-00000\.safetensors: the activation of .* not a readable safetensors file"
     ):
         loaded[1].activation
+
+
+# ----- saves a killed process did not finish; a full disk (issue 41) ---------------------------
+_KILLED_SAVE = """
+import os, sys, torch, torchlens as tl
+from torchlens.trace.storage import save as save_module
+h = tl.log_forward_pass(torch.nn.Linear(64, 64), torch.rand(4, 64))
+real = save_module.write_index
+def killed(folder, *args, **kwargs):
+    print(folder, flush=True)
+    os.kill(os.getpid(), 9)  # as kill -9 does, in the middle of the save
+save_module.write_index = killed
+if sys.argv[2] == "save":
+    h.save(sys.argv[1])
+else:
+    tl.log_forward_pass(torch.nn.Linear(64, 64), torch.rand(4, 64), save_to=sys.argv[1])
+"""
+
+
+def _killed_while_saving(target, how: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE, str(target), how], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_killed_save_leaves_staging_that_the_next_save_removes(tmp_path):
+    staging = _killed_while_saving(tmp_path / "h", "save")
+    assert os.path.basename(staging).startswith(".torchlens-saving-") and os.path.isdir(staging)
+    h = tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2))
+    h.save(tmp_path / "other")
+    assert sorted(os.listdir(tmp_path)) == ["other"]
+    assert sorted(os.listdir(tmp_path / "other")) == sorted(
+        n for n in os.listdir(tmp_path / "other") if n.startswith("tensors-") or n == "torchlens.json"
+    )
+
+
+def test_staging_of_a_save_still_running_is_left_alone(tmp_path):
+    from torchlens.trace.storage.unfinished import make_staging
+
+    mine = make_staging(str(tmp_path))  # this process is alive: its staging is not abandoned
+    tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2)).save(tmp_path / "h")
+    assert os.path.isdir(mine)
+
+
+def test_save_to_names_an_unfinished_save_and_says_it_can_be_removed(tmp_path):
+    target = tmp_path / "run"
+    _killed_while_saving(target, "save_to")
+    assert target.is_dir() and not (target / "torchlens.json").exists()
+    with pytest.raises(FileExistsError, match=r"holds an unfinished torchlens save .* can be removed"):
+        tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2), save_to=target)
+    with pytest.raises(tl.HistoryFileError, match="did not finish"):
+        tl.load(target)
+
+
+def test_a_finished_save_carries_no_owner_file(tmp_path):
+    h = tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2), save_to=tmp_path / "a")
+    h.save(tmp_path / "b")
+    for folder in ("a", "b"):
+        assert "torchlens.saving" not in os.listdir(tmp_path / folder)
+
+
+_FULL_DISK = """
+import os, resource, signal, sys, torch, torchlens as tl
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+try:  # small tensors: the write that fails leaves bytes buffered, which closing the shard fails to write again
+    tl.log_forward_pass(torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(200)]), torch.rand(4, 8),
+                        save_to=sys.argv[1], save_function_args=True)
+except OSError as error:
+    print("failed:", error)
+"""
+
+
+def test_save_to_on_a_full_disk_leaves_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(tmp_path / "run")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "failed:" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert not (tmp_path / "run").exists(), os.listdir(tmp_path / "run")
+
+
+def test_an_index_larger_than_any_torchlens_writes_is_not_read(tmp_path):
+    import importlib
+
+    load_module = importlib.import_module("torchlens.trace.storage.load")
+    h = tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2))
+    folder = h.save(tmp_path / "h")
+    with open(os.path.join(folder, "torchlens.json"), "r+b") as handle:
+        handle.truncate(8 << 30)  # a sparse file: 8 GiB long, nothing on disk
+    assert load_module.MAX_INDEX_BYTES < 8 << 30
+    with pytest.raises(tl.HistoryFileError, match="more than any index torchlens writes"):
+        tl.load(folder)

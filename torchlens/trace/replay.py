@@ -1,5 +1,10 @@
 """Re-running one saved operation from its parents' saved activations: the primitive that
-``validate_history`` checks each op with and that ``history.rerun`` propagates changes with."""
+``validate_history`` checks each op with and that ``history.rerun`` propagates changes with.
+
+A loaded history's operations come from a file, so a replay may only produce what the record
+declares: each saved parent's activation is checked against its record's shape and dtype before
+the call, and the call runs under ``replay_guard.ReplayGuard`` (no side effects, outputs bounded
+by the declared bytes, sparse results checked)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch
 from .capture.args import tensors_in
 from .capture.tracer import empty_out
 from .records.tensor_log import ParentRef, TensorLogEntry
+from .replay_guard import ReplayGuard, ReplayRefusedError, nbytes_of, replay_limit
 
 
 def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], overrides: Dict[str, torch.Tensor]) -> Any:
@@ -33,25 +39,30 @@ def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], ove
                 if parent is None:
                     raise LookupError(f"an argument refers to {ref.label}, which is not a layer of this history")
                 saved = parent.activation
+                _check_against_record(parent, saved)
             return saved.clone()  # in-place replays must not change what was saved
         return ref
 
     try:
         args = _resolve(entry.func_args if entry.func_args is not None else _parents_as_args(entry), value_of)
         kwargs = _resolve(entry.func_kwargs or {}, value_of)
-    except LookupError as error:
+    except (LookupError, ReplayRefusedError) as error:
         return str(error)
     if type(args) not in (list, tuple) or type(kwargs) is not dict:  # a loaded history's arguments may be anything
         return f"its saved arguments are {type(args).__name__} and {type(kwargs).__name__}, not a tuple and a dict"
     if kwargs.get("out") is not None:  # a fresh out= tensor per replay: results must not alias
         kwargs["out"] = _fresh_out(kwargs["out"])
+    declared = nbytes_of(entry.activation) + sum(nbytes_of(v) for v in tensors_of((args, kwargs)))
     try:
         if entry.rng_state is not None:
             cpu, cuda = entry.rng_state
             torch.set_rng_state(cpu)
             if cuda is not None:
                 torch.cuda.set_rng_state_all(cuda)
-        out = entry.func(*args, **kwargs)
+        with ReplayGuard(replay_limit(declared)):
+            out = entry.func(*args, **kwargs)
+    except ReplayRefusedError as error:
+        return f"refused: {error}"
     except Exception as error:  # noqa: BLE001 - reported to the caller
         return f"{type(error).__name__}: {error}"
     if entry.is_inplace:
@@ -61,6 +72,31 @@ def replay_entry(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], ove
     if entry.output_index is None:
         return out
     return dict(tensors_in(out)).get(entry.output_index)
+
+
+def _check_against_record(parent: TensorLogEntry, saved: Any) -> None:
+    """A parent's saved activation is what its record says (shape, dtype): a file whose tensors
+    were swapped must not reach the function."""
+    if not isinstance(saved, torch.Tensor):
+        raise ReplayRefusedError(f"the saved activation of {parent.label} is {type(saved).__name__}, not a tensor")
+    if saved.is_nested or parent.shape is None:
+        return
+    if tuple(saved.shape) != tuple(parent.shape) or (parent.dtype is not None and saved.dtype != parent.dtype):
+        raise ReplayRefusedError(
+            f"the saved activation of {parent.label} is {tuple(saved.shape)} {saved.dtype}, but its record "
+            f"declares {tuple(parent.shape)} {parent.dtype}: the history was changed after it was traced"
+        )
+
+
+def tensors_of(value: Any) -> list:
+    """The tensors among (nested lists, tuples and dicts of) replay arguments."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (list, tuple):
+        return [t for v in value for t in tensors_of(v)]
+    if type(value) is dict:
+        return [t for v in value.values() for t in tensors_of(v)]
+    return []
 
 
 def _fresh_out(value: Any) -> Any:

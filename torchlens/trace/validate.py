@@ -324,15 +324,16 @@ def _depends_on(
 def _perturbations(value: torch.Tensor, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Random noise, then large negative and large positive values (thresholds, signs and
     comparisons flip for one of them); the negation of a mask; an index moved by one. Nested
-    and sparse tensors are perturbed component by component and keep their kind."""
-    parts = [p.detach() for p in _parts(value)]
+    tensors are perturbed component by component, sparse ones in their stored values (their
+    indices and size stay: a sparse tensor is never made dense), and both keep their kind."""
+    parts = [p.detach() for p in _value_parts(value)]
     if not parts or all(p.numel() == 0 for p in parts):
         return
     if value.dtype == torch.bool:
-        yield _from_parts(value, [p.logical_not() for p in parts])
+        yield _with_values(value, [p.logical_not() for p in parts])
         return
     if not (value.is_floating_point() or value.is_complex()):
-        yield _from_parts(value, [p + 1 for p in parts])
+        yield _with_values(value, [p + 1 for p in parts])
         return
     noises = []
     for part in parts:
@@ -346,27 +347,46 @@ def _perturbations(value: torch.Tensor, generator: torch.Generator) -> Iterator[
         lambda p, n: -p.abs() - (n.abs() + 1) * scale,
         lambda p, n: p.abs() + (n.abs() + 1) * scale,
     ):
-        yield _from_parts(value, [make(p, n) for p, n in zip(parts, noises)])
+        yield _with_values(value, [make(p, n) for p, n in zip(parts, noises)])
 
 
 # ----- comparing tensors -------------------------------------------------------------------------
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
 def _parts(t: torch.Tensor) -> List[torch.Tensor]:
-    """Strided tensors holding ``t``'s values: a nested tensor's components, a sparse tensor's
-    dense form (neither kind supports ``torch.equal`` or a plain ``shape``)."""
+    """Strided tensors holding all of ``t``: a nested tensor's components, a sparse tensor's
+    indices and values (coalesced), never its dense form (a sparse tensor's size may be far
+    larger than its data, and neither kind supports ``torch.equal`` or a plain ``shape``)."""
     if t.is_nested:
         return list(t.unbind())
-    if t.layout != torch.strided:
-        return [t.to_dense()]
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+        return [t.indices(), t.values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
     return [t]
 
 
-def _from_parts(like: torch.Tensor, parts: List[torch.Tensor]) -> torch.Tensor:
-    """A tensor of ``like``'s kind (strided, nested, sparse) with the values of ``parts``."""
+def _value_parts(t: torch.Tensor) -> List[torch.Tensor]:
+    """The parts of ``t`` that hold values (a sparse tensor's indices are structure)."""
+    return _parts(t)[-1:] if t.layout != torch.strided and not t.is_nested else _parts(t)
+
+
+def _with_values(like: torch.Tensor, values: List[torch.Tensor]) -> torch.Tensor:
+    """A tensor of ``like``'s kind, structure and size holding ``values`` (see ``_value_parts``)."""
     if like.is_nested:
-        return torch.nested.as_nested_tensor(parts, layout=like.layout)
-    if like.layout != torch.strided:
-        return parts[0].to_sparse(layout=like.layout)
-    return parts[0]
+        return torch.nested.as_nested_tensor(values, layout=like.layout)
+    if like.layout == torch.strided:
+        return values[0]
+    parts = _parts(like)
+    if like.layout == torch.sparse_coo:
+        return torch.sparse_coo_tensor(parts[0], values[0], like.shape, check_invariants=True).coalesce()
+    return torch.sparse_compressed_tensor(
+        parts[0], parts[1], values[0], like.shape, layout=like.layout, check_invariants=True
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -374,7 +394,7 @@ def _same(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
     if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
-        if a.is_nested != b.is_nested or a.layout != b.layout:
+        if a.is_nested != b.is_nested or a.layout != b.layout or (not a.is_nested and a.shape != b.shape):
             return False
         parts_a, parts_b = _parts(a), _parts(b)
         return len(parts_a) == len(parts_b) and all(map(_same, parts_a, parts_b))
@@ -390,7 +410,7 @@ def _same(a: Any, b: Any) -> bool:
 def _identical(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
-    if a.is_nested != b.is_nested or a.layout != b.layout:
+    if a.is_nested != b.is_nested or a.layout != b.layout or (not a.is_nested and a.shape != b.shape):
         return False
     parts_a, parts_b = _parts(a), _parts(b)
     return len(parts_a) == len(parts_b) and all(

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 import torch
 
 from ..records.tensor_log import TensorLogEntry
+from ..records.visible_text import visible
 from .extensions import extension
 from .index import Ambiguous, Found, Key
 from .pickling import dumps_history, loads_history
@@ -319,7 +320,8 @@ class ModelHistory:
     # ----- printing and export --------------------------------------------------------------
     def __str__(self) -> str:
         """The header and one row per module (see ``summary``); ``print_layers`` lists layers."""
-        return summary_text(self, auto=True)
+        text = summary_text(self, auto=True)
+        return type(text)(visible(text))  # a loaded history's names must not act on the terminal
 
     def summary(self, depth: Optional[int] = None) -> str:
         """The header (model, operations, totals, notes) and one row per module: its address
@@ -340,7 +342,8 @@ class ModelHistory:
             <BLANKLINE>
             4 layers: history.print_layers() lists every one; 1 deeper module not shown: history.summary() shows all.
         """
-        return summary_text(self, depth=depth)
+        text = summary_text(self, depth=depth)
+        return type(text)(visible(text))
 
     def print_layers(self) -> None:
         """Print the header, the module hierarchy and one line per layer, in execution order.
@@ -356,7 +359,7 @@ class ModelHistory:
                 1: linear_1_1
                 2: output_1_2
         """
-        print(layers_text(self))
+        print(visible(layers_text(self)))
 
     def __repr__(self) -> str:
         return self.__str__()

@@ -9,6 +9,7 @@ import torch
 
 from .format import human_bytes, tensor_preview
 from .func_call import FuncCallLocation
+from .visible_text import visible
 
 # Fields written while the pass runs (cheap facts that cannot be derived later).
 _CAPTURE_FIELDS = (
@@ -364,7 +365,7 @@ class TensorLogEntry:
         if self.intervened:
             lines.append(f"\tIntervened: {self.intervened}")
         lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys)}")
-        return "\n".join(lines)
+        return visible("\n".join(lines))  # a loaded history's labels must not act on the terminal
 
     def __repr__(self) -> str:
         return self.__str__()

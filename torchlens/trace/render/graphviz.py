@@ -29,6 +29,7 @@ import graphviz
 from ...errors import TorchlensError
 from ..history.rolled import RolledLayer
 from ..records.format import human_bytes
+from ..records.visible_text import visible
 from . import style as st
 from .fans import Junction
 from .groups import TensorGroup
@@ -62,6 +63,10 @@ class GraphvizNotFoundError(TorchlensError, RuntimeError):
     def __init__(self, message: str = INSTALL_HELP, history: "ModelHistory" = None) -> None:
         super().__init__(message)
         self.history = history
+
+
+class GraphvizFailedError(TorchlensError, RuntimeError):
+    """Graphviz's ``dot`` ran but could not draw the graph; the message gives what it said."""
 
 
 # ----- looks of nodes, edges and boxes -----------------------------------------------------------
@@ -358,6 +363,10 @@ def build_dot(
         "labelloc": "b" if direction == "bottomup" else "t",
     }
     _emit(structure, structure.clusters[()], dot, opts)
+    # names from a loaded history may hold control characters: dot rejects some, none is meant
+    dot.body[:] = [visible(line) for line in dot.body]
+    dot.graph_attr.update({k: visible(v) for k, v in dot.graph_attr.items() if isinstance(v, str)})
+    dot.name = visible(dot.name)
     return dot
 
 
@@ -398,6 +407,12 @@ def run_dot(dot: graphviz.Digraph, fileformat: str, progress: Optional[bool] = N
             return dot.pipe(format=fileformat)
     except graphviz.ExecutableNotFound as error:
         raise GraphvizNotFoundError() from error
+    except graphviz.CalledProcessError as error:
+        said = (error.stderr or b"").decode("utf-8", "replace").strip()
+        raise GraphvizFailedError(
+            f"graphviz's dot could not draw this graph ({visible(said)[:500] or f'exit status {error.returncode}'}); "
+            "if the history was loaded from a folder, its names may be damaged: load it again or trace the model again."
+        ) from None
 
 
 class _DotTimer:

@@ -8,7 +8,8 @@ the object found is accepted only if the tracer would have wrapped it and logged
 * a callable in the wrapper table (``capture.decorate.wrapper_table``: torch functions, ``Tensor``
   methods, ``torch.nn.functional``, ``torch.linalg``...), compared by identity;
 * a ``torch.ops`` operator (``capture.opaque`` logs every one), except those that read or write
-  files by name (``aten::from_file``, ``aten::save``) or exist for debugging;
+  files by name (``aten::from_file``, ``aten::save``), exist for debugging, or have an effect
+  outside their result (``aten::_print``: see ``replay_guard.side_effect_reason``);
 * the two functions of torchlens's own pass-through and view-write layers.
 
 Anything else (``builtins.eval``, ``torch.load``, ``operator.attrgetter``, a torchlens internal)
@@ -122,12 +123,26 @@ def _check(name: str) -> Tuple[Any, Optional[str]]:
         func = resolve_name(name)
     except LookupError:
         return None, "no function of this name in torch (written by another torch version?)"
+    if _has_side_effects(func, name):
+        return None, "an operation with an effect outside its result (printing, a global setting, a stream)"
     if _is_traced_operation(func, name):
         return func, None
     return None, (
         "not an operation torchlens traces (a torch function, Tensor method or torch.ops operator), "
         "so a loaded history never calls it"
     )
+
+
+def _has_side_effects(func: Any, name: str) -> bool:
+    from ..replay_guard import SIDE_EFFECT_OPERATORS, side_effect_reason
+
+    if name.rsplit(".", 1)[-1] in SIDE_EFFECT_OPERATORS:
+        return True
+    if isinstance(func, torch._ops.OpOverload):
+        return side_effect_reason(func) is not None
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return any(side_effect_reason(getattr(func, n)) is not None for n in func.overloads())
+    return False
 
 
 def _is_traced_operation(func: Any, name: str) -> bool:

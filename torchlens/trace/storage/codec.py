@@ -326,7 +326,8 @@ class Decoder:
             if tag == "device":
                 return torch.device(v)
             if tag == "torch":
-                found = getattr(torch, v, None)
+                # the module's own dict: getattr would run torch's lazy importer (torch._inductor...)
+                found = vars(torch).get(v) if isinstance(v, str) else None
                 if not isinstance(found, _TORCH_ENUMS):
                     raise HistoryFileError(self.where, f"unknown torch constant {v!r}")
                 return found

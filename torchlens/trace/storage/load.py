@@ -26,6 +26,8 @@ from .save import DERIVED_HISTORY, FORMAT, FORMAT_VERSION, INDEX_FILE
 from .shards import TensorStore, check_record, dtype_of, inside_folder
 
 _LAZY_FIELDS = ("activation", "gradient", "func_args", "func_kwargs", "rng_state")
+# the structure of a history (layers, call stacks, source lines); tensors are in the shards
+MAX_INDEX_BYTES = 1 << 30
 
 
 class SavedCallLocation(FuncCallLocation):
@@ -173,11 +175,22 @@ def read_index(folder: str) -> Dict[str, Any]:
     inside_folder(folder, INDEX_FILE)  # not a link to a file elsewhere
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_INDEX_BYTES:  # checked before reading: the read is bounded, not the file
+                raise HistoryFileError(
+                    path,
+                    f"{size} bytes, more than any index torchlens writes ({MAX_INDEX_BYTES} bytes at most; the "
+                    "tensors are in the shards): not a saved torchlens history, or a damaged one",
+                )
+            raw = f.read(MAX_INDEX_BYTES + 1)
     except OSError as error:
         raise HistoryFileError(path, f"cannot be read ({error.strerror or error})") from None
+    except MemoryError:
+        raise HistoryFileError(path, f"too large to read into memory ({size} bytes)") from None
     try:
         document = json.loads(raw)
+    except MemoryError:
+        raise HistoryFileError(path, f"too large to parse in the memory available ({len(raw)} bytes)") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise HistoryFileError(path, f"truncated or corrupted: not valid JSON ({error})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:

@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from typing import Any, Dict, List, Optional
 
@@ -16,6 +15,7 @@ from ...version import __version__
 from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS
 from .codec import Encoder, encode_frames
 from .shards import ShardWriter
+from .unfinished import make_staging, mark_finished, remove_abandoned_staging
 
 FORMAT = "torchlens.trace.history"
 FORMAT_VERSION = 1
@@ -44,7 +44,8 @@ def save_history(history: Any, path: str, overwrite: bool = False) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # write next to the target, then move into place: a failed save leaves no half-written history
-    staging = tempfile.mkdtemp(prefix=".torchlens-saving-", dir=parent)
+    remove_abandoned_staging(parent)  # those of saves killed before they finished
+    staging = make_staging(parent)
     try:
         writer = ShardWriter(staging)
         try:
@@ -55,6 +56,7 @@ def save_history(history: Any, path: str, overwrite: bool = False) -> str:
             writer.abort()
             raise
         write_index(staging, document, writer, encoder)
+        mark_finished(staging)
         if os.path.exists(path):
             old = path + ".torchlens-old"
             os.replace(path, old)

@@ -47,7 +47,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def dtype_of(name: str, where: str) -> torch.dtype:
     """The torch dtype called ``name``; a clear error (naming ``where``) for anything else."""
-    value = getattr(torch, name, None) if isinstance(name, str) else None
+    # the module's own dict: getattr would run torch's lazy importer (``torch._inductor``...)
+    value = vars(torch).get(name) if isinstance(name, str) else None
     if not isinstance(value, torch.dtype):
         raise HistoryFileError(where, f"unknown tensor dtype {name!r} (written by a newer torch?)")
     return value
@@ -144,9 +145,13 @@ class ShardWriter:
             self._close_shard()
 
     def abort(self) -> None:
-        """Close without finishing (after an error); the folder is left incomplete."""
+        """Close without finishing (after an error); the folder is left incomplete. Never raises:
+        on a full disk closing flushes and fails again, and the caller still has to clean up."""
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass
             self._file = None
 
 

@@ -20,6 +20,7 @@ from ..capture.save_plan import SavePlan
 from .codec import Encoder, Written
 from .save import INDEX_FILE, encode_history, write_index
 from .shards import ShardWriter
+from .unfinished import OWNER_FILE, mark_finished, mark_unfinished, unfinished_writer, writer_is_gone
 
 
 class StreamingSavePlan(SavePlan):
@@ -54,10 +55,18 @@ class StreamedSave:
         self.folder = folder
         self.created = not os.path.exists(folder)
         if not self.created and (not os.path.isdir(folder) or os.listdir(folder)):
+            writer = unfinished_writer(folder) if os.path.isdir(folder) else None
+            if writer is not None and not os.path.exists(os.path.join(folder, INDEX_FILE)):
+                raise FileExistsError(
+                    f"save_to: {folder} holds an unfinished torchlens save (process {writer[1]} on {writer[0]} was "
+                    f"stopped before it finished{'' if writer_is_gone(writer) else ', or is still writing it'}); it "
+                    "is not a history and can be removed (shutil.rmtree), then run again. Nothing is overwritten."
+                )
             raise FileExistsError(
                 f"save_to: {folder} exists and is not an empty folder; choose a new folder (nothing is overwritten)."
             )
         os.makedirs(folder, exist_ok=True)
+        mark_unfinished(folder)
         self.writer = ShardWriter(folder)
         self.encoder = Encoder(self.writer, dedupe=False)  # nothing kept alive while the pass runs
         self.started = perf_counter()
@@ -80,8 +89,11 @@ class StreamedSave:
             shutil.rmtree(self.folder, ignore_errors=True)
         else:
             for name in os.listdir(self.folder):
-                if name.startswith("tensors-") or name.startswith(INDEX_FILE):
-                    os.remove(os.path.join(self.folder, name))
+                if name.startswith("tensors-") or name.startswith(INDEX_FILE) or name == OWNER_FILE:
+                    try:
+                        os.remove(os.path.join(self.folder, name))
+                    except OSError:
+                        pass
 
     def finish(self, history: Any) -> Any:
         """Write the structure and return the history as ``torchlens.load`` gives it."""
@@ -92,6 +104,7 @@ class StreamedSave:
             document = encode_history(history, self.encoder)
             self.writer.close()
             write_index(self.folder, document, self.writer, self.encoder)
+            mark_finished(self.folder)
         except BaseException:
             self.abort()
             raise
