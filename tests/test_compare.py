@@ -428,3 +428,35 @@ def test_runs_of_different_lengths_pair_the_head_with_the_head_not_the_next_step
     assert pairs[short["head"].label] == long["head"].label
     left = [long[label] for label in cmp.unmatched_b if long[label].layer_type == "linear"]
     assert len(left) == 2 and {e.containing_module for e in left} == {"cell"}  # steps 4 and 5
+
+
+# ----- what a user reads when the passes differ by design (issue 42) ----------------------------
+def test_a_float32_and_a_bfloat16_copy_are_said_to_differ_in_dtype():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    x = torch.randn(2, 8)
+    text = str(tl.compare((model, x), (low, x.to(torch.bfloat16)), random_seed=0))
+    said = text.splitlines()[1]
+    assert said.startswith("Dtypes differ: a computes in float32, b in bfloat16")
+    assert "tl.compare_precision(model, x, dtype=torch.bfloat16)" in said and "rtol=0.016" in said
+    same = str(tl.compare((model, x), (copy.deepcopy(model), x), random_seed=0))
+    assert "Dtypes differ" not in same
+
+
+def test_cosine_is_never_printed_above_one():
+    """Rounding in float32 norms made it 1.000001 for a tensor of ~3e5 values near 5."""
+
+    class Scale(nn.Module):
+        def forward(self, v):
+            return v * 2
+
+    g = torch.Generator().manual_seed(2)
+    n = int(torch.randint(2, 300000, (1,), generator=g))
+    x = torch.rand(n, generator=g) + 5
+    y = x.clone()
+    y[0] += 1e-2
+    cmp = tl.compare((Scale(), x), (Scale(), y), rtol=0, atol=0, random_seed=0)
+    assert all(r.cosine is None or -1.0 <= r.cosine <= 1.0 for r in cmp.rows)
+    printed = [line.split()[-1] for line in str(cmp).splitlines() if line.startswith(("!", "x"))]
+    assert printed and all(float(c) <= 1.0 for c in printed), printed

@@ -84,7 +84,36 @@ def compare(
     history_a = _history(a, "a", seed=seed, copy=True)
     history_b = _history(b, "b", seed=seed, copy=False)
     traced = not isinstance(a, ModelHistory) and not isinstance(b, ModelHistory)
-    return compare_histories(history_a, history_b, rtol=rtol, atol=atol, traced_here=traced)
+    result = compare_histories(history_a, history_b, rtol=rtol, atol=atol, traced_here=traced)
+    result.dtypes_differ = _dtypes_differ(history_a, history_b)
+    return result
+
+
+def _main_dtype(history: ModelHistory) -> Optional[torch.dtype]:
+    """The floating dtype most of the pass's operations compute in."""
+    counts: Dict[torch.dtype, int] = {}
+    for e in history.layer_list:
+        if e.kind not in ("input", "output") and isinstance(e.dtype, torch.dtype) and e.dtype.is_floating_point:
+            counts[e.dtype] = counts.get(e.dtype, 0) + 1
+    return max(counts, key=lambda d: counts[d]) if counts else None
+
+
+def _dtypes_differ(a: ModelHistory, b: ModelHistory) -> Optional[str]:
+    """What to say when the two passes compute in different floating dtypes: every op then
+    differs by the coarser one's rounding, which says nothing about where a bug is."""
+    dtype_a, dtype_b = _main_dtype(a), _main_dtype(b)
+    if dtype_a is None or dtype_b is None or dtype_a == dtype_b:
+        return None
+    low = min((dtype_a, dtype_b), key=lambda d: torch.finfo(d).bits)
+    step = torch.finfo(low).eps
+    name = str(low).replace("torch.", "")
+    return (
+        f"Dtypes differ: a computes in {str(dtype_a).replace('torch.', '')}, b in {str(dtype_b).replace('torch.', '')}, "
+        f"so every op differs by {name}'s rounding (steps of {step:.2g}) and ops beyond tolerance below say "
+        f"little. To see which ops lose precision in {name}, use tl.compare_precision(model, x, dtype=torch.{name}) "
+        f"(each op against float64, ranked by the error it adds); to compare anyway, pass tolerances for {name} "
+        f"(rtol={2 * step:.2g})."
+    )
 
 
 def _history(side: Side, name: str, *, seed: int, copy: bool) -> ModelHistory:

@@ -123,6 +123,7 @@ class Comparison:
     notes: List[str] = field(default_factory=list)
     history_a: Any = None
     history_b: Any = None
+    dtypes_differ: Optional[str] = None  # ``compare``: the passes compute in different dtypes (said first)
 
     def __post_init__(self) -> None:
         self._by_label = {r.label_a: r for r in self.rows}
@@ -250,10 +251,11 @@ class Comparison:
 
     def story(self) -> List[str]:
         origins = self.origins
+        said = [self.dtypes_differ] if self.dtypes_differ else []
         if not origins:
-            return ["Every matched op is within tolerance."]
+            return said + ["Every matched op is within tolerance."]
         first = origins[0]
-        lines = [f"First divergence: {first.describe()}"]
+        lines = said + [f"First divergence: {first.describe()}"]
         if first.source is not None:
             lines.append(f"  at {_where(first.source)}")
         if first.parents:

@@ -115,7 +115,8 @@ def _cosine(x: torch.Tensor, y: torch.Tensor, y_norm: float) -> Optional[float]:
     if x_norm == 0 or y_norm == 0:
         return 1.0 if x_norm == y_norm else 0.0
     dot = torch.vdot(y.reshape(-1), x.reshape(-1))
-    return float(dot.real if dot.is_complex() else dot) / (x_norm * y_norm)
+    cosine = float(dot.real if dot.is_complex() else dot) / (x_norm * y_norm)
+    return max(-1.0, min(1.0, cosine))  # rounding in the norms can take it past 1 (1.000001)
 
 
 def _complex(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> Difference:
