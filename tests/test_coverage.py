@@ -419,6 +419,12 @@ def test_the_pass_leaves_the_garbage_collector_as_it_was():
         tl.log_forward_pass(Raises(), torch.randn(3))
     assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
     assert (gc.isenabled(), gc.get_threshold()) == (enabled, thresholds)
+    gc.disable()  # a process that turned automatic collection off keeps it off
+    try:
+        tl.log_forward_pass(Constants(), torch.randn(3))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_process_that_froze_objects_itself():

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .capture.args import tensors_in
+from .capture.collector import automatic_collection_paused
 from .capture.decompose import FastPathOff, check_decompose, decompositions
 from .capture.memory import MemoryCheck
 from .capture.meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
@@ -156,6 +157,7 @@ def log_forward_pass(
         stream or contextlib.nullcontext(),
         MetaCopies(model) if device is not None else contextlib.nullcontext(),
         FastPathOff(bool(decomposed)),  # nn.MultiheadAttention then calls scaled_dot_product_attention
+        automatic_collection_paused(),  # the pass's records would be promoted mid-pass (collector.py)
     ):  # compiled submodules run eagerly, so their operations are seen
         if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV

@@ -14,7 +14,9 @@ the answer, because it files every tensor object by age from creation to death:
 So "was it made during the pass?" is "is it in the youngest generation after the marker, or
 noted on its way out?", whatever the rest of the process holds (frozen objects, millions of
 old objects): nothing older than the pass is ever walked, and the collector is not frozen,
-unfrozen, disabled or collected. The pass adds one marker and one callback, and removes both.
+unfrozen or collected. The pass adds one marker and one callback, and removes both. (The pass
+also pauses automatic collection while it runs, for speed: see ``run_pass``; then the youngest
+generation simply holds all the pass made, and the callback serves explicit collections.)
 
 A build where that filing does not hold (a free-threaded build, where the collector keeps no
 generations) falls back to noting the tensors alive at the start, a walk over the heap.

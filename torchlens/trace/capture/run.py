@@ -20,6 +20,7 @@ from ..records.tensor_log import ParentRef, TensorLogEntry
 from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
+from .collector import automatic_collection_paused
 from .memory import ActivationMemoryWarning
 from .meta import active_modes, data_dependent_error, is_value_error, lost_op_notes, meta_note
 from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
@@ -155,7 +156,7 @@ def run_pass(
     that records it (``capture.lean.LeanTracer`` for a pass of known structure); ``session``:
     what passes on the same model share (see ``PassSession``)."""
     _check_not_nested()
-    with _PASS_LOCK:
+    with _PASS_LOCK, automatic_collection_paused():  # see collector.py
         table = decorate.current_wrapper_table()
         inventory = session.inventory_of(model) if session is not None else ModelInventory.of(model)
         state = ModelState.of(model, inventory)
