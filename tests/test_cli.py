@@ -191,7 +191,7 @@ def test_hf_small_defaults_trace_in_seconds(family, capsys):
     started = time.monotonic()
     assert main([f"hf:{family}", "--input", "1,8"]) == 0
     out = capsys.readouterr().out
-    assert "forward pass" in out and "a small config" in out and "--config" in out
+    assert "forward pass" in out and "with small defaults where --config sets nothing" in out and "--config" in out
     assert time.monotonic() - started < 60
 
 
@@ -230,6 +230,7 @@ def test_config_text_is_parsed_to_python_values():
         (["hf:llama", "--config", "num_hiden_layers=2"], "Did you mean: num_hidden_layers"),
         (["torchvision:resnet18", "--config", "a=1"], "--config is for hf: and timm: models"),
         (["timm:resnet18", "--config", "no_such_option=1"], "no_such_option"),
+        (["hf:gpt2", "--config", "n_layer=abc"], "--config: hf:gpt2's config refuses n_layer=abc: "),
     ],
 )
 def test_bad_config_is_a_usage_error(argv, message, capsys):
@@ -238,6 +239,7 @@ def test_bad_config_is_a_usage_error(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err  # one line, not HF's multi-line validation error
 
 
 def test_a_model_too_big_for_memory_is_refused_before_it_is_built(monkeypatch, capsys):
@@ -256,6 +258,8 @@ def test_a_model_too_big_for_memory_is_refused_before_it_is_built(monkeypatch, c
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", only_on_meta)
     big = "num_hidden_layers=32,hidden_size=4096,intermediate_size=11008,num_attention_heads=32,num_key_value_heads=32"
     assert main(["hf:llama", "--config", big]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    said = capsys.readouterr()
+    assert "small" not in said.out  # no "small config" line before the refusal
+    err = " ".join(said.err.split())
     assert "6.7 billion parameters" in err and "27.0 GB" in err and "2.1 GB" in err
     assert "--config num_hidden_layers=2" in err

@@ -131,12 +131,11 @@ def _hf_model(name: str, config: Dict[str, Any]) -> nn.Module:
         heads = next((config[k] for k in ("num_attention_heads", "n_head", "num_heads") if k in config), 4)
         small["head_dim"] = (width or HF_SMALL["hidden_size"]) // heads
     chosen = {**small, **config}
-    built_config = transformers.AutoConfig.for_model(name, **chosen)
-    if small:
-        print(
-            f"torchlens: hf:{name} with a small config ({', '.join(f'{k}={v}' for k, v in small.items())}); "
-            "--config KEY=VALUE,... to change it"
-        )
+    try:
+        built_config = transformers.AutoConfig.for_model(name, **chosen)
+    except Exception as error:  # HF's own validation (a str where an int goes): its message, on one line
+        said = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        raise CliError(f"--config: hf:{name}'s config refuses {_given(config)}: {said}") from error
 
     def build() -> nn.Module:
         for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
@@ -147,7 +146,16 @@ def _hf_model(name: str, config: Dict[str, Any]) -> nn.Module:
         raise CliError(f"no HuggingFace model class builds a '{name}' config")  # pragma: no cover
 
     _check_size(f"hf:{name}", build, chosen)
+    if small:  # said once the size is accepted: a refused model is not called small
+        print(
+            f"torchlens: hf:{name} with small defaults where --config sets nothing ({_given(small)}); "
+            "--config KEY=VALUE,... to change them"
+        )
     return build()
+
+
+def _given(config: Dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
 def _check_size(what: str, build: Any, config: Dict[str, Any]) -> None:
