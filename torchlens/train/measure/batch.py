@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .layout import BLOCK, Block, compute_dtype, flat_view, plan
-from .rows import merge_rows, row_stats
+from .rows import COMPILED, merge_rows, row_stats
 
 
 def measurable(t: torch.Tensor) -> bool:
@@ -86,9 +86,12 @@ def _measure_device(
 ) -> tuple:
     device = tensors[0].device
     flats = [flat_view(t) for t in tensors]
-    layout = plan(flats, [compute_dtype(t.dtype) for t in tensors], sample_n or 0, rng)  # type: ignore[misc]
+    dtypes = [compute_dtype(t.dtype) for t in tensors]
+    whole = device.type == "cuda" and COMPILED.get() is not None
+    layout = plan(flats, dtypes, sample_n or 0, rng, whole_views=whole)  # type: ignore[arg-type]
     blocks = layout.blocks
-    owner = np.concatenate([np.asarray(b.owner, np.int64) for b in blocks])
+    pairs = np.array([pair for b in blocks for pair in b.owner], np.int64).reshape(-1, 2)
+    owner = np.repeat(pairs[:, 0], pairs[:, 1])
     numel = np.array([f.numel() for f in flats], np.int64)
     drawn = [b for b in blocks if b.slot] if sample_n is not None else []
     slots = [np.concatenate(b.slot) for b in drawn]

@@ -73,7 +73,7 @@ class Block:
     rows: int = 0
     view: Optional[torch.Tensor] = None
     pieces: List[torch.Tensor] = field(default_factory=list)
-    owner: List[int] = field(default_factory=list)  # the tensor of each row
+    owner: List[Tuple[int, int]] = field(default_factory=list)  # (tensor, its rows here), in row order
     # sample positions within the block's flattened values: (slot in the batch's sample, base,
     # span): the value read is at base + floor(u * span), u uniform in [0, 1) (span 0: base)
     slot: List[np.ndarray] = field(default_factory=list)
@@ -92,10 +92,18 @@ class Plan:
     samples: int
 
 
-def plan(flats: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], sample_n: int, rng: np.random.Generator) -> Plan:
+def plan(
+    flats: Sequence[torch.Tensor],
+    dtypes: Sequence[torch.dtype],
+    sample_n: int,
+    rng: np.random.Generator,
+    whole_views: bool = False,
+) -> Plan:
     """Lay out the 1-D ``flats`` (measured in ``dtypes``, see ``compute_dtype``) as blocks of
     rows, with ``sample_n`` sample positions per tensor (all its values when it has fewer);
     ``rng`` splits a sample between the blocks a tensor spans (in proportion to their values).
+    ``whole_views``: a tensor read in place is one block however large (the compiled kernel
+    needs no temporaries to bound).
 
     Example:
         >>> p = plan([torch.zeros(3), torch.zeros(2000)], [torch.float32] * 2, 5, np.random.default_rng(0))
@@ -115,11 +123,11 @@ def plan(flats: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], sample_n:
         start = 0
         if n >= BIG and f.dtype == dtype:
             whole = n // BLOCK
-            step = CHUNK // BLOCK
+            step = whole if whole_views else CHUNK // BLOCK
             for r0 in range(0, whole, step):
                 r1 = min(whole, r0 + step)
                 block = Block(dtype, rows=r1 - r0, view=f[r0 * BLOCK : r1 * BLOCK].view(r1 - r0, BLOCK))
-                block.owner = [i] * (r1 - r0)
+                block.owner = [(i, r1 - r0)]
                 blocks.append(block)
                 placed[i].append((block, 0, (r1 - r0) * BLOCK))
             start = whole * BLOCK
@@ -134,7 +142,7 @@ def plan(flats: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], sample_n:
             if pad:
                 packing.pieces.append(_nan_pad(f.device, dtype)[:pad])
             placed[i].append((packing, packing.rows * BLOCK, take))
-            packing.owner += [i] * rows
+            packing.owner.append((i, rows))
             packing.rows += rows
             pads[i] += pad
             start += take
