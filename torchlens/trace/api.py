@@ -26,6 +26,7 @@ from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import build_history, drop_unsaved
+from .records.meta import MetaDeviceError
 
 
 def _streamed_save(path: Any, save_gradients: bool) -> Any:
@@ -33,6 +34,24 @@ def _streamed_save(path: Any, save_gradients: bool) -> Any:
     from .storage.stream import StreamedSave
 
     return StreamedSave(path, save_gradients)
+
+
+def _check_meta_model(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A model on ``meta`` called with real inputs: say so, naming both devices, instead of
+    torch's "Tensor on device meta is not on the expected device cpu!" from inside the pass."""
+    on_meta = next((n for n, p in model.named_parameters() if p.is_meta), None)
+    if on_meta is None:
+        on_meta = next((n for n, b in model.named_buffers() if b.is_meta), None)
+    if on_meta is None:
+        return
+    devices = sorted({str(t.device) for _, t in tensors_in((args, kwargs)) if not t.is_meta})
+    if devices:
+        raise MetaDeviceError(
+            f"log_forward_pass: the model's parameters are on the meta device ({on_meta}, and maybe others: shapes "
+            f"without values) and its input on {' and '.join(devices)}. Pass device='meta' to trace every "
+            "operation's shape and dtype without values (torchlens then copies the input to meta), or give the "
+            f"model real weights first (model.to_empty(device={devices[0]!r}), then load_state_dict)."
+        )
 
 
 def log_forward_pass(
@@ -123,6 +142,8 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
     check_device(device)
+    if device is None:
+        _check_meta_model(model, args, kwargs)
     decomposed = check_decompose(decompose)
     if device is not None:  # meta copies of the inputs here, of the parameters during the pass
         args, kwargs = inputs_on("meta", args, kwargs)
@@ -220,6 +241,12 @@ def log_forward_pass(
             history = build_history(result)
             resolve_request(request, history)  # unknown keys raise, with close matches
     notes += compiled_function_notes(result.records)  # known once they have run
+    if not any(e.kind == "output" for e in history.layer_list):
+        notes.append(
+            "the forward's return value holds no tensor (it returned None, or values torchlens does not look "
+            f"into), so this history has no output layer: nothing marks what the model produced. Its "
+            f"{history.num_tensors} tensors are recorded; return the tensor you want to see as the output."
+        )
     for note in notes:
         print(f"torchlens: note: {note}", file=sys.stderr)
     history.notes.extend(notes)
