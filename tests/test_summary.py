@@ -182,3 +182,12 @@ def test_the_main_output_comes_first_in_the_output_shape():
 
     text = tl.log_forward_pass(Outer(), torch.rand(1, 4), random_seed=0).summary()
     assert "(1, 2) +6 more" in _rows(text)["body"]
+
+
+def test_a_meta_pass_is_not_said_to_have_saved_bytes():
+    h = tl.log_forward_pass(Stack(25), torch.rand(3, 8), device="meta")  # 81 layers: the module table
+    text = str(h)
+    assert "computed in forward pass; no values saved (meta tensors: shapes and dtypes only)." in text
+    assert all(row.split()[-1] == "-" for row in _rows(text).values())  # the Saved column
+    real = str(tl.log_forward_pass(Stack(25), torch.rand(3, 8), random_seed=0))
+    assert "tensors (" in real.splitlines()[2].split(";")[1] and "no values saved" not in real

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..records.format import human_bytes
+from ..records.meta import is_meta_history
 
 MAX_ROWS = 250  # modules shown by the default print; deeper levels are left out beyond it
 SMALL_LAYERS = 60  # a pass of at most this many layers prints every layer (the seed's printout)
@@ -184,7 +185,11 @@ def _header(history: Any) -> List[str]:
         f"Log of {history.model_name} forward pass:",
         f"\tModel structure: {structure}; {len(history.modules.addresses)} total modules.",
         f"\t{history.num_tensors} tensors ({human_bytes(history.tensor_bytes)}) computed in forward pass; "
-        f"{history.num_tensors_saved} tensors ({human_bytes(history.saved_tensor_bytes)}) saved.",
+        + (
+            "no values saved (meta tensors: shapes and dtypes only)."
+            if is_meta_history(history)
+            else f"{history.num_tensors_saved} tensors ({human_bytes(history.saved_tensor_bytes)}) saved."
+        ),
         f"\t{history.num_param_tensors} parameter tensors, used by {history.num_param_operations} operations "
         f"({history.num_params} params total; {human_bytes(history.param_bytes)}).",
     ]
@@ -251,6 +256,7 @@ def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) 
         depth = _auto_depth(tree)
     shown = [r for r in tree if depth is None or r.depth <= depth][: MAX_ROWS if auto else None]
     shapes, params, saved = facts
+    meta = is_meta_history(history)  # meta tensors hold no values: nothing saved to count
     lines = _header(history)
     if shown:
         rows = [["Module", "Class", "Calls", "Output shape", "Params", "Saved"]]
@@ -263,7 +269,7 @@ def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) 
                     str(history.modules.passes.get(r.address, 0)),
                     _shape_text(shapes.get(r.address)),
                     f"{params.get(r.address, 0):,}",
-                    human_bytes(saved.get(r.address, 0)),
+                    "-" if meta else human_bytes(saved.get(r.address, 0)),
                 ]
             )
         lines.append("")
