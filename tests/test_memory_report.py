@@ -338,3 +338,21 @@ def test_a_report_on_the_gpu_leaves_no_gpu_memory_behind():
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
     assert reports[-1].saved_for_backward >= 3 * 256 * 4096 * F32
+
+
+def test_an_inference_plan_counts_the_kv_cache_at_batch_times_sequence():
+    batch, seq, layers, kv_heads, head_dim = 8, 512, 2, 2, 16  # _llama: hidden 64 over 4 heads, 2 kv heads
+    meta = tl.memory_report(
+        _llama(True, attention="sdpa"), torch.zeros(batch, seq, dtype=torch.long, device="meta"), {"use_cache": True},
+        training=False,
+    )  # fmt: skip
+    assert meta.cache == 2 * layers * batch * kv_heads * head_dim * seq * F32  # keys and values
+    assert meta.grads == meta.optimizer_state == meta.saved_for_backward == 0
+    assert meta.peak_estimate == meta.params + meta.buffers + meta.cache + meta.largest_transient
+    text = str(meta)
+    assert text.startswith("Memory of inference with LlamaForCausalLM") and "KV cache (past_key_values)" in text
+    assert "2.0 MB" in text and "backward" not in text
+    real = tl.memory_report(_llama(False), torch.zeros(2, 16, dtype=torch.long), {"use_cache": True}, training=False)
+    assert real.cache == 2 * layers * 2 * kv_heads * head_dim * 16 * F32
+    with pytest.raises(ValueError, match="inference plan.*no optimizer"):
+        tl.memory_report(_llama(False), torch.zeros(1, 4, dtype=torch.long), optimizer="adam", training=False)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..capture import ops
-from ..capture.args import tensors_in_call
+from ..capture.args import tensors_in, tensors_in_call
 from ..capture.meta import MetaCopies, check_device, inputs_on
 from ..capture.modules import BufferSnapshot
 from ..capture.observer import PassObserver, PassRecords
@@ -44,6 +44,7 @@ def memory_report(
     input_kwargs: Optional[Dict[str, Any]] = None,
     optimizer: Any = None,
     device: Optional[str] = None,
+    training: bool = True,
 ) -> "MemoryReport":
     """What a training step of ``model`` on these inputs holds in memory, and its FLOPs.
 
@@ -63,6 +64,13 @@ def memory_report(
     activations alive during backward and the optimizer's own temporaries are not counted,
     while saved tensors freed as backward proceeds are counted as if all were alive at once.
 
+    ``training=False`` plans inference instead (``generate``): one forward without grad at the
+    inputs' batch x sequence; ``cache`` is what the model returns to be kept between steps (the
+    tensors under a ``past_key_values`` or ``cache`` output: the KV cache at that length, once
+    per storage), and ``peak_estimate`` is params + buffers + cache + the largest op output.
+    Pass the longest sequence ``generate`` will reach (prompt plus new tokens), and
+    ``use_cache=True`` where the model needs it; on ``device="meta"`` nothing is allocated.
+
     Args:
         model: any ``torch.nn.Module``; may live on the meta device (no memory needed).
         input_args, input_kwargs: as for ``log_forward_pass``.
@@ -70,6 +78,7 @@ def memory_report(
             object, or its class.
         device: ``'meta'``: run on meta copies of the parameters and inputs (nothing is
             allocated; the model is left untouched).
+        training: ``False``: an inference plan (see above); no optimizer then.
 
     The model ends as it was (parameters, buffers, ``training``, ``requires_grad``, ``.grad``:
     no backward runs).
@@ -86,6 +95,8 @@ def memory_report(
         80000
     """
     require_model(model, "memory_report")
+    if not training and optimizer is not None:
+        raise ValueError("memory_report: an inference plan (training=False) has no optimizer; leave optimizer=None.")
     trainable = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
     state = optimizer_state(optimizer, trainable)  # before meta copies replace the parameters
     check_device(device)
@@ -93,8 +104,9 @@ def memory_report(
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if device is not None:
         args, kwargs = inputs_on("meta", args, kwargs)
-    with eager_only(), torch.enable_grad(), MetaCopies(model) if device is not None else contextlib.nullcontext():
-        report = _measure(model, args, kwargs, state)
+    grad_mode = torch.enable_grad() if training else torch.no_grad()
+    with eager_only(), grad_mode, MetaCopies(model) if device is not None else contextlib.nullcontext():
+        report = _measure(model, (args, kwargs), state, training)
     for note in notes:
         print(f"torchlens: note: {note}", file=sys.stderr)
     report.notes.extend(notes)
@@ -163,22 +175,29 @@ def _storage_of(tensor: torch.Tensor) -> Tuple[int, int, Any]:
         return id(tensor), tensor.numel() * tensor.element_size(), tensor
 
 
-def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: Tuple[str, int]) -> "MemoryReport":
+def _measure(
+    model: nn.Module, inputs: Tuple[tuple, dict], optimizer: Tuple[str, int], training: bool
+) -> "MemoryReport":
     params = {id(p): p for p in model.parameters()}.values()
     buffers = {id(b): b for b in model.buffers()}.values()
     excluded = {_storage_of(p)[0]: "param" for p in params}
     excluded.update({_storage_of(b)[0]: "buffer" for b in buffers})
-    args, kwargs, _ = copy_inputs(model, args, kwargs)
-    inputs = [t for _, t in tensors_in_call(args, kwargs)]
-    input_keys = {_storage_of(t)[0] for t in inputs}
-    on_meta = any(t.is_meta for t in [*params, *buffers, *inputs])
+    args, kwargs, _ = copy_inputs(model, *inputs)
+    tensors = [t for _, t in tensors_in_call(args, kwargs)]
+    input_keys = {_storage_of(t)[0] for t in tensors}
+    on_meta = any(t.is_meta for t in [*params, *buffers, *tensors])
     observer = _SavedTensors(excluded, on_meta)
     snapshot = BufferSnapshot(model)
+    returned: List[Any] = []  # the outermost call's output: the last to finish
+    handle = model.register_forward_hook(lambda _m, _a, output: returned.append(output))
     try:
         result = run_pass(model, args, kwargs, SavePlan(), random_seed=0, observer=observer)
     finally:
+        handle.remove()
         snapshot.restore()
     history = build_history(result)
+    cache = _cache_bytes(returned[-1]) if returned and not training else 0
+    returned.clear()  # nothing of the pass outlives it
     del result, args, kwargs
     observer.held.clear()
     kept = [e.raw_index for e in history.layer_list]
@@ -204,15 +223,17 @@ def _measure(model: nn.Module, args: tuple, kwargs: dict, optimizer: Tuple[str, 
     report = MemoryReport(
         history=history,
         params=sum(_nbytes(p) for p in params),
-        grads=sum(_nbytes(p) for p in trainable),
+        grads=sum(_nbytes(p) for p in trainable) if training else 0,  # inference keeps no gradient
         buffers=sum(_nbytes(b) for b in buffers),
         optimizer=optimizer[0],
         optimizer_state=optimizer[1],
         per_op=per_op,
         flops_per_op=flops_per_op,
         saved_inputs=saved_inputs,
+        cache=cache,
+        training=training,
     )
-    if on_meta and any(e.layer_type == "scaleddotproductattention" for e in history.layer_list):
+    if training and on_meta and any(e.layer_type == "scaleddotproductattention" for e in history.layer_list):
         report.notes.append(_SDPA_ON_META)
     return report
 
@@ -222,6 +243,18 @@ _SDPA_ON_META = (
     "the output and a logsumexp (torch's math path, which meta would run, also keeps the batch x heads x seq x seq "
     "attention probabilities). For eager attention, build the model with attn_implementation='eager'."
 )
+
+
+def _cache_bytes(output: Any) -> int:
+    """Bytes of the tensors under a ``past_key_values`` / ``cache`` part of a model's output
+    (an HF ``DynamicCache``'s layers, a tuple of key/value pairs), once per storage."""
+    storages: Dict[int, int] = {}
+    for position, tensor in tensors_in(output):
+        path = position if isinstance(position, tuple) else (position,)
+        if any(isinstance(p, str) and ("cache" in p.lower() or "past_key" in p.lower()) for p in path):
+            key, nbytes, _ = _storage_of(tensor)
+            storages[key] = nbytes
+    return sum(storages.values())
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -235,7 +268,8 @@ class MemoryReport:
     (all autograd keeps between forward and backward, once per storage; ``saved_inputs`` is the
     part that is the model's own inputs, which the caller holds anyway), ``largest_transient``
     (the largest op output, ``largest_transient_op``), ``peak_estimate`` (their sum: an
-    estimate, see ``memory_report``). ``per_op`` and ``flops_per_op``: label -> bytes saved /
+    estimate, see ``memory_report``); ``cache`` (an inference plan, ``training=False``: the KV
+    cache the model's output keeps; 0 otherwise). ``per_op`` and ``flops_per_op``: label -> bytes saved /
     forward FLOPs, in execution order; ``per_module`` and ``flops_per_module``: module call
     (``'address:pass'``) -> the same summed over the ops inside it, submodules included.
     ``forward_flops``, ``backward_flops`` (2x forward). ``history``: the traced pass (no
@@ -253,6 +287,8 @@ class MemoryReport:
         per_op: Dict[str, int],
         flops_per_op: Dict[str, int],
         saved_inputs: int,
+        cache: int = 0,
+        training: bool = True,
     ) -> None:
         self.history = history
         self.params, self.grads, self.buffers = params, grads, buffers
@@ -270,11 +306,12 @@ class MemoryReport:
                 self.flops_per_module[module] = self.flops_per_module.get(module, 0) + flops_per_op.get(e.label, 0)
         outputs = [(e.nbytes or 0, e.label) for e in history.layer_list if e.kind == "op"]
         self.largest_transient, self.largest_transient_op = max(outputs, default=(0, None))
+        self.cache, self.training = cache, training
         self.peak_estimate = (
-            params + grads + buffers + optimizer_state + self.saved_for_backward + self.largest_transient
+            params + grads + buffers + optimizer_state + self.saved_for_backward + cache + self.largest_transient
         )
         self.notes: List[str] = list(history.notes)
-        if not grads and not self.saved_for_backward:
+        if training and not grads and not self.saved_for_backward:
             self.notes.append(
                 "Nothing requires grad (no trainable parameter, no input with requires_grad): a training step of this model saves nothing."
             )
@@ -286,6 +323,8 @@ class MemoryReport:
         )
 
     def __str__(self) -> str:
+        if not self.training:
+            return self._inference_text()
         rows = [
             ("parameters", self.params),
             ("gradients", self.grads),
@@ -312,6 +351,25 @@ class MemoryReport:
             if top:
                 lines.append(f"{title} holding the most for backward:")
                 lines += [f"  {k:<32} {human_bytes(v):>10}  {_flops(flops.get(k, 0)):>10} FLOPs" for v, k in top]
+        lines += [f"Note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def _inference_text(self) -> str:
+        rows = [
+            ("parameters", self.params),
+            ("buffers", self.buffers),
+            ("KV cache (past_key_values)", self.cache),
+            (f"largest transient ({self.largest_transient_op})", self.largest_transient),
+            ("peak (estimate)", self.peak_estimate),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"Memory of inference with {self.history.model_name} (one forward at these inputs' batch x sequence):"]
+        lines += [f"  {name:<{width}}  {human_bytes(value):>10}" for name, value in rows]
+        lines.append(f"  {'forward FLOPs':<{width}}  {_flops(self.forward_flops):>10}")
+        lines.append(
+            "  The peak is an estimate: allocator caching and kernels' temporaries are left out; the cache grows "
+            "linearly with batch x sequence, so pass the longest sequence generate will reach."
+        )
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
 
