@@ -3,6 +3,7 @@ process is still writing; every property reads the database afresh."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -11,7 +12,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -121,9 +122,15 @@ class Run:
                 f"torchlens: {self.path} is not a torchlens run database "
                 f"(format {meta.get('format')!r}, expected {FORMAT!r})."
             )
-        self.model_name: str = meta.get("model", "")
-        self.options: dict = json.loads(meta.get("options", "{}"))
-        self.bins = int(meta["bins"])
+        with self._damaged("its meta table"):
+            self.model_name: str = str(meta.get("model", ""))
+            self.options: dict = json.loads(meta.get("options", "{}"))
+            if not isinstance(self.options, dict):
+                raise ValueError(f"options is a {type(self.options).__name__}, not an object")
+            # as recorded; each series' histograms have the size of their stored counts
+            self.bins = int(meta["bins"])
+            if self.bins < 1:
+                raise ValueError(f"bins is {self.bins}")
         columns = [r[1] for r in self._query("PRAGMA table_info(series)")]
         self._has_reason = "reason" in columns  # runs written before have no reasons
         stored = [r[1] for r in self._query("PRAGMA table_info(columns)")]
@@ -139,6 +146,18 @@ class Run:
             time.sleep(0.05)
 
     # ----- plumbing -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _damaged(self, what: str) -> Iterator[None]:
+        """Values of a damaged database (a field edited, a row of the wrong type) are a
+        ``RunError`` naming the database and ``what`` was being read, never a bare error."""
+        try:
+            yield
+        except (KeyError, ValueError, TypeError, IndexError, OverflowError, AttributeError) as error:
+            raise RunError(
+                f"torchlens: the run database {self.path} is damaged: {what} cannot be read "
+                f"({type(error).__name__}: {str(error)[:200]})."
+            ) from None
+
     def _query(self, sql: str, args: tuple = ()) -> list:
         with self._lock:
             try:
@@ -162,11 +181,11 @@ class Run:
     # ----- what is in it ------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """``'running'``, ``'finished'``, or ``'stopped'``: the run was never closed and its
-        writer is gone (its process has ended, on this machine, or its heartbeat is older than
+        """``'running'``, ``'finished'``, ``'failed'`` (training went on but a write failed, a full
+        disk: steps are missing), or ``'stopped'``: the run was never closed and its writer is gone (its process has ended, on this machine, or its heartbeat is older than
         ``STALE_AFTER_S``). A run written by a torchlens without heartbeats stays ``'running'``."""
         meta = dict(self._query("SELECT key, value FROM meta WHERE key IN ('status', 'pid', 'host', 'heartbeat')"))
-        status = meta.get("status", "running")
+        status = str(meta.get("status", "running"))
         if status == "running" and _writer_gone(meta):
             return "stopped"
         return status
@@ -177,22 +196,28 @@ class Run:
         heartbeats were recorded). Renewed at each logged step and every few seconds while the
         watch is open."""
         rows = self._query("SELECT value FROM meta WHERE key = 'heartbeat'")
-        return float(rows[0][0]) if rows else None
+        with self._damaged("the heartbeat"):
+            return float(rows[0][0]) if rows else None
 
     @property
     def stride(self) -> int:
         """Logged steps per column in this run's newest columns (doubles as a run grows long)."""
-        return int(self._query("SELECT value FROM meta WHERE key = 'stride'")[0][0])
+        rows = self._query("SELECT value FROM meta WHERE key = 'stride'")
+        with self._damaged("the stride"):
+            return int(rows[0][0])
 
     @property
     def steps(self) -> np.ndarray:
         """The logged training steps, in order."""
-        return np.array([r[0] for r in self._query("SELECT step FROM steps ORDER BY ordinal")], dtype=np.int64)
+        rows = self._query("SELECT step FROM steps ORDER BY ordinal")
+        with self._damaged("the steps"):
+            return np.array([r[0] for r in rows], dtype=np.int64)
 
     def steps_after(self, step: int) -> np.ndarray:
         """The logged steps after ``step``, in order (an index lookup: cheap however long the run)."""
         rows = self._query("SELECT step FROM steps WHERE step > ? ORDER BY step", (int(step),))
-        return np.array([r[0] for r in rows], dtype=np.int64)
+        with self._damaged("the steps"):
+            return np.array([r[0] for r in rows], dtype=np.int64)
 
     @property
     def num_calls(self) -> int:
@@ -202,9 +227,9 @@ class Run:
     @property
     def calls(self) -> Dict[str, Call]:
         """Every module call, in call order; the model itself is ``''``."""
-        return {
-            cid: Call.from_dict(json.loads(doc)) for cid, doc in self._query("SELECT id, doc FROM calls ORDER BY ord")
-        }
+        rows = self._query("SELECT id, doc FROM calls ORDER BY ord")
+        with self._damaged("the module calls"):
+            return {cid: Call.from_dict(json.loads(doc)) for cid, doc in rows}
 
     def series_names(self, call_id: Optional[str] = None) -> List[Tuple[str, str, str]]:
         """``(call id, kind, name)`` of every series (of one call when given)."""
@@ -232,19 +257,25 @@ class Run:
             + " ORDER BY slot"
         )
         rows = self._query(sql, (found[0][0],) + ((int(since),) if since is not None else ()))
+        with self._damaged(f"the series {call_id!r} {kind} {name!r}"):
+            return self._series(call_id, kind, name, reason=found[0][1], rows=rows)
+
+    def _series(self, call_id: str, kind: str, name: str, reason: Optional[str], rows: list) -> Series:
         n = len(rows)
+        blobs = [r[6] for r in rows]
+        if not all(isinstance(b, bytes) and len(b) == len(blobs[0]) and len(b) % 4 == 0 for b in blobs):
+            raise ValueError("its stored histograms are not all of one size")
+        # the size of what is stored, not the number in meta (no rows: empty arrays cost nothing)
+        bins = len(blobs[0]) // 4 if blobs else self.bins
         lo = np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64)
         hi = np.array([np.nan if r[4] is None else r[4] for r in rows], dtype=np.float64)
-        counts = (
-            np.stack([np.frombuffer(r[6], np.float32) for r in rows]) if n else np.zeros((0, self.bins), np.float32)
-        )
+        counts = np.stack([np.frombuffer(b, np.float32) for b in blobs]) if n else np.zeros((0, bins), np.float32)
         stats = {
             name: np.array([np.nan if r[7 + k] is None else r[7 + k] for r in rows], dtype=np.float64)
             if self._has_exact
             else np.full(n, np.nan)
             for k, name in enumerate(EXACT_COLUMNS)
         }
-        reason = found[0][1]
         if not self._has_exact and reason is None:
             reason = NO_EXACT
         return Series(
@@ -254,7 +285,7 @@ class Run:
             steps=np.array([r[0] for r in rows], np.int64),
             last_steps=np.array([r[1] for r in rows], np.int64),
             num_steps=np.array([r[2] for r in rows], np.int64),
-            bin_edges=bin_edges(lo, hi, self.bins),
+            bin_edges=bin_edges(lo, hi, bins) if n else np.zeros((0, bins + 1)),
             counts=counts,
             min=lo,
             max=hi,
@@ -322,8 +353,11 @@ def _column(name: str) -> str:
 
 def _writer_gone(meta: dict) -> bool:
     """Whether the process that writes a 'running' run has certainly stopped."""
-    heartbeat = meta.get("heartbeat")
-    if heartbeat is not None and time.time() - float(heartbeat) > STALE_AFTER_S:
+    try:
+        heartbeat: Optional[float] = float(meta["heartbeat"]) if meta.get("heartbeat") is not None else None
+    except (TypeError, ValueError):
+        heartbeat = 0.0  # damaged: no sign of life
+    if heartbeat is not None and time.time() - heartbeat > STALE_AFTER_S:
         return True  # a live writer renews it every few seconds (a stopped or reused pid does not)
     pid, host = meta.get("pid"), meta.get("host")
     if pid is None or host != socket.gethostname() or os.name != "posix":

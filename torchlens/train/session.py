@@ -166,6 +166,10 @@ class Watch:
             model.register_forward_hook(ModelHook(self._root_post), with_kwargs=True, always_call=True)
         )
         self._root_hooks += [opt.register_step_post_hook(self._optimizer_stepped) for opt in self._optimizers]
+        if not self._optimizers:  # any optimizer's step ends a step's writes (see _make_durable)
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._root_hooks.append(register_optimizer_step_post_hook(self._any_optimizer_stepped))
         _WATCHES[id(model)] = self
         for m in model.modules():
             _MODULE_OWNERS[id(m)] = self
@@ -284,6 +288,16 @@ class Watch:
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = self._step is not None
+        self._make_durable()
+
+    def _any_optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._make_durable()
+
+    def _make_durable(self) -> None:
+        """A logged step's optimizer step has ended: its writes are committed before training
+        goes on, so a process killed from now on (``kill -9``) keeps the step in its run."""
+        if self._logging and self._writer is not None and not self.closed:
+            self._steps.durable()
 
     def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
         self._finish_step()
@@ -460,11 +474,13 @@ class Watch:
                     f"torchlens.train: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=3
                 )
         self.backends = []
+        failed = True
         try:
             self._steps.close()  # the writes under way end first
+            failed = self._steps.failed
         finally:
             if self._writer is not None:
-                self._writer.close()
+                self._writer.close("failed" if failed else "finished")  # a run missing steps is not finished
                 self._writer = None
             self.recorder.copies.clear()  # the host memory of the copies awaiting measurement
         atexit.unregister(self.close)

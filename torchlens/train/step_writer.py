@@ -37,11 +37,13 @@ class StepWriter:
         self._written = 0  # logged steps written so far
         self._clean: Optional[Tuple[int, int]] = None  # (step, recorder version) last written whole
         self._last: Any = None  # the histograms of that write (set by the writer thread)
-        # one write waiting at most: a training loop faster than its writes waits for them, so
-        # the run lags training by two writes at most (what a killed process can lose)
+        # one write waiting at most; a step's writes overlap its own optimizer step only: when
+        # that ends (``durable``), and when the next step starts, they are in the run, so a
+        # killed process loses at most the step in flight
         self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue(maxsize=1)
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
+        self.failed = False  # a write failed: the run is not complete (its status says so)
 
     @property
     def written(self) -> int:
@@ -68,6 +70,7 @@ class StepWriter:
         self.update(step, {"updates"})
         if clean_before:
             self._clean = (step, self.watch.recorder.version)
+        self.durable()
 
     def finish(self, step: int, data: StepData) -> None:
         """The step has ended (``data``: the recorder's ``end_step``): write it if it changed
@@ -77,6 +80,7 @@ class StepWriter:
         self._clean = None
         if not unchanged:
             self._submit(step, data, keep=True)
+        self.durable()  # a step that has ended is in the run before the next one runs
         if not w.backends:
             return
         # the last write's histograms (under torch.distributed, global ones: no rank but 0 has
@@ -87,6 +91,12 @@ class StepWriter:
             h = histograms(data.summarize().samples, w.reject, summaries=data.summaries)
         for backend in w.backends:
             backend.log_step(step, data.keys, h, w.run_dir)
+
+    def durable(self) -> None:
+        """Return when the writes handed over so far are committed: called when a step's
+        optimizer step has ended and when the step ends, so that a process killed afterwards
+        (``kill -9``) has every finished step in its run."""
+        self.wait()
 
     def wait(self) -> None:
         """Return when every step handed over is written; a write that failed raises here."""
@@ -109,7 +119,11 @@ class StepWriter:
         self._raise_failure()
         new_calls = w.recorder.take_new_calls()
         if w._ranks is not None or w._writer is None:  # collectives keep their order on every rank
-            self._write(step, data, new_calls, keep)
+            try:
+                self._write(step, data, new_calls, keep)
+            except BaseException:
+                self.failed = True
+                raise
             return
         streams = _training_streams(data)
 
@@ -141,6 +155,7 @@ class StepWriter:
     def _raise_failure(self) -> None:
         error, self._error = self._error, None
         if error is not None:
+            self.failed = True
             raise RuntimeError(f"torchlens.train: writing a logged step to the run failed: {error}") from error
 
     def _write(self, step: int, data: StepData, new_calls: List[Any], keep: bool) -> None:

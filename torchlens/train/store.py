@@ -238,7 +238,10 @@ class RunWriter:
             return
         self._stop_beating.set()
         self._beater.join(timeout=5)
-        self.set_status(status)
+        try:
+            self.set_status(status)
+        except sqlite3.Error:  # a full disk: the run stays 'running', and reads 'stopped' once the process is gone
+            pass
         try:
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.OperationalError:  # a reader holds the log; it is checkpointed later

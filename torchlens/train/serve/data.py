@@ -176,7 +176,11 @@ class Catalog:
         """The path of an operation-level page the NaN sentinel saved in the run (no other file)."""
         if not re.fullmatch(r"nonfinite_step\d+\.html", name or ""):
             raise NotFound(f"no report page {name!r}: only nonfinite_step<N>.html pages are served")
-        path = os.path.join(self.run(run_id).run_dir, name)
+        run_dir = self.run(run_id).run_dir
+        path = os.path.join(run_dir, name)
+        # the run folder may come from anyone: a link leading out of it is not one of its pages
+        if os.path.islink(path) or os.path.dirname(os.path.realpath(path)) != os.path.realpath(run_dir):
+            raise NotFound(f"this run has no {name} (a link to a file outside the run folder is not served)")
         if not os.path.isfile(path):
             raise NotFound(f"this run has no {name}")
         return path

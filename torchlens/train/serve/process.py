@@ -23,7 +23,8 @@ from typing import Optional
 
 from .server import RunServer, bind, default_token, server_url
 
-_PARENT_CHECK_S = 0.5  # how often the serving process looks for its parent
+_PARENT_CHECK_S = 0.5  # the socket's accept timeout while two processes share it
+_PARENT_POLL_S = 0.1  # how often the serving process looks for its parent (end of file comes at once)
 _NICE = 10
 # lower the priority before importing torch (the slow part of starting), then run __main__.py
 _BOOT = (
@@ -140,13 +141,18 @@ class ServingProcess:
 
 
 def _follow_parent(server: RunServer, parent: int) -> None:
-    """End serving when the training process closes our stdin, exits or dies."""
+    """End serving when the training process closes our stdin, exits or dies: at once (the
+    process only reads, nothing is left to finish), so that the port is free for a trainer
+    restarted straight away."""
     stdin = sys.stdin.fileno()
     while os.getppid() == parent:
-        readable, _, _ = select.select([stdin], [], [], _PARENT_CHECK_S)
+        readable, _, _ = select.select([stdin], [], [], _PARENT_POLL_S)
         if readable and not os.read(stdin, 4096):
             break  # end of file: the parent is gone (or closed the pipe)
-    server.httpd.shutdown()
+    try:
+        server.httpd.socket.close()  # the port is free from here on
+    finally:
+        os._exit(0)  # not shutdown(): serve_forever would notice only at its next poll
 
 
 def main() -> None:

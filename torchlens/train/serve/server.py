@@ -31,10 +31,13 @@ from __future__ import annotations
 import errno
 import hmac
 import json
+import logging
 import os
 import secrets
 import socket
+import stat
 import string
+import sys
 import threading
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +50,8 @@ from ..compare import TOLERANCE
 from ..reader import RunError
 from .data import Catalog, NotFound
 from .pair import PairCatalog, pair_json
+
+_LOG = logging.getLogger("torchlens.explorer")
 
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -182,6 +187,37 @@ def _routes(catalog: Catalog) -> Dict[str, Callable[[Dict[str, str]], Any]]:
     }
 
 
+class _Server(ThreadingHTTPServer):
+    """Counts what goes wrong with a connection instead of printing a traceback for each into the
+    training process's stderr (a page closed mid-answer, a slow client timing out): logged once."""
+
+    disconnects = 0  # clients gone mid-answer
+    failures = 0  # anything else that ended a connection
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            self.disconnects += 1
+            if self.disconnects == 1:
+                _LOG.info(
+                    "torchlens explorer: a client disconnected before its answer was sent (counted, not logged again)"
+                )
+            return
+        self.failures += 1
+        if self.failures == 1:
+            _LOG.warning(
+                "torchlens explorer: a connection failed (%s: %s); later ones are counted, not logged",
+                type(error).__name__,
+                error,
+            )
+
+
+# a run folder's own pages (the NaN sentinel's): their scripts run in an opaque origin (no
+# allow-same-origin), so a page planted in a shared run folder cannot read /api/runs
+RUN_FILE_POLICY = "sandbox allow-scripts allow-popups allow-downloads"
+MAX_RUN_FILE_BYTES = 256 << 20
+
+
 class _Handler(BaseHTTPRequestHandler):
     catalog: Catalog
     routes: Dict[str, Callable]
@@ -269,11 +305,13 @@ class _Handler(BaseHTTPRequestHandler):
             if path.startswith("/assets/") and path[len("/assets/") :] in self.assets:
                 return self._file(self.assets[path[len("/assets/") :]])
             if path == "/run-file":  # the NaN sentinel's operation-level page (health.js links it)
-                return self._file(self.catalog.report_page(query.get("run"), query.get("name", "")))
+                return self._run_file(self.catalog.report_page(query.get("run"), query.get("name", "")))
             route = self.routes.get(path)
             if route is None:
                 return self._json({"error": "not found"}, 404)
             self._json(route(query))
+        except (ConnectionError, TimeoutError):
+            raise  # the client left: nothing can be answered (counted by the server, see _Server)
         except NotFound as error:
             self._json({"error": self._public(str(error))}, 404)
         except (BadRequest, KeyError, ValueError) as error:
@@ -297,6 +335,25 @@ class _Handler(BaseHTTPRequestHandler):
         with open(path, "rb") as f:
             body = f.read()
         self._send(200, body, _TYPES[os.path.splitext(path)[1]])
+
+    def _run_file(self, path: str) -> None:
+        """A page a run folder holds: read without following a link and bounded in size, and
+        served sandboxed (``RUN_FILE_POLICY``), so that its scripts run in an origin of their
+        own and cannot read the explorer's API (every run it serves)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            raise NotFound(f"this run has no {os.path.basename(path)}") from None
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise NotFound(f"{os.path.basename(path)} is not a plain file")
+            if info.st_size > MAX_RUN_FILE_BYTES:
+                raise NotFound(
+                    f"{os.path.basename(path)} is larger than any page torchlens writes ({info.st_size} bytes)"
+                )
+            body = f.read(MAX_RUN_FILE_BYTES + 1)[:MAX_RUN_FILE_BYTES]
+        self._send(200, body, _TYPES[".html"], {"Content-Security-Policy": RUN_FILE_POLICY})
 
 
 class RunServer:
@@ -341,7 +398,7 @@ class RunServer:
                 "cookie": f"torchlens-token-{sock.getsockname()[1]}",  # cookies ignore ports
             },
         )
-        self.httpd = ThreadingHTTPServer(sock.getsockname()[:2], self.handler, bind_and_activate=False)
+        self.httpd = _Server(sock.getsockname()[:2], self.handler, bind_and_activate=False)
         self.httpd.socket.close()
         self.httpd.socket = sock
         self.httpd.daemon_threads = True
