@@ -107,7 +107,9 @@ class Sentinel:
         self.quiet = mode is None  # warn/trace: after the first finding, steps are no longer checked
         self.events: List[dict] = []
         self.diverging: List[dict] = []  # the run's divergence finding (one)
-        self.norms: Dict[str, List[float]] = {}  # parameter name -> its gradient norms of the last steps
+        # parameter name -> {step: its gradient norm} of the last steps (a step's later backward
+        # passes, accumulating, replace its value: steps are counted, not backward passes)
+        self.norms: Dict[str, Dict[int, float]] = {}
 
     # ----- the watch's calls ------------------------------------------------------------------
     def forward_started(self, args: tuple, kwargs: dict) -> None:
@@ -215,13 +217,13 @@ class Sentinel:
             return
         worst: Optional[Tuple[float, str, str]] = None  # (how bad, parameter, what happened)
         for (name, grad), norm in zip(named, values):
-            before = self.norms.setdefault(name, [])
+            before = self.norms.setdefault(name, {})
             limit = math.sqrt(torch.finfo(grad.dtype).max) if not grad.is_complex() else math.inf
-            earlier = [v for v in before if v > 0]
-            if earlier and norm >= GROWTH * min(earlier):
-                at = before.index(min(earlier))
-                grown = norm / min(earlier)
-                what = f"grew {grown:.1e}x in {len(before) - at} step(s) (from {min(earlier):.3g} to {norm:.3g})"
+            earlier = [(v, s) for s, v in before.items() if step - WINDOW <= s < step and v > 0]
+            if earlier and norm >= GROWTH * min(earlier)[0]:
+                low, at = min(earlier)
+                grown = norm / low
+                what = f"grew {grown:.1e}x in {step - at} step(s) (from {low:.3g} to {norm:.3g})"
                 candidate = (grown, name, what)
             elif norm > limit:
                 what = (
@@ -234,8 +236,9 @@ class Sentinel:
                 candidate = None
             if candidate is not None and (worst is None or candidate[0] > worst[0]):
                 worst = candidate
-            before.append(norm)
-            del before[:-WINDOW]
+            before[step] = norm
+            for old in [s for s in before if s < step - WINDOW]:
+                del before[old]
         if worst is None:
             return
         _, name, what = worst
