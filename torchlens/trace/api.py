@@ -17,7 +17,7 @@ from .capture.collector import automatic_collection_paused
 from .capture.decompose import FastPathOff, check_decompose, decompositions
 from .capture.memory import MemoryCheck
 from .capture.meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
-from .capture.modules import BufferSnapshot, traced_addresses
+from .capture.modules import BufferSnapshot, model_tensors, traced_addresses
 from .capture.run import RngState, run_pass, seed_everything
 from .capture.save_plan import SavePlan
 from .capture.unwrap import compiled_function_notes, eager_only, traceable_model
@@ -39,9 +39,7 @@ def _streamed_save(path: Any, save_gradients: bool) -> Any:
 def _check_meta_model(model: nn.Module, args: tuple, kwargs: dict) -> None:
     """A model on ``meta`` called with real inputs: say so, naming both devices, instead of
     torch's "Tensor on device meta is not on the expected device cpu!" from inside the pass."""
-    on_meta = next((n for n, p in model.named_parameters() if p.is_meta), None)
-    if on_meta is None:
-        on_meta = next((n for n, b in model.named_buffers() if b.is_meta), None)
+    on_meta = next((address for address, t in model_tensors(model) if t.is_meta), None)
     if on_meta is None:
         return
     devices = sorted({str(t.device) for _, t in tensors_in((args, kwargs)) if not t.is_meta})

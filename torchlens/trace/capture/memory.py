@@ -29,6 +29,7 @@ from ...machine import available_memory
 from ..records.format import human_bytes
 from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
+from .modules import model_tensors
 
 
 class ActivationMemoryWarning(UserWarning):
@@ -83,7 +84,7 @@ class MemoryCheck:
         """A check for a pass of ``model`` on these inputs: on the devices its activations can be on."""
         if output_device not in (None, "same"):
             return cls([torch.device(output_device)])
-        devices = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+        devices = {t.device for _, t in model_tensors(model)}
         devices |= {t.device for _, t in tensors_in_call(args, kwargs)}
         return cls(devices | {torch.device("cpu")})
 
