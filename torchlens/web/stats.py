@@ -8,12 +8,13 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from .exact import EXACT_FIELDS
+from .exact import EXACT_FIELDS, exact_summary
 
 NUM_BINS = 32
 
@@ -224,6 +225,11 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
     ``bins`` equal bins between min and max; None for anything that is not a dense tensor of
     numbers.
 
+    Two passes over the values, so a page describing every activation of a pass costs less than
+    the pass: ``exact.exact_summary`` (one compiled pass on the CPU: moments, min, max, zeros,
+    non-finite counts), then ``torch.histc`` between min and max (the explorer's bins: a value
+    at ``lo + (hi - lo) * k / bins`` opens bin ``k``, the maximum is in the last).
+
     Example:
         >>> import torch
         >>> s = tensor_stats(torch.tensor([0.0, 0.0, 1.0, 3.0]), bins=3)
@@ -239,24 +245,30 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
                 t = t.dequantize()
             if t.is_complex():
                 t = t.abs()
-            x = t.to("cpu", torch.float64).flatten() if t.numel() <= 1 << 16 else t.flatten().to("cpu", torch.float32)
+            x = t.reshape(-1)
+            if not x.is_cpu:
+                x = x.cpu()
+            if x.dtype not in (torch.float32, torch.float64):  # integers, bool, half precision
+                x = x.to(torch.float64 if x.numel() <= 1 << 16 else torch.float32)
             n = int(x.numel())
             if n == 0:
                 return {"n": 0, "nonfinite": 0}
-            finite = torch.isfinite(x)
-            nonfinite = n - int(finite.sum())
-            if nonfinite:
-                x = x[finite]
-            if x.numel() == 0:
-                return {"n": n, "nonfinite": nonfinite}
-            lo, hi = float(x.min()), float(x.max())
-            mean = float(x.mean())
-            std = float(x.std(correction=0)) if x.numel() > 1 else 0.0
-            zeros = float((x == 0).sum()) / n
+            summary = exact_summary(x)
+            if summary is None:
+                return None
+            fields = dict(zip(EXACT_FIELDS, summary.tolist()))
+            finite = int(fields["finite"])
+            if finite == 0:
+                return {"n": n, "nonfinite": n}
+            lo, hi = float(fields["min"]), float(fields["max"])
+            mean = float(fields["mean"])
+            std = math.sqrt(max(float(fields["m2"]), 0.0) / finite) if finite > 1 else 0.0
+            zeros = float(fields["zeros"]) / n
             if hi > lo:  # the same bins as the explorer's histograms
-                counts = [int(c) for c in histograms([x.float()], reject_proportion=0.0, bins=bins).counts[0]]
+                values = x if finite == n else x[torch.isfinite(x)]
+                counts = [int(c) for c in torch.histc(values, bins, min=lo, max=hi).tolist()]
             else:
-                counts = [int(x.numel())]
+                counts = [finite]
     except (RuntimeError, TypeError, ValueError, NotImplementedError):  # exotic tensors: no statistics
         return None
     return {
@@ -266,7 +278,7 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
         "mean": mean,
         "std": std,
         "zeros": zeros,
-        "nonfinite": nonfinite,
+        "nonfinite": n - finite,
         "hist": counts,
     }
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from ....web.stats import tensor_stats
 from ...records.tensor_log import TensorLogEntry
 from ..groups import TensorGroup, tensor_groups
@@ -87,7 +89,37 @@ class _Frames:
         return out
 
 
-def _op_dict(entry: TensorLogEntry, frames: _Frames) -> Dict[str, Any]:
+# layer types whose output holds each value of its one parent exactly once, rearranged: the same
+# statistics (and histogram) as the parent's, not read again
+_SAME_VALUES = frozenset(
+    "view reshape transpose permute contiguous flatten unflatten squeeze unsqueeze t clone detach identity "
+    "output movedim swapaxes swapdims".split()
+)
+
+
+class _Stats:
+    """``tensor_stats`` of each saved activation (the page's histograms: most of its cost). An
+    op that only rearranges its one parent's values (a view, a transpose, the output) takes the
+    parent's, when both activations are as the ops made them (their shapes; same count and dtype)."""
+
+    def __init__(self) -> None:
+        self.known: Dict[str, Tuple[int, Any, Optional[Dict[str, Any]]]] = {}  # label -> (numel, dtype, stats)
+
+    def of(self, entry: TensorLogEntry) -> Optional[Dict[str, Any]]:
+        value = entry.activation
+        if not isinstance(value, torch.Tensor) or entry.shape is None or tuple(value.shape) != tuple(entry.shape):
+            return tensor_stats(value)
+        parents = entry.parent_layers or ()
+        found = self.known.get(parents[0]) if len(parents) == 1 and entry.layer_type in _SAME_VALUES else None
+        if found is not None and found[:2] == (value.numel(), value.dtype):
+            stats = found[2]
+        else:
+            stats = tensor_stats(value)
+        self.known[entry.label] = (value.numel(), value.dtype, stats)
+        return stats
+
+
+def _op_dict(entry: TensorLogEntry, frames: _Frames, stats: _Stats) -> Dict[str, Any]:
     shape = list(entry.shape) if entry.shape is not None else None
     op = {
         "label": entry.label,
@@ -113,7 +145,7 @@ def _op_dict(entry: TensorLogEntry, frames: _Frames) -> Dict[str, Any]:
         "note": entry.untraced_reason or entry.gradient_note,
         "parents": list(entry.parent_layers or ()),
         "children": list(entry.child_layers or ()),
-        "stats": tensor_stats(entry.activation),
+        "stats": stats.of(entry),
         "stack": frames.ids(entry),
     }
     heat_map = entry_attention_map(entry)  # decomposed attention's probabilities: a heat map per head
@@ -321,7 +353,8 @@ def page_data(history: "ModelHistory", overlay: Any = None, focus: Optional[str]
     """
     entries = list(history.layer_list)
     frames = _Frames()
-    ops = [_op_dict(e, frames) for e in entries]
+    stats = _Stats()
+    ops = [_op_dict(e, frames, stats) for e in entries]
     layer_of = {e.label: e.layer_label for e in entries}
     if focus is not None and focus not in layer_of and focus not in set(layer_of.values()):
         raise OverlayError(
