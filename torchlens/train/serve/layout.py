@@ -10,11 +10,64 @@ from typing import Dict, List, Tuple
 from ..calls import Call
 
 _POINTS = 72.0
+# More tensors than this in one container are one node, as on the graph page (trace/render/groups.py)
+MAX_LOOSE = 8
+
+
+def io_groups(names: List[str]) -> Dict[str, str]:
+    """Input/output name -> the node it is drawn in, for those drawn together: the tensors of one
+    container when there are more than ``MAX_LOOSE`` of them or two sit two levels or more inside
+    it (a HuggingFace cache: ``output cache.layers.0.keys`` ... in ``output cache``), as the graph
+    page folds them; an LSTM's ``(h_n, c_n)`` and separate arguments stay apart.
+
+    Example:
+        >>> io_groups(["output logits", "output cache.layers.0.keys", "output cache.layers.0.values"])
+        {'output cache.layers.0.keys': 'output cache', 'output cache.layers.0.values': 'output cache'}
+    """
+    found: Dict[str, List[str]] = {}
+    deep: Dict[str, int] = {}
+    for name in names:
+        kind, _, path = name.partition(" ")
+        parts = path.split(".")
+        if len(parts) == 1:
+            if kind == "input":  # forward's own arguments
+                continue
+            container, levels = kind, 1  # a tensor of the whole output
+        else:
+            container, levels = f"{kind} {parts[0]}", len(parts) - 1
+        found.setdefault(container, []).append(name)
+        deep[container] = deep.get(container, 0) + (levels >= 2)
+    return {
+        name: container
+        for container, members in found.items()
+        if len(members) > MAX_LOOSE or deep[container] >= 2
+        for name in members
+    }
+
+
+def _io_nodes(kind: str, tensors: List[Tuple[str, List[int]]], groups: Dict[str, str]) -> List[dict]:
+    nodes: List[dict] = []
+    folded: Dict[str, dict] = {}
+    for name, shape in tensors:
+        group = groups.get(name)
+        if group is None:
+            nodes.append({"id": name, "kind": kind, "label": name, "shape": shape})
+        elif group in folded:
+            folded[group]["members"].append([name, shape])
+        else:
+            folded[group] = {"id": group, "kind": kind, "label": group, "shape": shape, "members": [[name, shape]]}
+            nodes.append(folded[group])
+    for node in folded.values():
+        node["label"] = f"{node['id']} ({len(node['members'])} tensors)"
+    return nodes
 
 
 def graph_nodes(call: Call, calls: Dict[str, Call]) -> List[dict]:
-    """The nodes of ``call``'s inside: its inputs, one per child call, its outputs."""
-    nodes: List[dict] = [{"id": name, "kind": "input", "label": name, "shape": shape} for name, shape in call.inputs]
+    """The nodes of ``call``'s inside: its inputs, one per child call, its outputs; the many
+    tensors of one container (a cache) are one node with their names as ``members``
+    (``io_groups``)."""
+    groups = io_groups([name for name, _ in call.inputs + call.outputs])
+    nodes = _io_nodes("input", call.inputs, groups)
     for cid in call.children:
         child = calls.get(cid)
         if child is None:
@@ -33,7 +86,7 @@ def graph_nodes(call: Call, calls: Dict[str, Call]) -> List[dict]:
                 "has_inside": bool(child.children),
             }
         )
-    nodes += [{"id": name, "kind": "output", "label": name, "shape": shape} for name, shape in call.outputs]
+    nodes += _io_nodes("output", call.outputs, groups)
     return nodes
 
 
@@ -46,7 +99,9 @@ def layout(call: Call, calls: Dict[str, Call]) -> dict:
     """``{"nodes": [...with x, y, w, h], "edges": [{"from", "to", "points"}], "width", "height"}``."""
     nodes = graph_nodes(call, calls)
     known = {n["id"] for n in nodes}
-    edges = [(a, b) for a, b in call.edges if a in known and b in known]
+    groups = io_groups([name for name, _ in call.inputs + call.outputs])
+    ends = ((groups.get(a, a), groups.get(b, b)) for a, b in call.edges)  # a member's edges are its node's
+    edges = list(dict.fromkeys((a, b) for a, b in ends if a in known and b in known))
     for n in nodes:
         n["w"], n["h"] = _size(n)
     placed = _dot_layout(nodes, edges) if shutil.which("dot") else None
@@ -151,4 +206,4 @@ def _layered_layout(nodes: List[dict], edges: List[Tuple[str, str]]) -> dict:
     return {"nodes": nodes, "edges": placed, "width": width + 20, "height": y, "engine": "layered"}
 
 
-__all__ = ["layout", "graph_nodes"]
+__all__ = ["layout", "graph_nodes", "io_groups"]

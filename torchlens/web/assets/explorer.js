@@ -53,8 +53,11 @@
     // copies: the page extends what it is given, and a live view's data keeps changing under it
     if (route === "run") return structuredClone(data.summary);
     if (route === "poll") {
-      const steps = data.summary.steps.filter((st) => st > (params.since ?? -1));
-      return { steps, stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length };
+      const all = data.summary.steps, steps = all.filter((st) => st > (params.since ?? -1));
+      return {
+        steps, num_steps: all.length, last_step: all.length ? all[all.length - 1] : -1,
+        stride: data.summary.stride, status: data.summary.status, num_calls: Object.keys(data.summary.calls).length,
+      };
     }
     if (route === "layout") {
       if (!(params.call in data.layouts)) throw new Error(`no layout for ${params.call}`);
@@ -332,6 +335,9 @@
       const extra = call.arguments && call.arguments.length ? call.arguments : extraReprRows(call.extra_repr);
       if (extra.length) rows.push(["§", "module"], ...extra);
       if (call.params && call.params.length) rows.push(["§", "parameters"], ...call.params.map(([n, s]) => [n, `[${s.join(", ")}]`]));
+    } else if (node.members) {  // the many tensors of one container (a cache), folded into one node
+      title = `${node.label} of ${displayName(state.view)}`;
+      for (const [name, shape] of node.members) rows.push([name, `[${shape.join(", ")}]`]);
     } else {
       title = `${node.id} of ${displayName(state.view)}`;
       rows.push(["shape", `[${(node.shape || []).join(", ")}]`]);
@@ -556,19 +562,27 @@
     if (!state.summary) { setTimeout(poll, POLL_MS); return; }  // the open run is unreadable
     try {
       const news = await api("poll", { since: state.lastStep });
-      if (news.num_calls !== state.numCalls) {
-        state.summary = await api("run");
-        state.numCalls = news.num_calls;
-        fillSearch();
-        await showCall(state.view);
-      }
+      const held = state.summary.steps.length;
+      // The counts are the server's: steps sent are added only after the last one held, and a page
+      // whose steps then disagree with the server's count (answers that overlapped, a run changed
+      // under it) takes the whole summary again, which is newer than this answer.
+      const last = held ? state.summary.steps[held - 1] : -1;
+      state.summary.steps.push(...news.steps.filter((st) => st > last));
       state.summary.status = news.status;
-      if (news.steps.length || news.stride !== state.stride) {
-        state.summary.steps.push(...news.steps);
-        const restart = news.stride !== state.stride;
-        state.stride = news.stride;
+      state.summary.stride = news.stride;
+      const miscounted = news.num_steps !== undefined && state.summary.steps.length !== news.num_steps;
+      if (news.num_calls !== state.numCalls || miscounted) {
+        const callsBefore = state.numCalls;
+        state.summary = await api("run");
+        state.numCalls = Object.keys(state.summary.calls).length;
+        if (state.numCalls !== callsBefore) { fillSearch(); await showCall(state.view); }
+      }
+      const steps = state.summary.steps;
+      state.lastStep = steps.length ? steps[steps.length - 1] : -1;
+      const restart = state.summary.stride !== state.stride;
+      if (steps.length !== held || restart) {
+        state.stride = state.summary.stride;
         for (const cid of state.panels) await refreshPanel(cid, restart);
-        if (news.steps.length) state.lastStep = news.steps[news.steps.length - 1];
       }
       updateStatus();
       showError("");
