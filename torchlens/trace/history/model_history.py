@@ -319,7 +319,10 @@ class ModelHistory:
 
     # ----- printing and export --------------------------------------------------------------
     def __str__(self) -> str:
-        """The header and one row per module (see ``summary``); ``print_layers`` lists layers."""
+        """What ``print(history)`` shows: for a pass of at most 60 layers, the header, the module
+        hierarchy and every layer numbered (``0: input_1_0`` ...), as ``print_layers``; for a
+        larger one, the header and one row per module with runs of identical blocks folded
+        (``h.0-5  GPT2Block x6``; see ``summary`` for every row)."""
         text = summary_text(self, auto=True)
         return type(text)(visible(text))  # a loaded history's names must not act on the terminal
 
@@ -327,8 +330,9 @@ class ModelHistory:
         """The header (model, operations, totals, notes) and one row per module: its address
         indented by depth, class, number of calls, output shape of its first call, parameters
         (its own and its submodules') and bytes of saved activations computed inside it.
-        ``depth=N`` shows modules at most N levels deep (1: the top-level ones); ``print(history)``
-        shows all that fit in 250 rows. ``print_layers()`` lists every layer instead.
+        ``depth=N`` shows modules at most N levels deep (1: the top-level ones). ``print(history)``
+        of a large pass shows this table with identical blocks folded, at most 250 rows.
+        ``print_layers()`` lists every layer instead.
 
         Example:
             >>> import torch, torchlens as tl
@@ -397,7 +401,8 @@ class ModelHistory:
     def show(self, height: int = 640) -> Any:
         """Show the interactive graph page inline in Jupyter, ``height`` pixels tall and as wide as
         the cell: packed into an isolated iframe (no server, no network; see ``to_html``), drawn
-        once scrolled into view. Outside a notebook it raises ``RuntimeError``.
+        once scrolled into view. It returns None, so ending a cell with it shows the page once.
+        Outside a notebook it raises ``RuntimeError``.
 
         Example:
             >>> import torch, torchlens as tl
