@@ -239,9 +239,10 @@ def _measure(
 
 
 _SDPA_ON_META = (
-    "On meta, scaled_dot_product_attention was counted as a fused kernel (flash, memory-efficient) keeps it: q, k, v, "
-    "the output and a logsumexp (torch's math path, which meta would run, also keeps the batch x heads x seq x seq "
-    "attention probabilities). For eager attention, build the model with attn_implementation='eager'."
+    "On meta, scaled_dot_product_attention was counted as a fused kernel (flash or memory-efficient) keeps it for "
+    "backward: q, k, v, the output and a logsumexp. Torch's math path, which meta would run, also keeps the "
+    "batch x heads x seq x seq attention probabilities; to count those, build the model with "
+    "attn_implementation='eager'."
 )
 
 
