@@ -220,6 +220,14 @@ class Run:
             return np.array([r[0] for r in rows], dtype=np.int64)
 
     @property
+    def step_count(self) -> Tuple[int, int]:
+        """(how many logged steps, the last one or -1), read together: a live page takes its
+        count from this, not from adding up the steps it was sent (answers can overlap)."""
+        rows = self._query("SELECT count(*), max(step) FROM steps")
+        with self._damaged("the steps"):
+            return int(rows[0][0]), -1 if rows[0][1] is None else int(rows[0][1])
+
+    @property
     def num_calls(self) -> int:
         """How many module calls the run has (without reading them)."""
         return int(self._query("SELECT count(*) FROM calls")[0][0])

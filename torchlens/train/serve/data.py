@@ -106,8 +106,11 @@ class Catalog:
     def poll_json(self, run_id: Optional[str], since: int) -> dict:
         """What changed after step ``since``: new steps, the stride, the number of calls."""
         run = self.run(run_id)  # polled every few seconds by every open page: read only what is new
+        num_steps, last_step = run.step_count  # the page's count: the server's, not a sum of answers
         return {
             "steps": run.steps_after(since).tolist(),
+            "num_steps": num_steps,
+            "last_step": last_step,
             "stride": run.stride,
             "status": run.status,
             "num_calls": run.num_calls,

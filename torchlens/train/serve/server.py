@@ -14,8 +14,8 @@ JSON routes (``run`` is a run id from ``/api/runs``; optional when there is one 
 
 - ``GET /api/runs``: the runs under the served folder (ids relative to it, no absolute paths).
 - ``GET /api/run?run=ID``: model, status, steps, stride, bins, calls, series names per call.
-- ``GET /api/poll?run=ID&since=STEP``: steps logged after ``since``, the stride, the status and
-  the number of calls (a page asks this every few seconds; it is small).
+- ``GET /api/poll?run=ID&since=STEP``: steps logged after ``since``, how many steps there are and
+  the last, the stride, the status and the number of calls (a page asks this every few seconds).
 - ``GET /api/layout?run=ID&call=CALL``: node positions and edge paths of one call's graph.
 - ``GET /api/call_series?run=ID&call=CALL[&since=STEP]``: every histogram series of a call,
   only columns ending at or after ``since``.
