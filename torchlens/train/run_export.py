@@ -3,7 +3,8 @@ and Spark read without torchlens: one row per (series, column of its heat strip)
 call, the kind and name of the tensor, the steps the column holds, the statistics over all
 values (``count``, ``min``, ``max``, ``mean``, ``std``, ``nan``, ``posinf``, ``neginf``,
 ``zeros``, ``line``), and the histogram (``hist_min``/``hist_max``, ``bin_edges``, ``counts``).
-Needs ``pyarrow`` (``pip install 'torchlens[parquet]'``).
+Needs ``pyarrow`` (``pip install 'torchlens[parquet]'``). ``format="chrome_trace"`` writes the
+run's step timeline for Perfetto instead (``run_trace``).
 
 Example:
     >>> import tempfile, torch, torchlens as tl
@@ -22,7 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import TorchlensError
 
@@ -39,7 +40,7 @@ _STATS = (
     ("zeros", "zeros"),
     ("line", "line"),
 )
-FORMATS = ("parquet",)
+FORMATS = ("parquet", "chrome_trace")
 
 
 class RunExportError(TorchlensError, ValueError):
@@ -117,28 +118,39 @@ def run_table(run: Any, run_name: Optional[str] = None) -> Any:
 
 
 def export_run(run: Any, path: str, format: Optional[str] = None, overwrite: bool = False) -> str:
-    """Write the long table of ``run`` to ``path`` (see the module doc); returns ``path``."""
+    """Write the long table of ``run`` to ``path`` (see the module doc), or its step timeline
+    with ``format="chrome_trace"``; returns ``path``."""
     path = os.fspath(path)
     fmt = format or ("parquet" if os.path.splitext(path)[1].lower() in (".parquet", ".pq") else None)
     if fmt not in FORMATS:
         raise RunExportError(
             f"unknown run export format {fmt!r}; known formats: {', '.join(FORMATS)} (a .parquet path names it)."
             if fmt is not None
-            else f"cannot tell the export format from {os.path.basename(path)!r}; pass format='parquet'."
+            else f"cannot tell the export format from {os.path.basename(path)!r}; pass format='parquet' "
+            "(the series as a table) or format='chrome_trace' (the step timeline)."
         )
     if os.path.isdir(path):
         raise RunExportError(f"{path} is a folder; export writes one file: give a file name.")
     if os.path.exists(path) and not overwrite:
         raise RunExportExistsError(f"{path} exists; pass overwrite=True to replace it.")
+    if fmt == "chrome_trace":
+        from .run_trace import write_run_trace
+
+        return _atomically(path, lambda staging: write_run_trace(run, staging))
     _pyarrow()  # the message that names the extra, before anything is written
     pq = importlib.import_module("pyarrow.parquet")
     table = run_table(run)
+    return _atomically(path, lambda staging: pq.write_table(table, staging))
+
+
+def _atomically(path: str, write: Callable[[str], None]) -> str:
+    """Call ``write(temporary path)`` next to ``path``, then move the file into place."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, staging = tempfile.mkstemp(prefix=".torchlens-export-", dir=folder)
     os.close(fd)
     try:
-        pq.write_table(table, staging)
+        write(staging)
         os.replace(staging, path)  # the file appears whole or not at all
     finally:
         if os.path.exists(staging):

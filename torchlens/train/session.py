@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import sqlite3
 import warnings
+from time import perf_counter_ns as _now
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
@@ -26,6 +28,7 @@ from .sampling import Sampler
 from .sentinel import Sentinel, check_mode
 from .step_writer import StepWriter
 from .store import KINDS, RunWriter, new_run_dir
+from .timeline import StepTimeline, optimizer_hooks
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
@@ -105,6 +108,12 @@ class Watch:
             )
         )
         self.recorder.gate = lambda: self._tracing is None and self._training()
+        # the step timeline (timeline.py): the recorder's hooks' time is summed per logged step
+        self._timeline = StepTimeline(_now(), enabled=False)
+        logged_step = lambda: self._step if self._logging else None  # noqa: E731
+        for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
+            if hasattr(self.recorder, name):
+                setattr(self.recorder, name, self._timeline.timed(getattr(self.recorder, name), logged_step))
         self.recorder.on_gradient = self._gradient_arrived
         # a watch that knows the optimizer counts its steps: the forwards before each are one step
         self._optimizers = list(optimizer) if optimizer is not None else []
@@ -113,6 +122,9 @@ class Watch:
                 raise TypeError(f"tl.watch: optimizer= takes torch.optim.Optimizer objects, not {type(opt).__name__}.")
         self._stepped = False  # an optimizer step ended the step in progress (with optimizers known)
         self._updates = None
+        # the watch's optimizer hooks around the others (the updates' copies are watch work)
+        pre = functools.partial(self._optimizer_pre, True)
+        self._root_hooks += optimizer_hooks(self._optimizers, pre, lambda *_: self._timeline.optimizer_post_inner())
         if "updates" in self.kinds:
             from .updates import UpdateHooks
 
@@ -120,6 +132,7 @@ class Watch:
             self._updates = UpdateHooks(
                 self.recorder, logged, self._steps.updates_added, None if optimizer is None else self._optimizers
             )
+            self._root_hooks += optimizer_hooks(self._optimizers, functools.partial(self._optimizer_pre, False))
         options = {
             "log_freq": log_freq,
             "log": list(log),
@@ -141,6 +154,7 @@ class Watch:
             if self._ranks is None or self._ranks.rank == 0:
                 self.run_dir = new_run_dir(run_dir, type(model).__name__)
                 self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
+                self._timeline.origin, self._timeline.enabled = self._writer.timeline_origin, True
             if "tensorboard" in backends:
                 from .backends import TensorboardBackend
 
@@ -250,6 +264,16 @@ class Watch:
         self._depth += 1
         if self._depth > 1 or not self._training():
             return None  # the model calling itself is part of the running pass; evaluation logs nothing
+        start, finished = self._timeline.enter(), self._step if self._logging else None
+        try:
+            return self._forward_starts(module, args, kwargs)
+        finally:
+            if self._logging:
+                self._timeline.forward_started(self._step, start)  # type: ignore[arg-type]
+            self._timeline.leave(self._step if self._logging else finished, start)
+
+    def _forward_starts(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        """A training forward of the model begins (not a call of itself)."""
         self._sentinel.forward_started(args, kwargs)
         if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
             # not a call whose forward Lightning swapped for training_step (under DDP): tracing
@@ -293,11 +317,16 @@ class Watch:
     def _any_optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._make_durable()
 
+    def _optimizer_pre(self, outer: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._timeline.optimizer_pre(self._step if self._logging else None, outer)
+
     def _make_durable(self) -> None:
         """A logged step's optimizer step has ended: its writes are committed before training
         goes on, so a process killed from now on (``kill -9``) keeps the step in its run."""
+        start = _now()
         if self._logging and self._writer is not None and not self.closed:
             self._steps.durable()
+        self._timeline.optimizer_ended(start)
 
     def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
         self._finish_step()
@@ -345,6 +374,14 @@ class Watch:
         self._depth = max(self._depth - 1, 0)
         if self._depth > 0:
             return
+        start = self._timeline.enter()
+        try:
+            self._forward_ends(args, kwargs, output)
+        finally:
+            self._timeline.leave(self._step if self._logging and self._training() else None, start)
+            self._timeline.forward_ended()
+
+    def _forward_ends(self, args: tuple, kwargs: dict, output: Any) -> None:
         if not self.manual_steps:
             self._compile.after_forward()
         if self._forward_active:
@@ -378,6 +415,7 @@ class Watch:
         the autograd engine for a call when the pass has ended."""
         if self._logging and not self._end_queued:
             self._end_queued = True
+            self._timeline.backward_started(self._step)  # type: ignore[arg-type]
             _ENGINE.queue_callback(functools.partial(self._backward_ending, self._step))
 
     def _backward_ending(self, step: int) -> None:
@@ -389,11 +427,16 @@ class Watch:
         if step != self._step or not self._logging:
             return
         self._end_queued = False
-        # .grad as the backward pass left it; a later backward through the same forward (two
-        # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
-        # The step is written now (readable at once) and again if a later backward adds to it.
-        self.recorder.collect_param_grads()
-        self._steps.update(step)
+        start = self._timeline.enter()
+        self._timeline.backward_ended(step, start)
+        try:
+            # .grad as the backward pass left it; a later backward through the same forward (two
+            # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
+            # The step is written now (readable at once) and again if a later backward adds to it.
+            self.recorder.collect_param_grads()
+            self._steps.update(step)
+        finally:
+            self._timeline.leave(step, start)
 
     def _remove_markers(self) -> None:
         for h in self._markers:
@@ -436,6 +479,7 @@ class Watch:
     # ----- writing and releasing ------------------------------------------------------------
     def _finish_step(self) -> None:
         self._remove_markers()
+        self._timeline.flush_hooks()  # the step's hooks' sum goes with its next write
         step, logging = self._step, self._logging
         self._step, self._logging = None, False
         if step is None or not logging or self._writer is None:
@@ -480,6 +524,10 @@ class Watch:
             failed = self._steps.failed
         finally:
             if self._writer is not None:
+                try:  # the timeline rows no write took (the last optimizer step's)
+                    self._writer.write_timeline(self._timeline.take())
+                except sqlite3.Error:  # a full disk: the histograms are what matters
+                    pass
                 self._writer.close("failed" if failed else "finished")  # a run missing steps is not finished
                 self._writer = None
             self.recorder.copies.clear()  # the host memory of the copies awaiting measurement

@@ -18,6 +18,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Set, Tuple
 
@@ -30,7 +31,7 @@ from .step_data import StepData
 
 class StepWriter:
     """Writes the logged steps of one watch (``watch`` has ``recorder``, ``reject``,
-    ``backends``, ``run_dir``, ``_ranks`` and ``_writer``)."""
+    ``backends``, ``run_dir``, ``_ranks``, ``_writer`` and ``_timeline``)."""
 
     def __init__(self, watch: Any) -> None:
         self.watch = watch
@@ -160,6 +161,7 @@ class StepWriter:
 
     def _write(self, step: int, data: StepData, new_calls: List[Any], keep: bool) -> None:
         w = self.watch
+        start = time.perf_counter_ns()
         if new_calls and w._writer is not None:
             w._writer.add_calls(new_calls)
         h = step_histograms(w._ranks, data, w.reject, step)  # global under torch.distributed
@@ -168,9 +170,19 @@ class StepWriter:
         if w._writer is None:  # a rank other than 0: its counts went to rank 0
             return
         new = w._writer.write_step(
-            step, data.keys, h.counts, h.lo, hi=h.hi, nonfinite=h.nonfinite, reasons=data.reasons, exact=h.exact
+            step,
+            data.keys,
+            h.counts,
+            h.lo,
+            hi=h.hi,
+            nonfinite=h.nonfinite,
+            reasons=data.reasons,
+            exact=h.exact,
+            timeline=w._timeline.take(),  # the timeline so far goes with the step's transaction
         )
         self._written += int(new)
+        thread = "writer" if threading.current_thread() is self._thread else "training"
+        w._timeline.add(step, "write", start, time.perf_counter_ns(), thread=thread)
 
 
 _WRITERS: "weakref.WeakSet[StepWriter]" = weakref.WeakSet()  # those with a writer thread

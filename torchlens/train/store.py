@@ -6,7 +6,9 @@ Tables: ``meta`` (format, model, options, status, and the writer's ``pid``, ``ho
 call), ``series`` (one row per (call, kind, name), with the ``reason`` a gradient series has no
 values while it has none; runs written before have no such column), ``columns`` (one histogram per series and
 column, and the statistics over all values of its tensors, ``EXACT_COLUMNS``: runs written before
-have none) and ``steps`` (the logged training steps).
+have none), ``steps`` (the logged training steps) and ``timeline`` (when each logged step's
+forward, backward and optimizer step ran, and the watch's own work: ``timeline.py``; runs written
+before have no such table).
 
 A step is written when its backward pass ends; a later backward pass of the same step (or its
 optimizer step, for ``updates``) writes it again: ``write_step`` with the step being written
@@ -29,7 +31,7 @@ import socket
 import sqlite3
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,6 +44,7 @@ KINDS = ("io", "io_grad", "params", "params_grad", "updates")
 # the statistics over all values stored with each column (x_ in the table)
 EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
+TIMELINE_STEPS = 10_000  # logged steps whose timeline is kept (the newest; older ones are dropped)
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
 
 _SCHEMA = """
@@ -58,6 +61,9 @@ CREATE TABLE IF NOT EXISTS columns (
     PRIMARY KEY (series_id, slot)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS columns_by_step ON columns (series_id, last_step);
 CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, ordinal INTEGER NOT NULL, time REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS timeline (
+    step INTEGER NOT NULL, thread TEXT NOT NULL, phase TEXT NOT NULL, start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL, busy_ns INTEGER, PRIMARY KEY (step, thread, phase, start_ns)) WITHOUT ROWID;
 """
 
 
@@ -86,6 +92,7 @@ class RunWriter:
         self.num_calls = 0
         self._open: Optional[Tuple[int, int]] = None  # (step, ordinal) of the step written last
         self._before: Dict[Tuple[int, int], Optional[tuple]] = {}  # merged columns before that step
+        self.timeline_origin = time.perf_counter_ns()  # the step timeline's zero
         meta = {
             "format": FORMAT,
             "model": model_name,
@@ -98,6 +105,7 @@ class RunWriter:
             "pid": str(os.getpid()),
             "host": socket.gethostname(),
             "heartbeat": str(time.time()),
+            "timeline_origin": str(self.timeline_origin),
         }
         with self.db:  # tables and meta in one transaction: a reader never sees half a run
             self.db.execute("BEGIN IMMEDIATE")
@@ -157,11 +165,13 @@ class RunWriter:
         nonfinite: np.ndarray,
         reasons: Optional[Dict[Tuple[str, str, str], str]] = None,
         exact: Optional[np.ndarray] = None,
+        timeline: Sequence[tuple] = (),
     ) -> bool:
         """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction;
-        ``reasons``: why the series named there got no values in this step; ``exact``: rows of
-        ``EXACT_FIELDS`` (``Histograms.exact``). Writing the step written last again replaces
-        the columns of the keys given. True when the step is new."""
+                ``reasons``: why the series named there got no values in this step; ``exact``: rows of
+                ``EXACT_FIELDS`` (``Histograms.exact``); ``timeline``: rows of the step timeline, written in
+        the same transaction. Writing the step written last again replaces
+                the columns of the keys given. True when the step is new."""
         new = self._open is None or self._open[0] != step
         if new:
             ordinal = self.num_logged
@@ -191,9 +201,26 @@ class RunWriter:
                 self._merge_into(row)
             self._set_reasons([(self._series_id(k), None) for k in keys])
             self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
+            self._add_timeline(timeline, prune=new and ordinal % 1000 == 999)
         if new:
             self.num_logged += 1
         return new
+
+    def write_timeline(self, rows: Sequence[tuple]) -> None:
+        """Store timeline rows left when no step is written any more (at close)."""
+        if rows:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                self._add_timeline(rows)
+
+    def _add_timeline(self, rows: Sequence[tuple], prune: bool = False) -> None:
+        if rows:
+            self.db.executemany("INSERT OR REPLACE INTO timeline VALUES (?, ?, ?, ?, ?, ?)", rows)
+        if prune:  # a long run keeps the timeline of its newest TIMELINE_STEPS logged steps
+            self.db.execute(
+                "DELETE FROM timeline WHERE step < (SELECT step FROM steps ORDER BY ordinal DESC LIMIT 1 OFFSET ?)",
+                (TIMELINE_STEPS - 1,),
+            )
 
     def _set_reasons(self, pairs: List[Tuple[int, Optional[str]]]) -> None:
         """Store each series' reason when it changes; a series that has had values keeps none."""
