@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchlens as tl
-from torchlens.train.measure import layout, measure_batch, row_stats_eager
+from torchlens.train.measure import LayoutCache, layout, measure_batch, row_stats_eager
 from torchlens.train.measure.phase import PhaseMeasure
 from torchlens.web.exact import EXACT_FIELDS, exact_summary
 
@@ -56,7 +56,7 @@ def assert_row(row, ref, rtol):
 def test_batch_equals_the_float64_reference(dtype, small_blocks):
     sizes = [1, 3, 9, 1023, 1024, 1025, 2999, 3000, 5000, 8192, 20001]
     tensors = [planted(n, dtype, i) for i, n in enumerate(sizes)]
-    got = measure_batch(tensors, 50, lambda d: None, np.random.default_rng(0))
+    got = measure_batch(tensors, 50, lambda d: None)
     # float32 data: deviations in float32, sums in float64 (a few float32 ulps on m2)
     rtol = 1e-12 if dtype == torch.float64 else 1e-5
     for t, row in zip(tensors, got.rows):
@@ -73,21 +73,21 @@ def test_odd_layouts_and_values(small_blocks):
         torch.tensor([-0.0, 0.0, 5.0]),
         torch.full((4000,), 1e6) + torch.arange(4000.0) * 1e-2,  # far from zero, small spread
     ]
-    got = measure_batch(tensors, 20, lambda d: None, np.random.default_rng(1))
+    got = measure_batch(tensors, 20, lambda d: None)
     for t, row in zip(tensors, got.rows):
         assert_row(row, exact_summary(t.double()), 1e-5)
 
 
 def test_unmeasurable_tensors_are_left_out():
     tensors = [torch.ones(3, dtype=torch.complex64), torch.zeros(0), torch.ones(2)]
-    got = measure_batch(tensors, 5, lambda d: None, np.random.default_rng(0))
+    got = measure_batch(tensors, 5, lambda d: None)
     assert got.rows[0] is None and got.rows[1] is None and got.samples[0] is None
     assert got.rows[2][0].item() == 2.0
 
 
 def test_samples_are_values_of_their_tensor(small_blocks):
     tensors = [torch.arange(10.0), torch.arange(100.0, 20100.0), torch.arange(7, dtype=torch.int64)]
-    got = measure_batch(tensors, 400, lambda d: None, np.random.default_rng(2))
+    got = measure_batch(tensors, 400, lambda d: None)
     a, b, c = got.samples
     assert a.tolist() == tensors[0].tolist() and c.tolist() == list(map(float, range(7)))  # all, in order
     assert b.dtype == torch.float32 and b.numel() == 400
@@ -99,13 +99,80 @@ def test_samples_are_values_of_their_tensor(small_blocks):
 
 def test_sample_n_none_takes_every_value():
     t = torch.randn(3000)
-    got = measure_batch([t], None, lambda d: None, np.random.default_rng(0))
+    got = measure_batch([t], None, lambda d: None)
     assert torch.equal(got.samples[0], t)
 
 
 def test_row_stats_of_a_row_without_finite_values():
     row = row_stats_eager(torch.tensor([[float("nan"), float("inf")]]))[0].tolist()
     assert row[:5] == [0.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def same_batch(a, b):
+    for x, y in zip(a.rows + a.samples, b.rows + b.samples):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert torch.equal(x, y) or torch.allclose(x, y, equal_nan=True, rtol=0, atol=0), (x, y)
+
+
+def seeded(seed):
+    return lambda d: torch.Generator(d).manual_seed(seed)
+
+
+def test_a_cached_layout_gives_what_a_new_one_gives(small_blocks):
+    cache = LayoutCache()
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        tensors = [torch.randn(n, generator=g) for n in (5, 1000, 4000, 20001)]
+        tensors += [
+            torch.randn(6, 5, 40, generator=g).permute(2, 0, 1),
+            torch.arange(9),
+            torch.ones(3, dtype=torch.complex64),
+        ]
+        cached = measure_batch(tensors, 64, seeded(step), cache)
+        same_batch(cached, measure_batch(tensors, 64, seeded(step)))
+        for t, row in zip(tensors[:-1], cached.rows):
+            assert_row(row, exact_summary(t.double()), 1e-5)
+    assert cache.builds == 1  # one signature, three steps
+
+
+def test_a_changed_set_of_tensors_builds_a_new_layout(small_blocks):
+    cache = LayoutCache()
+    model = nn.Linear(30, 40)
+
+    def step(batch, weight=None):
+        tensors = [torch.randn(batch, 30), model.weight, model.bias]
+        if weight is not None:
+            tensors[1] = weight
+        got = measure_batch(tensors, 16, seeded(0), cache)
+        for t, row, sample in zip(tensors, got.rows, got.samples):
+            assert_row(row, exact_summary(t.detach().double()), 1e-5)
+            assert sample.numel() == min(16, t.numel()) and torch.isin(sample, t.detach().float()).all()
+        return got
+
+    step(8)
+    step(8)
+    assert cache.builds == 1
+    step(5)  # another batch size
+    assert cache.builds == 2
+    model.weight = nn.Parameter(torch.randn(40, 30) + 7)  # replaced by one of the same signature: kept
+    step(5)
+    assert cache.builds == 2
+    step(5, weight=torch.randn(30, 40).t() * 3)  # same shape, other strides
+    assert cache.builds == 3
+    step(5, weight=torch.randn(40, 30, dtype=torch.float64))  # another dtype
+    assert cache.builds == 4
+    step(8)  # the first signature again: still kept
+    assert cache.builds == 4
+
+
+def test_a_tensor_read_from_two_sources_gets_fixed_shares(small_blocks):
+    t = torch.arange(5000.0)  # 4 rows read in place (4096 values), 904 packed
+    first = measure_batch([t], 500, seeded(0)).samples[0]
+    second = measure_batch([t], 500, seeded(1)).samples[0]
+    for s in (first, second):
+        assert int((s >= 4096).sum()) == round(500 * 904 / 5000)  # the tail's share, every step
+    assert not torch.equal(first, second)  # positions drawn afresh
 
 
 class Count(TorchDispatchMode):
@@ -127,7 +194,7 @@ def test_operations_do_not_grow_with_the_number_of_tensors():
     def ops(n):
         tensors = [torch.randn(64) for _ in range(n)] + [torch.randn(5, 7) for _ in range(n)]
         with Count() as count:
-            measure_batch(tensors, 16, lambda d: None, np.random.default_rng(0))
+            measure_batch(tensors, 16, lambda d: None)
         return count.ops
 
     assert ops(200) <= ops(10) + 5  # views aside: no operation per tensor
@@ -239,3 +306,43 @@ def test_a_step_that_fails_half_way_leaves_the_next_one_whole(tmp_path):
         a, b = plain.series(call, kind, name), batched.series(call, kind, name)
         for field in ("count", "mean", "true_max"):
             assert np.allclose(getattr(a, field)[-1], getattr(b, field)[-1], rtol=2e-5, equal_nan=True)
+
+
+# ----- the Triton kernels (kernels.py), run by Triton's interpreter on the CPU ------------------
+
+TRITON_CHECK = r"""
+import numpy as np, torch
+from torchlens.train.measure import batch, layout
+from torchlens.train.measure.kernels import Kernels
+from torchlens.web.exact import exact_summary
+layout.BIG, layout.CHUNK = 3000, 8192
+g = torch.Generator().manual_seed(0)
+tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (1, 9, 1024, 3000, 5000)]
+tensors += [torch.randn(4100, generator=g, dtype=torch.float64), torch.arange(7), torch.rand(40, generator=g) > 0.5]
+tensors += [torch.randn(4, 1030, generator=g).t(), torch.randn(3000, generator=g).half()]
+tensors[4][[1, 3, 5, 7, 4097]] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, float("nan")])
+def run(kernels):
+    batch.TRITON = kernels
+    return batch.measure_batch(tensors, 200, lambda d: torch.Generator(d).manual_seed(5))
+eager = run(Kernels())
+kernels = Kernels(interpret=True)
+fast = run(kernels)
+assert kernels.fns is not None and kernels.error is None, kernels.error
+for t, a, b, sa, sb in zip(tensors, eager.rows, fast.rows, eager.samples, fast.samples):
+    ref = exact_summary(t.double())
+    assert torch.allclose(a[:9], b[:9], rtol=1e-6, atol=1e-9, equal_nan=True), (a, b)
+    assert torch.allclose(b[:9], ref[:9], rtol=1e-9 if t.dtype == torch.float64 else 1e-5, atol=1e-9, equal_nan=True), (b, ref)
+    assert torch.equal(sa, sb) or torch.allclose(sa, sb, equal_nan=True, rtol=0, atol=0), (sa, sb)
+print("agree", len(tensors))
+"""
+
+
+def test_the_triton_kernels_agree_with_torch(tmp_path):
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")  # read when Triton is imported: a process of its own
+    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "agree 10" in done.stdout, done.stderr[-3000:]

@@ -174,7 +174,7 @@ class StepRecorder:
         self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
         # tensors on these devices are measured together at the end of their phase (measure/);
         # the CPU keeps its one-at-a-time path (the compiled pass and the copy pool are faster there)
-        self.batched = PhaseMeasure(sampler.sample_n, sampler._generator, seed=sampler.seed + 2)
+        self.batched = PhaseMeasure(sampler.sample_n, sampler._generator)
         self.batch_devices = frozenset({"cuda"})
         self.ignore_io_grad = ignore_io_grad_classes
         self.step: Optional[int] = None

@@ -5,21 +5,23 @@ the number of tensors, queued on the device without a host sync, and moved to th
 per phase (pinned memory, ``non_blocking``, an event the writer thread waits on).
 
 Example:
-    >>> import numpy as np, torch
+    >>> import torch
     >>> from torchlens.train.measure import measure_batch
-    >>> b = measure_batch([torch.ones(3), torch.zeros(4)], 2, lambda d: None, np.random.default_rng(0))
+    >>> b = measure_batch([torch.ones(3), torch.zeros(4)], 2, lambda d: None)
     >>> b.rows[0][1].item(), b.rows[1][8].item(), b.samples[0].tolist()
     (1.0, 4.0, [1.0, 1.0])
 """
 
 from .batch import Batch, measurable, measure_batch
-from .layout import BLOCK, CHUNK, flat_view
+from .layout import BLOCK, CHUNK, LayoutCache, flat_view, signature
 from .rows import COMPILED, ROW_COLUMNS, merge_rows, row_stats, row_stats_eager
 
 __all__ = [
     "Batch",
     "measure_batch",
     "measurable",
+    "LayoutCache",
+    "signature",
     "BLOCK",
     "CHUNK",
     "flat_view",

@@ -1,12 +1,14 @@
 """The exact statistics and the samples of a batch of tensors, in a number of kernels that does
-not grow with the number of tensors (per device: one copy of the host's layout to the device,
-one packing copy per buffer, ``row_stats`` per block of rows, one merge, one random draw, and
-one gather per block for the samples).
+not grow with the number of tensors (per device: one packing copy per computing dtype, one
+``row_stats`` per tensor read in place and per buffer, one merge, one random draw, one gather
+per source and one reordering of the samples).
 
 The fields are ``EXACT_FIELDS`` (``torchlens.web.exact``) with their meaning there: counts of
 every value, mean, spread, min and max of the finite ones; ``exact_summary`` of each tensor
 gives the same within float rounding (see ``rows.py`` for the precision). Nothing here reads a
-value on the host: on a GPU the whole batch is queued without waiting for it.
+value on the host: on a GPU the whole batch is queued without waiting for it. The layout (what
+is read where, and the index tensors on the device) is built once per signature of the batch
+when a ``LayoutCache`` is given (``layout.py``).
 """
 
 from __future__ import annotations
@@ -14,24 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
-from torch import nn
 
-from .layout import BLOCK, Block, compute_dtype, flat_view, plan
+from .kernels import TRITON
+from .layout import BLOCK, Group, LayoutCache, _flat, measurable, plan, signature
 from .rows import COMPILED, merge_rows, row_stats
-
-
-def measurable(t: torch.Tensor) -> bool:
-    """Whether ``measure_batch`` measures ``t``: a plain dense tensor (or parameter) with values,
-    of a dtype it reads (float, integer, bool; not complex, float8 or quantized)."""
-    return (
-        type(t) in (torch.Tensor, nn.Parameter)
-        and t.layout == torch.strided
-        and not t.is_meta
-        and t.numel() > 0
-        and compute_dtype(t.dtype) is not None
-    )
 
 
 @dataclass
@@ -50,95 +39,114 @@ def measure_batch(
     tensors: Sequence[torch.Tensor],
     sample_n: Optional[int],
     generator: Callable[[torch.device], Optional[torch.Generator]],
-    rng: np.random.Generator,
+    cache: Optional[LayoutCache] = None,
 ) -> Batch:
     """``EXACT_FIELDS`` of every value of each tensor (one (N, 10) float64 table per device),
     and a float32 sample of ``sample_n`` of its values drawn uniformly with replacement (all
-    of them, in order, when it has fewer; every value when ``sample_n`` is None).
-    ``generator(device)``: the generator of the draw on that device; ``rng``: the host's, which
-    splits the sample of a tensor read in several blocks.
+    of them, in order, when it has fewer; every value when ``sample_n`` is None; stratified over
+    the sources a tensor is read from, see ``layout.py``). ``generator(device)``: the generator
+    of the draw on that device. ``cache``: where the layout of the batch's signature is kept
+    between calls (None: built for this call).
 
     Example:
-        >>> b = measure_batch([torch.tensor([1.0, float("inf")]), torch.arange(5)], 3,
-        ...                   lambda d: None, np.random.default_rng(0))
+        >>> b = measure_batch([torch.tensor([1.0, float("inf")]), torch.arange(5)], 3, lambda d: None)
         >>> b.rows[0][[0, 1, 6]].tolist(), b.rows[1][[1, 4, 8]].tolist(), b.samples[1].shape
         ([1.0, 1.0, 1.0], [2.0, 4.0, 1.0], torch.Size([3]))
     """
-    rows: List[Optional[torch.Tensor]] = [None] * len(tensors)
-    samples: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    keys = signature(tensors)
+    compiled = _compiled(keys)
+    layout = cache.get(keys, sample_n, compiled) if cache is not None else plan(keys, sample_n, compiled)
+    n = len(tensors)
+    rows: List[Optional[torch.Tensor]] = [None] * n
+    samples: List[Optional[torch.Tensor]] = [None] * n
+    where: List[Optional[Tuple[torch.device, int]]] = [None] * n
     tables: Dict[torch.device, torch.Tensor] = {}
-    where: List[Optional[Tuple[torch.device, int]]] = [None] * len(tensors)
-    by_device: Dict[torch.device, List[int]] = {}
-    for i, t in enumerate(tensors):
-        if measurable(t):
-            by_device.setdefault(t.device, []).append(i)
     with torch.no_grad():
-        for device, indices in by_device.items():
-            found = _measure_device([tensors[i].detach() for i in indices], sample_n, generator(device), rng)
-            tables[device] = found[0]
-            for j, i in enumerate(indices):
-                rows[i], samples[i], where[i] = found[0][j], found[1][j], (device, j)
+        for group in layout.groups:
+            device = group.device
+            table, found = _measure_group(group, tensors, sample_n, generator(device))
+            tables[device] = table
+            for j, (i, row, sample) in enumerate(zip(group.members, table.unbind(0), found)):
+                rows[i], samples[i], where[i] = row, sample, (device, j)
     return Batch(tables, rows, samples, where)
 
 
-def _measure_device(
-    tensors: List[torch.Tensor], sample_n: Optional[int], generator: Optional[torch.Generator], rng: np.random.Generator
-) -> tuple:
-    device = tensors[0].device
-    flats = [flat_view(t) for t in tensors]
-    dtypes = [compute_dtype(t.dtype) for t in tensors]
-    whole = device.type == "cuda" and COMPILED.get() is not None
-    layout = plan(flats, dtypes, sample_n or 0, rng, whole_views=whole)  # type: ignore[arg-type]
-    blocks = layout.blocks
-    pairs = np.array([pair for b in blocks for pair in b.owner], np.int64).reshape(-1, 2)
-    owner = np.repeat(pairs[:, 0], pairs[:, 1])
-    numel = np.array([f.numel() for f in flats], np.int64)
-    drawn = [b for b in blocks if b.slot] if sample_n is not None else []
-    slots = [np.concatenate(b.slot) for b in drawn]
-    bases = [np.concatenate(b.base) for b in drawn]
-    spans = [np.concatenate(b.span) for b in drawn]
-    # everything the kernels need from the host, in one copy
-    parts = [owner, numel, layout.pads, *slots, *bases, *spans, *[np.maximum(s - 1, 0) for s in spans]]
-    host = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    meta = _to_device(host, device)
-    cuts = np.cumsum([len(p) for p in parts])[:-1].tolist()
-    pieces = list(torch.tensor_split(meta, cuts)) if cuts else [meta]
-    owner_d, numel_d, pads_d = pieces[0], pieces[1], pieces[2]
-    k = len(drawn)
-    slot_d, base_d, span_d, last_d = (pieces[3 + j * k : 3 + (j + 1) * k] for j in range(4))
+def _compiled(keys: Sequence[Optional[tuple]]) -> bool:
+    """Whether a CUDA tensor's rows are read by the compiled kernel (one call per source, however
+    large: it makes no temporaries). Triton is looked for at the first batch on a GPU."""
+    if COMPILED.fn is not None:
+        return True
+    if COMPILED.error is not None:
+        return False
+    return any(k is not None and k[1].type == "cuda" for k in keys) and COMPILED.get() is not None
 
-    values = {id(b): _block_values(b, device) for b in blocks}
-    stats = torch.cat([row_stats(v) for v in values.values()]) if len(values) > 1 else row_stats(values[id(blocks[0])])
-    table = merge_rows(stats, owner_d, numel_d.to(stats.dtype), pads_d.to(stats.dtype))
+
+def _measure_group(
+    group: Group, tensors: Sequence[torch.Tensor], sample_n: Optional[int], generator: Optional[torch.Generator]
+) -> Tuple[torch.Tensor, Sequence[torch.Tensor]]:
+    """The table of ``group``'s members and their samples."""
+    device = group.device
+    index = group.on_device()
+    flats = [_flat(tensors[i], mode) for i, mode in zip(group.members, group.modes)]
+    sources: List[torch.Tensor] = []
+    for source in group.sources:
+        if not source.parts:  # a tensor's body, read in place
+            sources.append(flats[source.member][: source.rows * BLOCK].view(source.rows, BLOCK))
+            continue
+        pieces: List[torch.Tensor] = []
+        for j, start, stop, whole, pad in source.parts:
+            pieces.append(flats[j] if whole else flats[j][start:stop])
+            if pad is not None:
+                pieces.append(pad)
+        values = torch.empty(source.rows * BLOCK, dtype=source.dtype, device=device)
+        torch.cat(pieces, out=values)
+        sources.append(values.view(source.rows, BLOCK))
+    # the kernels of kernels.py read every source of a dtype at once, through their addresses
+    ptrs = _addresses(sources, device) if TRITON.applies(device) and TRITON.get() is not None else None
+    table = merge_rows(_row_stats(group, sources, index, ptrs), index["owner"], index["numel"], index["pads"])
 
     if sample_n is None:  # every value: a float32 copy of each tensor
         return table, [f.to(torch.float32, copy=True) for f in flats]
-    sample = torch.empty(layout.samples, dtype=torch.float32, device=device)
-    if drawn:
-        total = sum(len(s) for s in slots)
-        u = torch.rand(total, generator=generator, device=device, dtype=torch.float64)
-        at = 0
-        for j, block in enumerate(drawn):
-            n = len(slots[j])
-            local = torch.minimum((u[at : at + n] * span_d[j]).long(), last_d[j])
-            picked = values[id(block)].reshape(-1).take(base_d[j] + local)
-            sample.index_copy_(0, slot_d[j], picked.to(torch.float32))
-            at += n
-    return table, [sample[a:b] for a, b in layout.spans]
+    u = torch.rand(index["base"].numel(), generator=generator, device=device, dtype=torch.float64)
+    at = torch.minimum((u * index["span"]).long(), index["last"]).add_(index["base"])
+    sample = None
+    if ptrs is not None:
+        sample = torch.empty(at.numel(), dtype=torch.float32, device=device)
+        for dtype, s0, s1, _, _, d0, d1 in group.by_dtype:
+            draws = (index["draw_src"][d0:d1], at[d0:d1], index["slot"][d0:d1])
+            if not TRITON.gather(ptrs[s0:s1], draws, sample, dtype):
+                sample = None
+                break
+    if sample is None:  # torch's own: one gather per source
+        drawn = [(sources[s], c) for s, c in enumerate(group.draws) if c]
+        parts = at.split([c for _, c in drawn]) if len(drawn) > 1 else (at,)
+        picked = [source.take(p) for (source, _), p in zip(drawn, parts)]
+        values = torch.cat(picked) if len(picked) > 1 else picked[0]
+        sample = values.to(torch.float32).index_select(0, index["order"])
+    return table, sample.split(group.sizes)
 
 
-def _block_values(block: Block, device: torch.device) -> torch.Tensor:
-    """The 2-D values of a block: its view, or its buffer filled by one concatenation."""
-    if block.view is not None:
-        return block.view
-    buffer = torch.empty(block.rows * BLOCK, dtype=block.dtype, device=device)
-    torch.cat(block.pieces, out=buffer)
-    return buffer.view(block.rows, BLOCK)
+def _row_stats(
+    group: Group, sources: List[torch.Tensor], index: Dict[str, torch.Tensor], ptrs: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """``ROW_COLUMNS`` of every row of the group's sources, in the order of ``index["owner"]``:
+    one kernel per dtype, or ``row_stats`` per segment."""
+    found: List[torch.Tensor] = []
+    for dtype, s0, s1, r0, r1, _, _ in group.by_dtype:
+        if ptrs is not None:
+            got = TRITON.rows(ptrs[s0:s1], index["row_src"][r0:r1], index["row_at"][r0:r1], dtype)
+            if got is not None:
+                found.append(got)
+                continue
+        for s, a, b, whole in group.segments:
+            if s0 <= s < s1:
+                found.append(row_stats(sources[s] if whole else sources[s][a:b]))
+    return torch.cat(found) if len(found) > 1 else found[0]
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without waiting: copied from pinned memory, asynchronously."""
-    host = torch.from_numpy(np.ascontiguousarray(array, np.int64))
+def _addresses(sources: List[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sources' addresses on ``device`` (from pinned memory, without waiting)."""
+    host = torch.tensor([s.data_ptr() for s in sources], dtype=torch.int64)
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)

@@ -1,25 +1,43 @@
-"""Where each value of a batch of tensors is read from, decided on the host before any kernel:
-rows of ``BLOCK`` values (``rows.py`` reduces them), and the positions of each tensor's sample.
+"""Where each value of a batch of tensors is read from, decided on the host before any kernel,
+once per set of tensors: rows of ``BLOCK`` values (``rows.py`` reduces them), and the positions
+of each tensor's sample.
 
 A tensor of at least ``BIG`` values whose memory is one dense float block of the computing
 dtype is read in place, viewed as rows (no copy; its last ``numel % BLOCK`` values are packed);
-the others are packed end to end into buffers of at most ``CHUNK`` values, each padded with
-NaN to a whole row (the pads are then taken off the NaN count). Every block of rows, view or
-buffer, costs the same few kernels whatever the number of tensors in it, and the temporaries
-of one block are bounded by ``CHUNK`` values.
+the others are packed end to end into one buffer per device and computing dtype, each padded
+with NaN to a whole row (the pads are then taken off the NaN count). ``row_stats`` reads every
+source (a view or a buffer) in one call, or in slices of at most ``CHUNK`` values where torch's
+eager kernels make temporaries as large as what they read.
+
+The layout depends only on the tensors' signature (``signature``: type, dtype, device, shape
+and strides of each), which a phase repeats step after step: ``LayoutCache`` keeps it, with its
+index tensors already on the device, while the signature stays the same. Each step then only
+views the tensors' memory, and the Python it runs per tensor is a few attribute reads.
+
+Samples are stratified: a tensor read from several sources (its body in place, its tail in a
+buffer) gets from each a share of its ``sample_n`` draws in proportion to the values there
+(largest remainders; the same shares every step), and within a source the positions are
+uniform, drawn afresh every step by one random draw on the device.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
 BLOCK = 1024  # values per row
-CHUNK = 1 << 24  # values per block of rows at most (bounds the memory a flush borrows)
+CHUNK = 1 << 24  # values per eager row_stats call at most (bounds the temporaries it makes)
 BIG = 1 << 22  # a tensor this large is read in place where it can be
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+# how a tensor's values are viewed as one dimension (``flat``): a view, a view of a dense
+# permutation, or a copy of a tensor with gaps
+_VIEW, _DENSE, _COPY = 0, 1, 2
 
 
 def compute_dtype(dtype: torch.dtype) -> Optional[torch.dtype]:
@@ -43,6 +61,51 @@ _OTHER |= {
 }  # no cat/comparison kernels everywhere
 
 
+def tensor_key(t: torch.Tensor) -> Optional[Tuple[Any, ...]]:
+    """What the layout of ``t`` depends on (dtype, device, shape, strides), or None where
+    ``measure_batch`` does not measure it (not a plain dense tensor, or no values, or a dtype it
+    does not read: see ``compute_dtype``).
+
+    Example:
+        >>> tensor_key(torch.zeros(2, 3))
+        (torch.float32, device(type='cpu'), torch.Size([2, 3]), (3, 1))
+        >>> tensor_key(torch.zeros(0)), tensor_key(torch.zeros(2, dtype=torch.complex64))
+        (None, None)
+    """
+    if type(t) not in _PLAIN or t.layout is not torch.strided or t.is_meta or t.numel() == 0:
+        return None
+    dtype = t.dtype
+    read = _READ.get(dtype)
+    if read is None:
+        read = _readable(dtype)
+    return (dtype, t.device, t.shape, t.stride()) if read else None
+
+
+_READ: Dict[torch.dtype, bool] = {}  # whether the values of a dtype are read (see ``compute_dtype``)
+
+
+def _readable(dtype: torch.dtype) -> bool:
+    read = _READ[dtype] = compute_dtype(dtype) is not None
+    return read
+
+
+def measurable(t: torch.Tensor) -> bool:
+    """Whether ``measure_batch`` measures ``t``: a plain dense tensor (or parameter) with values,
+    of a dtype it reads (float, integer, bool; not complex, float8 or quantized).
+
+    Example:
+        >>> measurable(torch.ones(2)), measurable(torch.ones(2, dtype=torch.complex64))
+        (True, False)
+    """
+    return tensor_key(t) is not None
+
+
+def signature(tensors: Sequence[torch.Tensor]) -> Tuple[Optional[Tuple[Any, ...]], ...]:
+    """The keys (``tensor_key``) of ``tensors``: a batch with the same signature has the same
+    layout."""
+    return tuple(map(tensor_key, tensors))
+
+
 def flat_view(t: torch.Tensor) -> torch.Tensor:
     """The values of ``t`` as a 1-D tensor in memory order: a view where they are one dense
     block (contiguous, channels-last, any permutation), else a copy. Statistics and uniform
@@ -53,128 +116,300 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
         >>> flat_view(x).tolist(), flat_view(x).data_ptr() == x.data_ptr()
         ([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], True)
     """
-    if t.is_contiguous():
-        return t.view(-1)
-    expected = 1
-    pairs = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s != 1))
-    for stride, size in pairs:
-        if stride != expected:
-            return t.reshape(-1)
+    return _flat(t, _mode(t.shape, t.stride()))
+
+
+def _mode(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """How a tensor of ``shape`` and ``strides`` is seen as one dimension (see ``_flat``)."""
+    expected, contiguous = 1, True
+    for size, stride in reversed(list(zip(shape, strides))):
+        if size != 1 and stride != expected:
+            contiguous = False
+            break
         expected *= size
-    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    if contiguous:
+        return _VIEW
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(shape, strides) if s != 1):
+        if stride != expected:
+            return _COPY
+        expected *= size
+    return _DENSE
+
+
+def _flat(t: torch.Tensor, mode: int) -> torch.Tensor:
+    if mode == _VIEW:
+        return t.view(-1)
+    if mode == _DENSE:
+        return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    return t.reshape(-1)
 
 
 @dataclass(eq=False)
-class Block:
-    """One 2-D block of rows: a view of a tensor's memory (``view``), or a buffer to fill by
-    concatenating ``pieces`` (1-D values and NaN pads) into ``rows`` x ``BLOCK`` values."""
+class Source:
+    """A 2-D block of ``rows`` x ``BLOCK`` values of ``dtype`` that ``row_stats`` reads: the
+    body of member ``member`` read in place (``parts`` empty), or a buffer filled by one
+    concatenation of ``parts``: (member, start, stop, all of it, the NaN pad after it or None)."""
 
     dtype: torch.dtype
     rows: int = 0
-    view: Optional[torch.Tensor] = None
-    pieces: List[torch.Tensor] = field(default_factory=list)
-    owner: List[Tuple[int, int]] = field(default_factory=list)  # (tensor, its rows here), in row order
-    # sample positions within the block's flattened values: (slot in the batch's sample, base,
-    # span): the value read is at base + floor(u * span), u uniform in [0, 1) (span 0: base)
-    slot: List[np.ndarray] = field(default_factory=list)
-    base: List[np.ndarray] = field(default_factory=list)
-    span: List[np.ndarray] = field(default_factory=list)
+    member: int = -1
+    parts: List[Tuple[int, int, int, bool, Optional[torch.Tensor]]] = field(default_factory=list)
 
 
-@dataclass
-class Plan:
-    """The blocks of a batch of tensors of one device, each tensor's pads, and where each
-    tensor's sample lies in the batch's sample vector (``spans[i]``: start, stop)."""
+@dataclass(eq=False)
+class Group:
+    """The layout of a batch's tensors on one device. ``members``: their positions in the batch
+    (row ``j`` of the device's table is ``members[j]``'s); ``sources``: what is read, grouped by
+    dtype (``by_dtype``: (dtype, first and end source, first and end row, first and end draw));
+    ``segments``: (source, first row, end row, all of it) of each eager ``row_stats`` call, in
+    the order of the rows ``owner`` maps to members. The samples: ``draws[s]`` positions drawn
+    in source ``s`` (at ``base + floor(u * span)``, at most ``last``), the drawn values put in
+    the sample's order by ``order`` (or each written at ``slot``); member ``j``'s sample is
+    ``sizes[j]`` values long. ``row_src``/``row_at`` and ``draw_src``: each row's and draw's
+    source (within its dtype) and the row's offset there, for the kernels of ``kernels.py``."""
 
-    blocks: List[Block]
-    pads: np.ndarray
-    spans: List[Tuple[int, int]]
-    samples: int
+    device: torch.device
+    members: List[int]
+    modes: List[int]
+    sources: List[Source]
+    by_dtype: List[Tuple[torch.dtype, int, int, int, int, int, int]]
+    segments: List[Tuple[int, int, int, bool]]
+    sizes: List[int]
+    draws: List[int]
+    host: Dict[str, np.ndarray]  # the index arrays (int64), copied to the device once
+    index: Dict[str, torch.Tensor] = field(default_factory=dict)  # the same, on the device
+
+    def on_device(self) -> Dict[str, torch.Tensor]:
+        """The index tensors on the device (copied there once, in one transfer)."""
+        if not self.index:
+            names = list(self.host)
+            parts = [self.host[n] for n in names]
+            whole = _to_device(np.concatenate(parts), self.device)
+            cuts = np.cumsum([len(p) for p in parts])[:-1].tolist()
+            self.index = dict(zip(names, torch.tensor_split(whole, cuts)))
+            # numel and pads count values: float64 where the merge uses them
+            self.index["numel"] = self.index["numel"].double()
+            self.index["pads"] = self.index["pads"].double()
+        return self.index
 
 
-def plan(
-    flats: Sequence[torch.Tensor],
-    dtypes: Sequence[torch.dtype],
-    sample_n: int,
-    rng: np.random.Generator,
-    whole_views: bool = False,
-) -> Plan:
-    """Lay out the 1-D ``flats`` (measured in ``dtypes``, see ``compute_dtype``) as blocks of
-    rows, with ``sample_n`` sample positions per tensor (all its values when it has fewer);
-    ``rng`` splits a sample between the blocks a tensor spans (in proportion to their values).
-    ``whole_views``: a tensor read in place is one block however large (the compiled kernel
-    needs no temporaries to bound).
+@dataclass(eq=False)
+class Layout:
+    """The layout of a batch of tensors: one ``Group`` per device; ``skipped``: positions of the
+    tensors not measured."""
+
+    groups: List[Group]
+    skipped: List[int]
+
+
+def plan(keys: Sequence[Optional[Tuple[Any, ...]]], sample_n: Optional[int], whole_views: bool = False) -> Layout:
+    """The layout of a batch of tensors of ``signature`` ``keys``, with ``sample_n`` sample
+    positions per tensor (all its values when it has fewer or ``sample_n`` is None).
+    ``whole_views``: every source is read by one ``row_stats`` call however large (a compiled
+    kernel makes no temporaries to bound).
 
     Example:
-        >>> p = plan([torch.zeros(3), torch.zeros(2000)], [torch.float32] * 2, 5, np.random.default_rng(0))
-        >>> [b.rows for b in p.blocks], p.pads.tolist(), p.spans
-        ([3], [1021, 48], [(0, 3), (3, 8)])
+        >>> p = plan(signature([torch.zeros(3), torch.zeros(2000)]), 5)
+        >>> g = p.groups[0]
+        >>> g.sources[0].rows, g.host["pads"].tolist(), g.sizes
+        (3, [1021, 48], [3, 5])
     """
-    blocks: List[Block] = []
-    pads = np.zeros(len(flats), np.int64)
-    spans: List[Tuple[int, int]] = []
-    packing: Optional[Block] = None
-    cursor = 0
-    order = sorted(range(len(flats)), key=lambda i: str(dtypes[i]))  # one packed buffer per dtype at a time
-    placed: List[List[Tuple[Block, int, int]]] = [[] for _ in flats]  # (block, offset, length) of each piece
-    for i in order:
-        f, dtype = flats[i], dtypes[i]
-        n = f.numel()
-        start = 0
-        if n >= BIG and f.dtype == dtype:
-            whole = n // BLOCK
-            step = whole if whole_views else CHUNK // BLOCK
-            for r0 in range(0, whole, step):
-                r1 = min(whole, r0 + step)
-                block = Block(dtype, rows=r1 - r0, view=f[r0 * BLOCK : r1 * BLOCK].view(r1 - r0, BLOCK))
-                block.owner = [(i, r1 - r0)]
-                blocks.append(block)
-                placed[i].append((block, 0, (r1 - r0) * BLOCK))
-            start = whole * BLOCK
-        while start < n:
-            if packing is None or packing.dtype != dtype or packing.rows * BLOCK >= CHUNK:
-                packing = Block(dtype)
-                blocks.append(packing)
-            take = min(n - start, CHUNK - packing.rows * BLOCK)
-            rows = -(-take // BLOCK)
-            pad = rows * BLOCK - take
-            packing.pieces.append(f[start : start + take])
-            if pad:
-                packing.pieces.append(_nan_pad(f.device, dtype)[:pad])
-            placed[i].append((packing, packing.rows * BLOCK, take))
-            packing.owner.append((i, rows))
-            packing.rows += rows
-            pads[i] += pad
-            start += take
-    for i in range(len(flats)):
-        n = flats[i].numel()
-        k = min(n, sample_n)
-        spans.append((cursor, cursor + k))
-        pieces = placed[i]
-        if n <= sample_n:  # every value, in order
-            offset = cursor
-            for block, at, length in pieces:
-                block.slot.append(np.arange(offset, offset + length))
-                block.base.append(np.arange(at, at + length))
-                block.span.append(np.zeros(length, np.int64))
-                offset += length
+    by_device: Dict[torch.device, List[int]] = {}
+    skipped: List[int] = []
+    for i, key in enumerate(keys):
+        if key is None:
+            skipped.append(i)
         else:
-            counts = [k] if len(pieces) == 1 else rng.multinomial(k, [p[2] / n for p in pieces]).tolist()
-            offset = cursor
-            for (block, at, length), c in zip(pieces, counts):
-                block.slot.append(np.arange(offset, offset + c))
-                block.base.append(np.full(c, at, np.int64))
-                block.span.append(np.full(c, length, np.int64))
-                offset += c
-        cursor += k
-    return Plan(blocks, pads, spans, cursor)
+            by_device.setdefault(key[1], []).append(i)
+    groups = [
+        _group(device, [keys[i] for i in members], sample_n=sample_n, whole_views=whole_views, members=members)
+        for device, members in by_device.items()
+    ]
+    return Layout(groups, skipped)
+
+
+def _group(
+    device: torch.device, keys: List[Any], *, sample_n: Optional[int], whole_views: bool, members: List[int]
+) -> Group:
+    n_of = [int(np.prod(key[2], dtype=np.int64)) for key in keys]
+    modes = [_mode(key[2], key[3]) for key in keys]
+    wides = [compute_dtype(key[0]) for key in keys]
+    sources: List[Source] = []
+    pads = np.zeros(len(keys), np.int64)
+    # (source, offset, length) of each piece of each member
+    pieces: List[List[Tuple[int, int, int]]] = [[] for _ in keys]
+    spans: List[Tuple[torch.dtype, int, int, int, int]] = []  # dtype, its sources, its rows
+    rows_at = 0
+    for wide in sorted({w for w in wides if w is not None}, key=str):
+        first, first_row = len(sources), rows_at
+        mine = [j for j, w in enumerate(wides) if w == wide]
+        body = {j for j in mine if n_of[j] >= BIG and keys[j][0] == wide and modes[j] != _COPY}
+        for j in mine:
+            if j in body:
+                pieces[j].append((len(sources), 0, n_of[j] // BLOCK * BLOCK))
+                sources.append(Source(wide, rows=n_of[j] // BLOCK, member=j))
+        buffer = Source(wide)
+        for j in mine:
+            start = n_of[j] // BLOCK * BLOCK if j in body else 0
+            if start == n_of[j]:
+                continue
+            take = n_of[j] - start
+            rows = -(-take // BLOCK)
+            pads[j] = rows * BLOCK - take
+            pieces[j].append((len(sources), buffer.rows * BLOCK, take))
+            buffer.parts.append((j, start, n_of[j], start == 0, _nan_pad(device, wide)[: pads[j]] if pads[j] else None))
+            buffer.rows += rows
+        if buffer.parts:
+            sources.append(buffer)
+        rows_at += sum(s.rows for s in sources[first:])
+        spans.append((wide, first, len(sources), first_row, rows_at))
+    step = max(1, CHUNK // BLOCK)
+    segments: List[Tuple[int, int, int, bool]] = []
+    for s, source in enumerate(sources):
+        step_s = source.rows if whole_views else step
+        for r0 in range(0, source.rows, step_s):
+            r1 = min(source.rows, r0 + step_s)
+            segments.append((s, r0, r1, r1 - r0 == source.rows))
+    owners = [
+        np.full(s.rows, s.member, np.int64)
+        if not s.parts
+        else np.repeat([p[0] for p in s.parts], [-(-(p[2] - p[1]) // BLOCK) for p in s.parts])
+        for s in sources
+    ]
+    first_of = {s: d[1] for d in spans for s in range(d[1], d[2])}
+    row_src = [np.full(src.rows, s - first_of[s], np.int64) for s, src in enumerate(sources)]
+    host = {
+        "owner": np.concatenate(owners).astype(np.int64),
+        "numel": np.asarray(n_of, np.int64),
+        "pads": pads,
+        "row_src": np.concatenate(row_src),
+        "row_at": np.concatenate([np.arange(src.rows, dtype=np.int64) * BLOCK for src in sources]),
+    }
+    sizes = [n if sample_n is None else min(n, sample_n) for n in n_of]
+    draws = [0] * len(sources)
+    if sample_n is not None:
+        _draw_plan(host, pieces, n_of=n_of, sample_n=sample_n, draws=draws)
+        host["draw_src"] = np.repeat([s - first_of[s] for s in range(len(sources))], draws).astype(np.int64)
+    by_dtype, draws_at = [], 0
+    for wide, s0, s1, r0, r1 in spans:
+        n_draws = sum(draws[s0:s1])
+        by_dtype.append((wide, s0, s1, r0, r1, draws_at, draws_at + n_draws))
+        draws_at += n_draws
+    return Group(
+        device=device,
+        members=members,
+        modes=modes,
+        sources=sources,
+        by_dtype=by_dtype,
+        segments=segments,
+        sizes=sizes,
+        draws=draws,
+        host=host,
+    )
+
+
+def _draw_plan(
+    host: Dict[str, np.ndarray],
+    pieces: List[List[Tuple[int, int, int]]],
+    *,
+    n_of: List[int],
+    sample_n: int,
+    draws: List[int],
+) -> None:
+    """Fill ``host`` with the draws' ``base``, ``span``, ``last`` (in source order), the
+    ``order`` that puts them in the sample's order and each one's ``slot`` there, and ``draws``
+    with their number per source."""
+    per_source: List[List[Tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in draws]  # (slot, base, span)
+    cursor = 0
+    for j, placed in enumerate(pieces):
+        n = n_of[j]
+        every = n <= sample_n  # every value, in order
+        counts = [length for _, _, length in placed] if every else _shares(sample_n, [p[2] for p in placed])
+        for (s, at, length), c in zip(placed, counts):
+            if c == 0:
+                continue
+            if every:
+                per_source[s].append((cursor, np.arange(at, at + c), np.zeros(c, np.int64)))
+            else:
+                per_source[s].append((cursor, np.full(c, at, np.int64), np.full(c, length, np.int64)))
+            cursor += c
+    slots: List[np.ndarray] = []
+    bases: List[np.ndarray] = []
+    spans: List[np.ndarray] = []
+    for s, items in enumerate(per_source):
+        draws[s] = sum(len(b) for _, b, _ in items)
+        for first, base, span in items:
+            slots.append(np.arange(first, first + len(base)))
+            bases.append(base)
+            spans.append(span)
+    empty = np.zeros(0, np.int64)
+    slot = np.concatenate(slots) if slots else empty
+    order = np.empty(len(slot), np.int64)
+    order[slot] = np.arange(len(slot))  # the sample's value at ``slot[g]`` is drawn value ``g``
+    span = np.concatenate(spans) if spans else empty
+    host.update(
+        base=np.concatenate(bases) if bases else empty, span=span, last=np.maximum(span - 1, 0), order=order, slot=slot
+    )
+
+
+def _shares(k: int, lengths: List[int]) -> List[int]:
+    """``k`` split in proportion to ``lengths`` (largest remainders).
+
+    Example:
+        >>> _shares(10, [5, 5, 1]), _shares(3, [1000000, 7])
+        ([5, 4, 1], [3, 0])
+    """
+    if len(lengths) == 1:
+        return [k]
+    total = sum(lengths)
+    exact = [k * length / total for length in lengths]
+    counts = [int(e) for e in exact]
+    for i in sorted(range(len(lengths)), key=lambda i: counts[i] - exact[i])[: k - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class LayoutCache:
+    """The layouts of the last few signatures seen (a phase repeats its own step after step; a
+    watch has a few phases, and a last batch of another size).
+
+    Example:
+        >>> cache = LayoutCache()
+        >>> keys = signature([torch.zeros(3)])
+        >>> cache.get(keys, 2) is cache.get(keys, 2), cache.builds
+        (True, 1)
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.builds = 0  # layouts built (a measure of how often the signature changed)
+        self._layouts: "OrderedDict[Hashable, Layout]" = OrderedDict()
+
+    def get(
+        self, keys: Tuple[Optional[Tuple[Any, ...]], ...], sample_n: Optional[int], whole_views: bool = False
+    ) -> Layout:
+        """The layout of ``keys``: the one kept, or a new one (kept in place of the oldest)."""
+        full = (keys, sample_n, whole_views, BIG, CHUNK)  # the sizes: tests change them
+        found = self._layouts.get(full)
+        if found is not None:
+            self._layouts.move_to_end(full)
+            return found
+        found = self._layouts[full] = plan(keys, sample_n, whole_views)
+        self.builds += 1
+        while len(self._layouts) > self.size:
+            self._layouts.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        self._layouts.clear()
 
 
 _PADS: dict = {}
 
 
 def _nan_pad(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``BLOCK`` NaNs on ``device`` (kept: every flush pads with slices of it)."""
+    """``BLOCK`` NaNs on ``device`` (kept: every buffer pads with slices of it)."""
     key = (device, dtype)
     pad = _PADS.get(key)
     if pad is None:
@@ -182,4 +417,26 @@ def _nan_pad(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return pad
 
 
-__all__ = ["BLOCK", "CHUNK", "BIG", "Block", "Plan", "plan", "flat_view", "compute_dtype"]
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without waiting: copied from pinned memory, asynchronously."""
+    host = torch.from_numpy(np.ascontiguousarray(array, np.int64))
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+__all__ = [
+    "BLOCK",
+    "CHUNK",
+    "BIG",
+    "Group",
+    "Layout",
+    "LayoutCache",
+    "Source",
+    "plan",
+    "flat_view",
+    "compute_dtype",
+    "measurable",
+    "signature",
+    "tensor_key",
+]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
-import numpy as np
 import torch
 
 from ...web.exact import LazySummary
 from .batch import Batch, measure_batch
+from .layout import LayoutCache
 
 Place = Hashable  # where a tensor was seen (the recorder's series key)
 
@@ -31,14 +31,13 @@ Place = Hashable  # where a tensor was seen (the recorder's series key)
 class Measured(LazySummary):
     """A tensor measured with its phase: ``sample`` (float32, on its device) and ``summary``
     (its ``EXACT_FIELDS`` on the host, read once the phase's copy has arrived: reading waits for
-    it) are set when the phase is flushed; ``device_row``: the summary on the device."""
+    it) are set when the phase is flushed."""
 
-    __slots__ = ("_row", "event", "device_row")
+    __slots__ = ("_row", "event")
 
     def __init__(self, values: torch.Tensor) -> None:
         self._row: Optional[torch.Tensor] = None
         self.event: Any = None
-        self.device_row: Optional[torch.Tensor] = None
         super().__init__(values)
 
     @property  # type: ignore[override]
@@ -86,12 +85,11 @@ class PhaseMeasure:
         self,
         sample_n: Optional[int],
         generator: Callable[[torch.device], Optional[torch.Generator]],
-        seed: int = 0,
         budget: int = 256 << 20,
     ) -> None:
         self.sample_n = sample_n
         self.generator = generator
-        self.rng = np.random.default_rng(seed)
+        self.layouts = LayoutCache()  # a phase's layout, kept while its tensors keep their signature
         self.budget = budget  # bytes of copies held before they are measured
         self.known: Set[Place] = set()  # places seen at the end of a phase
         self.risky: Set[Place] = set()  # places whose tensor was changed in place after it was seen
@@ -176,18 +174,19 @@ class PhaseMeasure:
     ) -> None:
         if not measured:
             return
-        batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.rng)
+        batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.layouts)
         host: Dict[torch.device, tuple] = {}
         for device, table in batch.tables.items():
             if line is not None:
                 table[:, 9] = line(table)
-            host[device] = _to_host(table)
-        for m, where, sample, row in zip(measured, batch.where, batch.samples, batch.rows):
+            rows, event = _to_host(table)
+            host[device] = (rows.unbind(0), event)
+        for m, where, sample in zip(measured, batch.where, batch.samples):
             if where is None:  # not measurable in a batch (e.g. complex): as the per-tensor path does
                 m.summary, m.sample, m.values = None, None, None
                 continue
             rows, event = host[where[0]]
-            m.device_row, m.sample, m.summary, m.event = row, sample, rows[where[1]], event
+            m.sample, m._row, m.event = sample, rows[where[1]], event
             m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
 
 

@@ -1,0 +1,144 @@
+"""Two Triton kernels that read the rows and the samples of all sources of one dtype (every
+tensor read in place and the packed buffer) in one launch each, through a small table of the
+sources' addresses: the number of launches of a phase does not grow with its tensors.
+
+``row_kernel``: program ``r`` reduces row ``r`` (``BLOCK`` values at ``row_at[r]`` in source
+``row_src[r]``) into the columns of ``rows.ROW_COLUMNS``, all in float64 (the values widened
+first: the sum, the row's mean and the squared deviations from it are float64). ``gather_kernel``:
+value ``g`` of the draws (at ``at[g]`` in source ``draw_src[g]``) is written, as float32, to
+``out[slot[g]]``. Where Triton is missing, or fails to compile, torch's eager code does the same
+(``rows.row_stats_eager``, ``take``); ``TORCHLENS_MEASURE_TRITON=0`` turns the kernels off.
+Tests run them on the CPU with Triton's interpreter (``Kernels(interpret=True)``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional
+
+import torch
+
+from .layout import BLOCK
+
+
+def _define() -> tuple:
+    """The two kernels (``triton.jit`` functions); ImportError without Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def row_kernel(ptrs, row_src, row_at, out, DTYPE: tl.constexpr, WIDTH: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        src = tl.load(row_src + r)
+        base = tl.load(ptrs + src).to(tl.pointer_type(DTYPE))
+        x = tl.load(base + tl.load(row_at + r) + tl.arange(0, WIDTH)).to(tl.float64)
+        inf = float("inf")
+        finite = (x == x) & (x != inf) & (x != -inf)
+        count = tl.sum(finite.to(tl.float64), axis=0)
+        total = tl.sum(tl.where(finite, x, 0.0), axis=0)
+        mean = total / tl.maximum(count, 1.0)
+        deviation = tl.where(finite, x - mean, 0.0)
+        row = out + r * 8
+        tl.store(row, count)
+        tl.store(row + 1, total)
+        tl.store(row + 2, tl.sum((x != x).to(tl.float64), axis=0))
+        tl.store(row + 3, tl.sum((x == inf).to(tl.float64), axis=0))
+        tl.store(row + 4, tl.sum((x == 0.0).to(tl.float64), axis=0))
+        tl.store(row + 5, tl.sum(deviation * deviation, axis=0))
+        tl.store(row + 6, tl.min(tl.where(finite, x, inf), axis=0))
+        tl.store(row + 7, tl.max(tl.where(finite, x, -inf), axis=0))
+
+    @triton.jit
+    def gather_kernel(ptrs, draw_src, at, slot, out, n, DTYPE: tl.constexpr, SPAN: tl.constexpr):
+        g = tl.program_id(0).to(tl.int64) * SPAN + tl.arange(0, SPAN)
+        inside = g < n
+        src = tl.load(draw_src + g, mask=inside, other=0)
+        base = tl.load(ptrs + src, mask=inside, other=0).to(tl.pointer_type(DTYPE))
+        value = tl.load(base + tl.load(at + g, mask=inside, other=0), mask=inside, other=0.0)
+        tl.store(out + tl.load(slot + g, mask=inside, other=0), value.to(tl.float32), mask=inside)
+
+    return row_kernel, gather_kernel
+
+
+class Kernels:
+    """The kernels, defined at first use (``get``); any failure to define or run them turns them
+    off for the process (``disable``; torch's eager code gives the same fields).
+    ``interpret``: run by Triton's interpreter, on CPU tensors (for tests)."""
+
+    def __init__(self, interpret: bool = False) -> None:
+        self.interpret = interpret
+        self.fns: Optional[tuple] = None
+        self.error: Optional[str] = None  # why the kernels are not used
+        self._lock = threading.Lock()
+        if os.environ.get("TORCHLENS_MEASURE_TRITON", "1") == "0":
+            self.error = "turned off by TORCHLENS_MEASURE_TRITON=0"
+
+    def get(self) -> Optional[tuple]:
+        if self.fns is not None or self.error is not None:
+            return self.fns
+        with self._lock:
+            if self.fns is None and self.error is None:
+                try:
+                    self.fns = _define()
+                except Exception as error:  # no Triton, or it cannot build for this platform
+                    self.error = f"{type(error).__name__}: {error}"
+        return self.fns
+
+    def disable(self, error: BaseException) -> None:
+        self.fns, self.error = None, f"{type(error).__name__}: {error}"
+
+    def applies(self, device: torch.device) -> bool:
+        """Whether the kernels read tensors of ``device`` (CUDA; the CPU when interpreted)."""
+        return (device.type == "cpu") == self.interpret and (self.interpret or device.type == "cuda")
+
+    def rows(self, ptrs: torch.Tensor, row_src: torch.Tensor, row_at: torch.Tensor, dtype: torch.dtype) -> Any:
+        """(rows, 8) float64: ``ROW_COLUMNS`` of each row (see the module); None where the
+        kernels are off."""
+        fns = self.get()
+        if fns is None:
+            return None
+        out = torch.empty(row_src.numel(), 8, dtype=torch.float64, device=row_src.device)
+        try:
+            fns[0][(row_src.numel(),)](ptrs, row_src, row_at, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
+        except Exception as error:  # a compiler failure: the eager code from now on
+            self.disable(error)
+            return None
+        return out
+
+    def gather(self, ptrs: torch.Tensor, index: tuple, out: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Write the draws ``index`` = (draw_src, at, slot) into ``out`` (float32); False where
+        the kernels are off."""
+        fns = self.get()
+        n = index[0].numel()
+        if fns is None:
+            return False
+        if n == 0:
+            return True
+        span = 1024
+        grid = ((n + span - 1) // span,)
+        try:
+            fns[1][grid](ptrs, *index, out, n, DTYPE=_TL[dtype](), SPAN=span, num_warps=4)
+        except Exception as error:
+            self.disable(error)
+            return False
+        return True
+
+
+def _tl_float32() -> Any:
+    import triton.language as tl
+
+    return tl.float32
+
+
+def _tl_float64() -> Any:
+    import triton.language as tl
+
+    return tl.float64
+
+
+_TL = {torch.float32: _tl_float32, torch.float64: _tl_float64}
+
+TRITON = Kernels()
+
+__all__ = ["Kernels", "TRITON"]
