@@ -19,6 +19,17 @@ round. Also printed: the peak GPU memory of a step of each variant against the p
 and which measuring kernels ran (compiled by ``torch.compile`` or torch's eager ones).
 
     python benchmarks/watch_gpu.py [--quick] [--json results.json]
+
+``--measure`` times the measuring path alone, on the host, where no GPU is needed: the tensors
+of the three phases of a logged ResNet-18 step at batch 64, 224x224 (the forward's inputs,
+outputs and parameters, the gradients, the updates: their shapes found by one watched step at
+batch 1 on the CPU, the activations scaled to batch 64) are made 1/``--scale`` as large on the
+CPU (the layout's thresholds likewise, so the same tensors are read in place), and
+``measure_batch`` is timed over them with its layout kept (a logged step's case) and rebuilt,
+with the ATen operations it runs. On the CPU, torch's eager ``row_stats`` runs once per slice
+of rows, where a GPU runs one kernel per dtype (kernels.py): the time and the count include it.
+
+    python benchmarks/watch_gpu.py --measure [--scale 4096]
 """
 
 from __future__ import annotations
@@ -61,7 +72,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (no figure)")
+    parser.add_argument("--measure", action="store_true", help="time the measuring path alone, on the CPU")
+    parser.add_argument("--scale", type=int, default=4096, help="--measure: tensors this many times smaller")
     args = parser.parse_args()
+    if args.measure:
+        measure_only(args.scale, args.json)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("watch_gpu.py needs a CUDA device (torch.cuda.is_available() is False)")
     rounds = args.rounds or (2 if args.quick else 12)
@@ -162,6 +178,96 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
 
+
+def phase_shapes() -> List[List[torch.Size]]:
+    """The shapes of the tensors measured in each phase of a logged ResNet-18 step (batch 1 on
+    the CPU, the batched path forced), the activations' at batch 64 and 224x224."""
+    import torchvision
+
+    from torchlens.train.measure import phase
+
+    seen: List[List[torch.Size]] = []
+    measure = phase.measure_batch
+
+    def record(tensors, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append([t.shape for t in tensors])
+        return measure(tensors, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None)
+    folder = tempfile.mkdtemp(prefix="torchlens-watch-measure-")
+    w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log=VARIANTS_5)
+    w.recorder.batch_devices = frozenset({"cpu"})  # the batched path, on the CPU
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    phase.measure_batch = record
+    try:
+        for _ in range(2):
+            seen.clear()
+            loss = nn.functional.cross_entropy(model(torch.randn(1, 3, 224, 224)), torch.tensor([3]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        phase.measure_batch = measure
+        w.close()
+    # an activation has the batch first (1 here); a parameter never has a first dimension of 1
+    return [[torch.Size([64, *s[1:]]) if len(s) >= 2 and s[0] == 1 else s for s in shapes] for shapes in seen]
+
+
+def measure_only(scale: int, json_path: object) -> None:
+    """Host time of ``measure_batch`` over a logged ResNet-18 step's phases (see the module)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchlens.train.measure import LayoutCache, batch, layout, measure_batch
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops += 0 if func.is_view else 1
+            return func(*args, **(kwargs or {}))
+
+    shapes = phase_shapes()
+    torch.set_num_threads(1)
+    phases = [[torch.randn(max(1, s.numel() // scale)) for s in p] for p in shapes]
+    layout.BIG, layout.CHUNK = max(layout.BLOCK, layout.BIG // scale), max(layout.BLOCK, layout.CHUNK // scale)
+    # "whole": each source read by one row_stats call, as a GPU's compiled fallback does
+    variants = {
+        "layout kept": (LayoutCache(), False),
+        "layout rebuilt": (None, False),
+        "kept, whole": (LayoutCache(), True),
+        "rebuilt, whole": (None, True),
+    }
+    result: Dict[str, object] = {"tensors": [len(p) for p in phases], "scale": scale}
+    compiled = batch._compiled
+    for name, (kept, whole) in variants.items():
+        batch._compiled = (lambda keys: True) if whole else compiled  # type: ignore[assignment]
+
+        def step(kept: object = kept) -> None:
+            for tensors in phases:
+                measure_batch(tensors, 1000, lambda d: None, kept)  # type: ignore[arg-type]
+
+        for _ in range(3):
+            step()
+        with Count() as count:
+            step()
+        times = []
+        for _ in range(30):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        result[name] = {"ms": statistics.median(times) * 1e3, "aten_ops": count.ops}
+        print(f"{name:<15} {statistics.median(times) * 1e3:6.2f} ms a step (median)  {count.ops} ATen ops")
+    batch._compiled = compiled
+    print(f"tensors per phase {result['tensors']}, values 1/{scale} of batch 64 at 224x224, one thread")
+    if json_path:
+        with open(str(json_path), "w") as f:
+            json.dump(result, f, indent=2)
+
+
+VARIANTS_5 = ("io", "io_grad", "params", "params_grad", "updates")
 
 if __name__ == "__main__":
     main()

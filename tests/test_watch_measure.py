@@ -298,6 +298,24 @@ def test_watched_run_equals_the_per_tensor_path(tmp_path):
             assert np.allclose(x, y, rtol=2e-5, atol=1e-7, equal_nan=True), (call, kind, name, field, x, y)
 
 
+def test_logged_steps_keep_their_layouts(tmp_path):
+    model = small_net()
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=KINDS)
+    w.recorder.batch_devices = frozenset({"cpu"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    builds = []
+    for batch in (4, 4, 4, 4, 3, 3):
+        loss = nn.functional.cross_entropy(model(torch.randn(batch, 3, 8, 8)), torch.randint(0, 10, (batch,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        builds.append(w.recorder.batched.layouts.builds)
+    w.close()
+    # the forward, the gradients, the updates: three layouts, kept (places learned to be copied
+    # give copies of the same signature); another batch size changes the forward's alone
+    assert builds == [3, 3, 3, 3, 4, 4]
+
+
 def test_a_step_that_fails_half_way_leaves_the_next_one_whole(tmp_path):
     base = small_net()
     plain, _ = train_watched(copy.deepcopy(base), tmp_path, "plain", batched=False)

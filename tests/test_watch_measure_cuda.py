@@ -155,3 +155,27 @@ def _close(row, ref, rtol):
             assert np.isnan(a), (field, a, r)
         else:
             assert a == pytest.approx(r, rel=rtol, abs=1e-9), (field, a, r)
+
+
+def test_the_triton_kernels_agree_with_torch_on_cuda(monkeypatch):
+    from torchlens.train.measure import batch
+    from torchlens.train.measure.kernels import TRITON, Kernels
+
+    sizes = [1, 1000, (1 << 22) + 3, 70000]
+    tensors = [planted(n, torch.float32, i).cuda() for i, n in enumerate(sizes)]
+    tensors += [planted(5000, torch.float64, 9).cuda(), planted(300, torch.int64, 3).cuda()]
+
+    def gen(device):
+        return torch.Generator(device).manual_seed(3)
+
+    fast = measure_batch(tensors, 100, gen)
+    if TRITON.fns is None:
+        pytest.skip(f"the Triton kernels are off here: {TRITON.error}")
+    off = Kernels()
+    off.error = "off for this test"
+    monkeypatch.setattr(batch, "TRITON", off)
+    slow = measure_batch(tensors, 100, gen)
+    for t, a, b, sa, sb in zip(tensors, fast.rows, slow.rows, fast.samples, slow.samples):
+        torch.testing.assert_close(a[:9], b[:9], rtol=1e-6, atol=1e-9, equal_nan=True)
+        _close(a.cpu(), exact_summary(t.cpu().double()), rtol=1e-12 if t.dtype == torch.float64 else 1e-5)
+        assert torch.equal(sa, sb)  # the same positions, read by the gather kernel or by take
