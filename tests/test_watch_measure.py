@@ -364,3 +364,25 @@ def test_the_triton_kernels_agree_with_torch(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")  # read when Triton is imported: a process of its own
     done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "agree 10" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_triton_kernels_compile_for_a_gpu():
+    """Compiled for an H100/H200 (sm_90) ahead of time: no GPU needed to see that they build."""
+    pytest.importorskip("triton")
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torchlens.train.measure.kernels import _define
+
+    row, gather = _define()
+    target = GPUTarget("cuda", 90, 32)
+    rows_of = {"ptrs": "*i64", "row_src": "*i64", "row_at": "*i64", "out": "*fp64"}
+    draws_of = {"ptrs": "*i64", "draw_src": "*i64", "at": "*i64", "slot": "*i64", "out": "*fp32", "n": "i32"}
+    for dtype in (tl.float32, tl.float64):
+        for fn, args, size in ((row, rows_of, "WIDTH"), (gather, draws_of, "SPAN")):
+            constants = {"DTYPE": dtype, size: 1024}
+            source = ASTSource(fn=fn, signature={**args, "DTYPE": "constexpr", size: "constexpr"}, constexprs=constants)
+            compiled = triton.compile(source, target=target, options={"num_warps": 4})
+            assert len(compiled.asm["cubin"]) > 1000

@@ -39,7 +39,7 @@ from ..web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure, su
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
-from .measure import measurable
+from .measure.layout import tensor_key
 from .measure.phase import Measured, PhaseMeasure
 from .sampling import Sampler
 from .step_data import Key, Part, StepData
@@ -520,8 +520,9 @@ class StepRecorder:
             if place is not None and isinstance(seen[2][1], Measured):
                 self.batched.seen_at(seen[2][1], place)
             return seen[2]
-        if t.device.type in self.batch_devices and measurable(t):
-            later = self.batched.add(t, place)
+        key = tensor_key(t) if t.device.type in self.batch_devices else None
+        if key is not None:  # measured with its phase (its key: what its layout depends on)
+            later = self.batched.add(t, place, key)
             return self._remember(t, (later, later, None))
         # a small CPU tensor is copied; a large one sampled and measured at once in one compiled
         # call (float), or else copied into the pool

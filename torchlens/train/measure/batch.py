@@ -40,20 +40,23 @@ def measure_batch(
     sample_n: Optional[int],
     generator: Callable[[torch.device], Optional[torch.Generator]],
     cache: Optional[LayoutCache] = None,
+    keys: Optional[Tuple[Optional[tuple], ...]] = None,
 ) -> Batch:
     """``EXACT_FIELDS`` of every value of each tensor (one (N, 10) float64 table per device),
     and a float32 sample of ``sample_n`` of its values drawn uniformly with replacement (all
     of them, in order, when it has fewer; every value when ``sample_n`` is None; stratified over
     the sources a tensor is read from, see ``layout.py``). ``generator(device)``: the generator
     of the draw on that device. ``cache``: where the layout of the batch's signature is kept
-    between calls (None: built for this call).
+    between calls (None: built for this call); ``keys``: ``signature(tensors)``, where the
+    caller has it already.
 
     Example:
         >>> b = measure_batch([torch.tensor([1.0, float("inf")]), torch.arange(5)], 3, lambda d: None)
         >>> b.rows[0][[0, 1, 6]].tolist(), b.rows[1][[1, 4, 8]].tolist(), b.samples[1].shape
         ([1.0, 1.0, 1.0], [2.0, 4.0, 1.0], torch.Size([3]))
     """
-    keys = signature(tensors)
+    if keys is None:
+        keys = signature(tensors)
     compiled = _compiled(keys)
     layout = cache.get(keys, sample_n, compiled) if cache is not None else plan(keys, sample_n, compiled)
     n = len(tensors)

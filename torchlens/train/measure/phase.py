@@ -23,9 +23,10 @@ import torch
 
 from ...web.exact import LazySummary
 from .batch import Batch, measure_batch
-from .layout import LayoutCache
+from .layout import LayoutCache, tensor_key
 
 Place = Hashable  # where a tensor was seen (the recorder's series key)
+_UNKNOWN: Any = object()  # a key not given
 
 
 class Measured(LazySummary):
@@ -54,10 +55,11 @@ class Measured(LazySummary):
 
 
 class _Entry:
-    __slots__ = ("tensor", "version", "nbytes", "copy", "places", "measured")
+    __slots__ = ("tensor", "version", "nbytes", "copy", "places", "measured", "key")
 
-    def __init__(self, tensor: torch.Tensor, measured: Measured) -> None:
+    def __init__(self, tensor: torch.Tensor, measured: Measured, key: Any) -> None:
         self.tensor: Optional[torch.Tensor] = tensor
+        self.key = key  # the tensor's ``tensor_key`` (its copy's, once copied)
         self.version = tensor._version
         self.nbytes = _storage_bytes(tensor)
         self.copy: Optional[torch.Tensor] = None
@@ -97,11 +99,12 @@ class PhaseMeasure:
         self._watched: List[_Entry] = []  # copied entries measured early: checked at the phase's end
         self._copied = 0  # bytes of copies pending
 
-    def add(self, tensor: torch.Tensor, place: Optional[Place] = None) -> Measured:
+    def add(self, tensor: torch.Tensor, place: Optional[Place] = None, key: Any = _UNKNOWN) -> Measured:
         """Hold ``tensor`` (seen at ``place``) for the phase's measurement; its results arrive
-        in the returned ``Measured`` when the phase is flushed."""
+        in the returned ``Measured`` when the phase is flushed. ``key``: its ``tensor_key``,
+        where the caller has it already."""
         t = tensor.detach()
-        entry = _Entry(t, Measured(t))
+        entry = _Entry(t, Measured(t), tensor_key(t) if key is _UNKNOWN else key)
         self._pending.append(entry)
         if place is not None:
             self.seen_at(entry.measured, place, entry)
@@ -117,6 +120,7 @@ class PhaseMeasure:
         entry.places.append(place)
         if entry.copy is None and entry.tensor is not None and (place in self.risky or place not in self.known):
             entry.copy = entry.tensor.clone()
+            entry.key = tensor_key(entry.copy)  # a clone of a tensor with gaps has none
             self._copied += entry.copy.numel() * entry.copy.element_size()
             if self._copied > self.budget:
                 self.flush(phase_end=False)
@@ -142,7 +146,11 @@ class PhaseMeasure:
         self._copied = 0 if phase_end else self._copied - sum(e.copy.numel() * e.copy.element_size() for e in todo)  # type: ignore[union-attr]
         measured = [e for e in todo if e.copy is not None or e.tensor is not None]
         lost = [e for e in todo if e.copy is None and e.tensor is None]
-        self._deliver([e.measured for e in measured], [e.copy if e.copy is not None else e.tensor for e in measured])  # type: ignore[misc]
+        self._deliver(
+            [e.measured for e in measured],
+            [e.copy if e.copy is not None else e.tensor for e in measured],  # type: ignore[misc]
+            keys=tuple(e.key for e in measured),
+        )
         for entry in todo:
             entry.copy = None
             if phase_end:
@@ -171,10 +179,11 @@ class PhaseMeasure:
         measured: List[Measured],
         sources: List[torch.Tensor],
         line: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        keys: Optional[tuple] = None,
     ) -> None:
         if not measured:
             return
-        batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.layouts)
+        batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.layouts, keys=keys)
         host: Dict[torch.device, tuple] = {}
         for device, table in batch.tables.items():
             if line is not None:
