@@ -35,10 +35,22 @@ ALLOWED: Dict[str, Set[str]] = {
     "trace.postprocess": {"trace.records", "trace.capture", "trace.history"},
     "trace.input_copy": {"trace.capture"},
     "trace.layer_request": {"trace.records", "trace.history", "errors"},
-    "trace.replay": {"trace.records", "trace.capture"},
+    # what a replayed operation may do (replay_guard.py): stands on errors alone
+    "trace.replay_guard": {"errors"},
+    "trace.replay": {"trace.records", "trace.capture", "trace.replay_guard"},
     "trace.render": {"trace.records", "trace.history", "web", "errors"},
     "trace.validate": {"trace.records", "trace.history", "trace.capture", "trace.input_copy", "trace.replay"},
-    "trace.storage": {"trace.records", "trace.history", "trace.capture", "trace.postprocess", "version", "errors"},
+    "trace.storage": {
+        "trace.records",
+        "trace.history",
+        "trace.capture",
+        "trace.postprocess",
+        "trace.replay_guard",
+        "version",
+        "errors",
+    },
+    # history.export(...) formats: loaded by name on first use (history/extensions.py)
+    "trace.export": {"trace.records", "trace.history", "version", "errors"},
     "trace.intervene": {"trace.records", "trace.history", "trace.capture", "trace.layer_request", "errors"},
     "trace.rerun": {
         "trace.records",

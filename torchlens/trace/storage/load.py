@@ -182,7 +182,7 @@ def read_index(folder: str) -> Dict[str, Any]:
                     f"{size} bytes, more than any index torchlens writes ({MAX_INDEX_BYTES} bytes at most; the "
                     "tensors are in the shards): not a saved torchlens history, or a damaged one",
                 )
-            raw = f.read(MAX_INDEX_BYTES + 1)
+            raw = f.read(size + 1)  # not MAX_INDEX_BYTES: a read of n bytes allocates n first
     except OSError as error:
         raise HistoryFileError(path, f"cannot be read ({error.strerror or error})") from None
     except MemoryError:
