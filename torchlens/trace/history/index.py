@@ -3,7 +3,8 @@ address, ``'lstm:1.0'``, an ordinal), built once when the history is made or loa
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple, Union
+import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..records.tensor_log import TensorLogEntry
 
@@ -12,14 +13,32 @@ Key = Union[str, int]
 
 class Ambiguous:
     """A key that names several entries (a layer's passes, a module's passes or outputs), with
-    more specific keys that each name one of them."""
+    more specific keys that each name one of them (``suggestions``: found when first read, as
+    only an error message reads them; a recurrent layer of 1,000 passes has 1,000)."""
 
-    __slots__ = ("what", "labels", "suggestions")
+    __slots__ = ("what", "labels", "_suggestions", "_suggest")
 
-    def __init__(self, what: str, labels: List[str], suggestions: Sequence[Key] = ()) -> None:
+    def __init__(
+        self,
+        what: str,
+        labels: List[str],
+        suggestions: Optional[Sequence[Key]] = None,
+        suggest: Optional[Callable[[], List[Key]]] = None,
+    ) -> None:
         self.what = what
         self.labels = labels
-        self.suggestions = list(suggestions)
+        self._suggestions = list(suggestions) if suggestions is not None else None
+        self._suggest = suggest
+
+    @property
+    def suggestions(self) -> List[Key]:
+        if self._suggestions is None:
+            self._suggestions = self._suggest() if self._suggest is not None else []
+            self._suggest = None
+        return self._suggestions
+
+    def __reduce__(self) -> Tuple[Any, tuple]:
+        return Ambiguous, (self.what, self.labels, self.suggestions)
 
 
 Found = Union[TensorLogEntry, Ambiguous]  # what a key names
@@ -92,16 +111,23 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     for shared_key, (what, labels) in shared.items():
         if shared_key in lookup:
             continue
-        lookup[shared_key] = by_label[next(iter(labels))] if len(labels) == 1 else Ambiguous(what, list(labels))
-    for key, found in lookup.items():
-        if type(found) is Ambiguous:
-            found.suggestions = [_specific_key(lookup, by_label[label], key) for label in found.labels]
+        if len(labels) == 1:
+            lookup[shared_key] = by_label[next(iter(labels))]
+        else:
+            suggest = functools.partial(_specific_keys, lookup, by_label, shared_key, list(labels))
+            lookup[shared_key] = Ambiguous(what, list(labels), suggest=suggest)
     get = lookup.get
     for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
         # the two ordinals (only this entry's) first, then the names it alone answers to, sorted
         names = sorted(set(keys[2:] + module_keys))
         e.lookup_keys = [i - total, i] + [k for k in names if get(k) is e]
     return lookup
+
+
+def _specific_keys(
+    lookup: Dict[Key, Found], by_label: Dict[str, TensorLogEntry], key: Key, labels: List[str]
+) -> List[Key]:
+    return [_specific_key(lookup, by_label[label], key) for label in labels]
 
 
 def _specific_key(lookup: Dict[Key, Found], e: TensorLogEntry, key: Key) -> Key:
