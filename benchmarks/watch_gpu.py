@@ -16,7 +16,8 @@ variant first runs warm-up steps (cuDNN's algorithm search, the watch's first lo
 traces the module graph and compiles the batched measurement where Triton is present). Ratios
 are medians over rounds of each variant's block time against the plain block of the same
 round. Also printed: the peak GPU memory of a step of each variant against the plain step's,
-and which measuring kernels ran (compiled by ``torch.compile`` or torch's eager ones).
+and which measuring kernels ran (the Triton kernels of ``measure/kernels.py``, the
+``torch.compile``d ``row_stats``, or torch's eager ones).
 
     python benchmarks/watch_gpu.py [--quick] [--json results.json]
 
@@ -48,6 +49,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.train.measure import COMPILED
+from torchlens.train.measure.kernels import TRITON
 
 VARIANTS = {
     "plain": None,
@@ -159,9 +161,11 @@ def main() -> None:
         "peak_mib": peaks if cuda else None,
         "peak_ratio": {name: peaks[name] / peaks["plain"] for name in VARIANTS if name != "plain"} if cuda else None,
         "measure_kernels": (
-            "compiled (torch.compile)"
+            "Triton (kernels.py: one launch for the rows and one for the samples of each dtype)"
+            if TRITON.fns is not None
+            else f"compiled row_stats (torch.compile; Triton kernels off: {TRITON.error})"
             if COMPILED.fn is not None
-            else f"eager ({COMPILED.error or 'the compiled kernel is for CUDA tensors'})"
+            else f"eager ({COMPILED.error or TRITON.error or 'the kernels are for CUDA tensors'})"
         ),
     }
     print(f"{result['device']}, torch {result['torch']}, {result['model']}, {rounds} rounds of {block} steps")

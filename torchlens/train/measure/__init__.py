@@ -2,7 +2,10 @@
 histogram samples of all tensors of a phase (a forward's inputs and outputs and parameters, the
 parameters' gradients, the optimizer's updates) in a number of kernels that does not grow with
 the number of tensors, queued on the device without a host sync, and moved to the host once
-per phase (pinned memory, ``non_blocking``, an event the writer thread waits on).
+per phase (pinned memory, ``non_blocking``, an event the writer thread waits on). A phase's
+layout (``layout.py``) is built once per signature of its tensors and kept (``LayoutCache``);
+on a GPU, two Triton kernels (``kernels.py``) read the rows and the samples of all its tensors
+of a dtype in one launch each.
 
 Example:
     >>> import torch

@@ -13,6 +13,7 @@ Tests run them on the CPU with Triton's interpreter (``Kernels(interpret=True)``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, Optional
@@ -64,7 +65,13 @@ def _define() -> tuple:
 class Kernels:
     """The kernels, defined at first use (``get``); any failure to define or run them turns them
     off for the process (``disable``; torch's eager code gives the same fields).
-    ``interpret``: run by Triton's interpreter, on CPU tensors (for tests)."""
+    ``interpret``: run by Triton's interpreter, on CPU tensors (for tests; ``TRITON_INTERPRET=1``
+    must be set before Triton is imported).
+
+    Example:
+        >>> Kernels().applies(torch.device("cpu")), Kernels().applies(torch.device("cuda"))
+        (False, True)
+    """
 
     def __init__(self, interpret: bool = False) -> None:
         self.interpret = interpret
@@ -100,7 +107,8 @@ class Kernels:
             return None
         out = torch.empty(row_src.numel(), 8, dtype=torch.float64, device=row_src.device)
         try:
-            fns[0][(row_src.numel(),)](ptrs, row_src, row_at, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
+            with _on(out.device):  # Triton launches on the current device: the tensors' one
+                fns[0][(row_src.numel(),)](ptrs, row_src, row_at, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
         except Exception as error:  # a compiler failure: the eager code from now on
             self.disable(error)
             return None
@@ -118,11 +126,17 @@ class Kernels:
         span = 1024
         grid = ((n + span - 1) // span,)
         try:
-            fns[1][grid](ptrs, *index, out, n, DTYPE=_TL[dtype](), SPAN=span, num_warps=4)
+            with _on(out.device):
+                fns[1][grid](ptrs, *index, out, n, DTYPE=_TL[dtype](), SPAN=span, num_warps=4)
         except Exception as error:
             self.disable(error)
             return False
         return True
+
+
+def _on(device: torch.device) -> Any:
+    """A context in which ``device`` is CUDA's current device (none for the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _tl_float32() -> Any:

@@ -11,9 +11,10 @@ Precision: values are summed in float64 (reductions with a float64 accumulator, 
 copy of the data); deviations from a row's mean are taken in the data's own precision (float32
 for float32 and half data, whose values are widened first) and their squares summed in
 float64, so ``m2`` of float32 data is within a few float32 ulps of the float64 two-pass value
-(float64 data stays float64 throughout). Where Triton is present, ``row_stats`` runs as one
-kernel compiled by ``torch.compile`` (two passes over the values); the eager torch code is its
-fallback, and both give the same fields.
+(float64 data stays float64 throughout). On a GPU the rows are read by the Triton kernels of
+``kernels.py`` (all sources of a dtype in one launch, deviations in float64); where those are
+off, ``row_stats`` runs as one kernel compiled by ``torch.compile`` per source (two passes over
+the values), and else as the eager torch code; all give the same fields.
 """
 
 from __future__ import annotations
