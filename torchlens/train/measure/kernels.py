@@ -87,6 +87,11 @@ class Kernels:
         with self._lock:
             if self.fns is None and self.error is None:
                 try:
+                    from triton import knobs
+
+                    if bool(knobs.runtime.interpret) != self.interpret:
+                        # interpreted kernels read host memory: never a GPU's addresses
+                        raise RuntimeError("Triton's interpreter is " + ("off" if self.interpret else "on"))
                     self.fns = _define()
                 except Exception as error:  # no Triton, or it cannot build for this platform
                     self.error = f"{type(error).__name__}: {error}"
