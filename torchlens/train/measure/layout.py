@@ -371,8 +371,10 @@ def _shares(k: int, lengths: List[int]) -> List[int]:
 
 
 class LayoutCache:
-    """The layouts of the last few signatures seen (a phase repeats its own step after step; a
-    watch has a few phases, and a last batch of another size).
+    """The layouts of the last ``size`` signatures seen (a phase repeats its own step after
+    step; a watch has a few phases, the early measurements of copies a forward makes past its
+    budget, and a last batch of another size). A layout holds its index tensors on the device:
+    a few int64 per row of ``BLOCK`` values and per sample value.
 
     Example:
         >>> cache = LayoutCache()
@@ -381,7 +383,7 @@ class LayoutCache:
         (True, 1)
     """
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 16) -> None:
         self.size = size
         self.builds = 0  # layouts built (a measure of how often the signature changed)
         self._layouts: "OrderedDict[Hashable, Layout]" = OrderedDict()
