@@ -269,7 +269,7 @@ def test_rerun_refuses_clearly():
     full = tl.log_forward_pass(model, x, save_function_args=True)
     with pytest.raises(RerunError, match=r"re-running linear_2_3 \(linear\) on the new values failed"):
         full.rerun({"relu_1_2": torch.zeros(5, 7)})
-    with pytest.raises(ValueError, match=r"rerun: 'relu_7' matches no layer"):
+    with pytest.raises(ValueError, match=r"rerun: changes: 'relu_7' matches no layer"):
         full.rerun({"relu_7": torch.zeros(5, 4)})
     with pytest.raises(TypeError, match="non-empty dict"):
         full.rerun({})

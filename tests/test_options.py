@@ -148,7 +148,7 @@ def test_postfunc_device_and_detach(net):
     assert attached["linear_1_5"].activation.requires_grad
     detached = tl.log_forward_pass(net, X, detach_saved_tensors=True)
     assert not detached["linear_1_5"].activation.requires_grad
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="output_device takes a device"):
         tl.log_forward_pass(net, X, output_device="nonsense")
 
 

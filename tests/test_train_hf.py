@@ -85,5 +85,5 @@ def test_a_run_dir_option_is_used_and_watch_options_are_checked(tmp_path):
     with pytest.raises(TypeError, match="manual_steps"):
         TorchlensCallback(manual_steps=True)
     bad = TorchlensCallback(log=("nonsense",), backend=None, verbose=False)
-    with pytest.raises(ValueError, match="unknown log kind"):
+    with pytest.raises(ValueError, match="log takes one of 'io'"):
         _train(tmp_path, bad, max_steps=1)

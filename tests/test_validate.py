@@ -221,7 +221,7 @@ def test_validate_history_refuses_what_it_cannot_check():
         validate_module.validate_history(
             tl.log_forward_pass(model, torch.rand(2, 3), layers_to_save=["relu"], save_function_args=True)
         )
-    with pytest.raises(TypeError, match="expects a ModelHistory"):
+    with pytest.raises(TypeError, match="history takes a ModelHistory"):
         validate_module.validate_history([1, 2])
 
 

@@ -696,7 +696,9 @@ def test_with_block_and_unwatch(tmp_path):
 def test_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match="nn.Module"):
         tl.watch(lambda x: x)
-    with pytest.raises(ValueError, match="io, io_grad, params, params_grad"):
+    with pytest.raises(
+        ValueError, match="log takes one of 'io', 'io_grad', 'params', 'params_grad'.*'activations' unknown"
+    ):
         tl.watch(nn.Linear(1, 1), log=("io", "activations"), backend=None)
     with pytest.raises(ValueError, match="backend"):
         tl.watch(nn.Linear(1, 1), backend="nope")
@@ -707,7 +709,7 @@ def test_bad_arguments(tmp_path):
     w.close()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(PermissionError, match="cannot write the run folder"):
+    with pytest.raises(ValueError, match="run_dir takes a path that can be created"):
         tl.watch(model, run_dir=str(blocker / "run"), backend=None, verbose=False)
     assert not model._forward_pre_hooks  # nothing installed by the failed call
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from ..arguments import ArgumentValueError, check, check_arguments, require_choice
 from .capture.args import tensors_in
 from .capture.collector import automatic_collection_paused
 from .capture.decompose import FastPathOff, check_decompose, decompositions
@@ -125,11 +126,12 @@ def log_forward_pass(
         torch.Size([2, 3])
     """
     require_model(model, "log_forward_pass")
+    check_arguments("log_forward_pass", locals())  # flags, seed, paths, functions: torchlens/arguments.py
     model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
-    if vis_mode not in ("none", None, "unrolled", "rolled"):
-        raise ValueError(f"vis_mode must be 'none', 'unrolled' or 'rolled', not {vis_mode!r}.")
+    require_choice("vis_mode", vis_mode, "log_forward_pass", ("none", None, "unrolled", "rolled"))
+    require_choice("vis_direction", vis_direction, "log_forward_pass", ("bottomup", "topdown", "leftright"))
     if detach_saved_tensors and save_gradients:
-        raise ValueError(
+        raise ArgumentValueError(
             "detach_saved_tensors=True and save_gradients=True cannot be combined: gradients are recorded when "
             "you call .backward() through the saved activations (e.g. history[history.output_layers[0]]"
             ".activation.sum().backward()), and detached copies have no autograd graph to carry them. Use "
@@ -306,6 +308,7 @@ def validate_model_activations(
         True
     """
     require_model(model, "validate_model_activations")
+    check("validate_model_activations", random_seed=random_seed, verbose=verbose)
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if is_meta_pass(model, args, kwargs):

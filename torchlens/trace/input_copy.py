@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from ..arguments import ArgumentTypeError
 from .capture.args import replace_tensors, tensors_in
 from .capture.run import check_not_capturing
 
@@ -40,7 +41,7 @@ def as_kwargs(input_kwargs: Any) -> Dict[str, Any]:
     if input_kwargs is None:
         return {}
     if not isinstance(input_kwargs, Mapping) or not all(isinstance(k, str) for k in input_kwargs):
-        raise TypeError(
+        raise ArgumentTypeError(
             "input_kwargs must be a dict of keyword arguments for the model's forward (e.g. "
             f"input_kwargs={{'mask': mask}}), or None; got {type(input_kwargs).__name__} ({input_kwargs!r:.80}). "
             "Positional arguments go in input_args (a tensor, or a list/tuple of them)."
@@ -51,7 +52,7 @@ def as_kwargs(input_kwargs: Any) -> Dict[str, Any]:
 def refuse_module_class(model: Any, caller: str) -> None:
     """A module class (``nn.Linear``) where a model is expected: say to pass an instance."""
     if isinstance(model, type) and issubclass(model, nn.Module):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{caller} got the class {model.__name__}, not a model: pass an instance of it, "
             f"e.g. {model.__name__}(...) with its constructor arguments (nn.Linear(4, 3), not nn.Linear)."
         )
@@ -64,13 +65,13 @@ def require_model(model: Any, caller: str) -> None:
         >>> require_model(5, "validate_model_activations")
         Traceback (most recent call last):
         ...
-        TypeError: validate_model_activations expects a torch.nn.Module as its model, got int (5). Pass ...
+        torchlens.arguments.ArgumentTypeError: validate_model_activations expects a torch.nn.Module as its model, got int (5). Pass ...
     """
     refuse_module_class(model, caller)
     check_not_capturing()
     if isinstance(model, nn.Module):
         return
-    raise TypeError(
+    raise ArgumentTypeError(
         f"{caller} expects a torch.nn.Module as its model, got {type(model).__name__} ({model!r:.60}). Pass the "
         "model object itself, e.g. nn.Linear(4, 3); to trace a plain function, wrap it in an nn.Module whose "
         "forward calls it."

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from ..arguments import ArgumentTypeError, ArgumentValueError, describe
 from .capture.args import replace_tensors
 from .capture.save_plan import add_note
 from .history.model_history import ModelHistory
@@ -33,13 +34,17 @@ Intervention = Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]
 def check_intervene(intervene: Any) -> Dict[Any, Intervention]:
     """``intervene`` as a dict of key -> function; a clear error for anything else."""
     if not isinstance(intervene, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
             "intervene must be a dict of layer key -> function(activation, entry) returning the new "
             f"activation, e.g. {{'relu_1_2': lambda a, e: a * 0}}; got {type(intervene).__name__}."
         )
     for key, fn in intervene.items():
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise ArgumentTypeError(
+                f"intervene's keys are layer labels, module addresses or positions, not {describe(key)}."
+            )
         if not callable(fn):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"intervene[{key!r}] must be a function(activation, entry) returning the new activation; "
                 f"got {type(fn).__name__}."
             )
@@ -56,7 +61,7 @@ def _check_signature(key: Any, fn: Callable[..., Any]) -> None:
     try:
         signature.bind(None, None)
     except TypeError:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"intervene[{key!r}] = {_name(fn)}{signature} has the wrong signature: torchlens calls it as "
             "fn(activation, entry), with the layer's output tensor and its TensorLogEntry, and uses the tensor it "
             "returns, e.g. lambda activation, entry: activation * 0."
@@ -131,12 +136,14 @@ def plan_interventions(intervene: Dict[Any, Intervention], first: ModelHistory) 
     for key, fn in intervene.items():
         for e in entries_for_key(first, key, "intervene"):
             if e.kind in ("input", "output", "buffer"):
-                raise ValueError(
+                raise ArgumentValueError(
                     f"intervene: {key!r} names {e.label}, an {e.kind} layer; intervene on an operation instead "
                     f"({'change the input you pass' if e.kind == 'input' else 'e.g. ' + (e.parent_layers or ['its parent'])[0]})."
                 )
             if e.raw_index in targets:
-                raise ValueError(f"intervene: {e.label} is named by two keys, {targets[e.raw_index][0]!r} and {key!r}.")
+                raise ArgumentValueError(
+                    f"intervene: {e.label} is named by two keys, {targets[e.raw_index][0]!r} and {key!r}."
+                )
             targets[e.raw_index] = (key, fn, e)
     return Interventions(targets)
 

@@ -13,9 +13,11 @@ decides, as it does for ``history['output']``.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Collection, FrozenSet, List, Set, Tuple, Union
 
+from ..arguments import ArgumentTypeError, ArgumentValueError, describe
 from .history.index import Ambiguous
 from .history.model_history import ModelHistory, as_key
 from .records.tensor_log import TensorLogEntry
@@ -37,6 +39,9 @@ class LayerRequest:
         return not self.save_all and not self.keys
 
 
+_TAKES = "'all', 'none', or a list of layer labels, module addresses, label substrings or positions"
+
+
 def parse_request(
     layers_to_save: Any, module_addresses: Collection[str], buffer_addresses: Collection[str] = ()
 ) -> LayerRequest:
@@ -45,6 +50,8 @@ def parse_request(
         return LayerRequest(save_all=True)
     if layers_to_save is None or (isinstance(layers_to_save, str) and layers_to_save == "none"):
         return LayerRequest()
+    if isinstance(layers_to_save, Mapping):  # a dict's values would mean nothing
+        raise ArgumentTypeError(f"layers_to_save takes {_TAKES}, not {describe(layers_to_save)}.")
     keys = (
         [layers_to_save]
         if isinstance(layers_to_save, str) or not hasattr(layers_to_save, "__iter__")
@@ -58,9 +65,11 @@ def parse_request(
         try:
             key = keys[i] = as_key(key)  # numpy integers are positions too
         except TypeError:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"layers_to_save entries must be layer labels, module addresses, substrings or ints; got {key!r}"
             ) from None
+        if key == "":  # a substring of every label: surely not what was meant
+            raise ArgumentValueError(f"layers_to_save takes {_TAKES}, not {describe(layers_to_save)}.")
         if isinstance(key, int):
             needs_labels = True
             continue
@@ -97,7 +106,7 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
     else every layer whose label contains the key. ``option`` names the argument in errors."""
     if isinstance(key, int):
         if not -len(history) <= key < len(history):
-            raise ValueError(f"{option}: position {key} is out of range; the model has {len(history)} layers.")
+            raise ArgumentValueError(f"{option}: position {key} is out of range; the model has {len(history)} layers.")
         return [history[key]]
     found = history.lookup_value(key)
     if isinstance(found, TensorLogEntry):
@@ -110,4 +119,4 @@ def entries_for_key(history: ModelHistory, key: LayerKey, option: str = "layers_
     candidates = history.lookup_keys()
     close = difflib.get_close_matches(key, candidates, n=5, cutoff=0.5)
     hint = f" Close matches: {', '.join(close)}." if close else ""
-    raise ValueError(f"{option}: {key!r} matches no layer label, module address or substring of a label.{hint}")
+    raise ArgumentValueError(f"{option}: {key!r} matches no layer label, module address or substring of a label.{hint}")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Union
 
 import torch
 
+from ..arguments import ArgumentTypeError, ArgumentValueError, describe
 from ..errors import TorchlensError
 from .history.extensions import provide
 from .history.model_history import ModelHistory
@@ -40,9 +41,9 @@ def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
     """A new history in which the layers ``changes`` names have new values and everything
     downstream of them is recomputed (see ``ModelHistory.rerun``)."""
     if not isinstance(changes, Mapping) or not changes:
-        raise TypeError(
-            "rerun expects a non-empty dict of layer key -> new tensor (or function(activation, entry) "
-            "returning it), e.g. history.rerun({'relu_1_2': torch.zeros(1, 4)})."
+        raise ArgumentTypeError(
+            "rerun: changes takes a non-empty dict of layer key -> new tensor (or function(activation, entry) "
+            "returning it), e.g. history.rerun({{'relu_1_2': torch.zeros(1, 4)}}), not {describe(changes)}."
         )
     if is_meta_history(history):
         raise refuse_meta("rerun")
@@ -54,14 +55,18 @@ def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
     new_values: Dict[str, torch.Tensor] = {}
     how: Dict[str, str] = {}
     for key, change in changes.items():
-        for e in entries_for_key(history, key, "rerun"):
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise ArgumentTypeError(
+                f"rerun: changes' keys are layer labels, module addresses or positions, not {describe(key)}."
+            )
+        for e in entries_for_key(history, key, "rerun: changes"):
             value = change(e.activation, e) if callable(change) else change
             if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"rerun[{key!r}]: the new value of {e.label} must be a tensor, not {type(value).__name__}."
+                raise ArgumentTypeError(
+                    f"rerun: changes[{key!r}]: the new value of {e.label} must be a tensor, not {type(value).__name__}."
                 )
             if e.label in new_values:
-                raise ValueError(f"rerun: {e.label} is named by two keys.")
+                raise ArgumentValueError(f"rerun: {e.label} is named by two keys of changes.")
             new_values[e.label] = value
             how[e.label] = f"replaced by rerun[{key!r}]"
     changed = set(new_values)

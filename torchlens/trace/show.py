@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from ..arguments import check
 from .api import get_model_metadata, require_model
-from .render.graphviz import OLD_NAMES, display_svg, in_notebook, render_graph, resolve_names, svg_of
+from .render.graphviz import OLD_NAMES, check_options, display_svg, in_notebook, render_graph, resolve_names, svg_of
 
 
 def show_model_graph(
@@ -55,6 +56,10 @@ def show_model_graph(
         vis_save_only=vis_save_only,
     )
     outpath = vis_outpath if "outpath" not in old_names else old_names["outpath"]  # None: no file in a notebook
+    fileformat = names["vis_fileformat"]  # 'html' too: the interactive page
+    check("show_model_graph", vis_outpath=outpath, vis_save_only=names["vis_save_only"], random_seed=random_seed)
+    check("show_model_graph", vis_fileformat=None if fileformat == "html" else fileformat)
+    check_options("show_model_graph", vis_mode, names["vis_direction"], vis_nesting_depth=vis_nesting_depth)
     history = get_model_metadata(model, input_args, input_kwargs, random_seed=random_seed)
     options = dict(
         vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"], **render_options

@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..arguments import ArgumentValueError, check, refuse_type, require_instance
 from .capture.constructors import allocates_uninitialised
 from .capture.run import RngState
 from .history.model_history import ModelHistory
@@ -62,8 +63,13 @@ def validate_history(
         >>> validate_history(tl.log_forward_pass(model, torch.rand(2, 4), save_function_args=True))
         True
     """
-    if not isinstance(history, ModelHistory):
-        raise TypeError(f"validate_history expects a ModelHistory, got {type(history).__name__}.")
+    require_instance("history", history, "validate_history", ModelHistory, takes="a ModelHistory")
+    check("validate_history", verbose=verbose)
+    if expected_outputs is not None and (
+        not isinstance(expected_outputs, (list, tuple))
+        or not all(isinstance(t, torch.Tensor) for t in expected_outputs)
+    ):
+        raise refuse_type("validate_history", "expected_outputs", expected_outputs, "a list of tensors (or None)")
     _require_replayable(history)
     rng = RngState()
     try:
@@ -77,13 +83,13 @@ def _require_replayable(history: ModelHistory) -> None:
     if is_meta_history(history):
         raise refuse_meta("validate_history")
     if len(history) != history.num_tensors:
-        raise ValueError(
+        raise ArgumentValueError(
             f"validate_history needs every layer, but {history.num_tensors - len(history)} of "
             f"{history.num_tensors} were dropped: record it with layers_to_save='all'."
         )
     unsaved = [e.label for e in history if e.activation is None and e.kind != "untraced"]
     if unsaved:
-        raise ValueError(
+        raise ArgumentValueError(
             f"validate_history needs every activation, but {len(unsaved)} layers have none "
             f"({', '.join(unsaved[:3])}): record it with layers_to_save='all'."
         )
@@ -93,7 +99,7 @@ def _require_replayable(history: ModelHistory) -> None:
         if e.kind == "op" and e.func is not None and e.func_args is None and e.func_name not in _PASS_THROUGH
     ]
     if without_args:
-        raise ValueError(
+        raise ArgumentValueError(
             f"validate_history re-runs each operation, but {without_args[0]} has no saved "
             "arguments: record the history with save_function_args=True."
         )

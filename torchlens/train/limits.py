@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from ..arguments import require_bool, require_int
+
 
 def setup(limit: int = 50_000, verbose: bool = True) -> int:
     """Raise this process's soft limit of open files to ``min(hard limit, limit)`` (wandb opens
@@ -15,6 +17,8 @@ def setup(limit: int = 50_000, verbose: bool = True) -> int:
         >>> tl.setup(verbose=False) >= 1
         True
     """
+    require_int("limit", limit, "tl.setup", minimum=1, maximum=2**63 - 1)
+    require_bool("verbose", verbose, "tl.setup")
     try:
         import resource
     except ImportError:  # Windows: no such limit to raise

@@ -16,6 +16,16 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ..arguments import (
+    MissingPathError,
+    require_bool,
+    require_choice,
+    require_float,
+    require_instance,
+    require_int,
+    require_path,
+    require_str,
+)
 from ..errors import TorchlensError
 from ..web.stats import bin_edges
 from .calls import Call
@@ -35,6 +45,17 @@ STALE_AFTER_S = 60.0  # a 'running' run whose heartbeat is older is 'stopped' (t
 
 class RunError(TorchlensError):
     """The folder is not a readable torchlens run."""
+
+
+class UnknownSeriesError(TorchlensError, KeyError):
+    """``run.series`` of a call, kind and name the run has no series of."""
+
+    def __str__(self) -> str:  # KeyError's would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+_CALL_ID = "a call id such as '0:1' ('' for the model)"
+INT64 = 2**63 - 1
 
 
 @dataclass
@@ -102,9 +123,9 @@ class Run:
     """
 
     def __init__(self, run_dir: str) -> None:
-        self.run_dir = os.path.abspath(run_dir)
+        self.run_dir = os.path.abspath(require_path("run_dir", run_dir, "tl.open_run"))
         if not os.path.isdir(self.run_dir):
-            raise FileNotFoundError(f"torchlens: no run folder at {self.run_dir}.")
+            raise MissingPathError(f"torchlens: no run folder at {self.run_dir} (run_dir).")
         self.path = os.path.join(self.run_dir, DB_NAME)
         if not os.path.isfile(self.path):
             raise RunError(
@@ -215,7 +236,8 @@ class Run:
 
     def steps_after(self, step: int) -> np.ndarray:
         """The logged steps after ``step``, in order (an index lookup: cheap however long the run)."""
-        rows = self._query("SELECT step FROM steps WHERE step > ? ORDER BY step", (int(step),))
+        step = require_int("step", step, "run.steps_after", minimum=-INT64, maximum=INT64)
+        rows = self._query("SELECT step FROM steps WHERE step > ? ORDER BY step", (step,))
         with self._damaged("the steps"):
             return np.array([r[0] for r in rows], dtype=np.int64)
 
@@ -241,6 +263,8 @@ class Run:
 
     def series_names(self, call_id: Optional[str] = None) -> List[Tuple[str, str, str]]:
         """``(call id, kind, name)`` of every series (of one call when given)."""
+        if call_id is not None:
+            require_instance("call_id", call_id, "run.series_names", str, takes=_CALL_ID)
         if call_id is None:
             rows = self._query("SELECT call_id, kind, name FROM series ORDER BY id")
         else:
@@ -250,14 +274,16 @@ class Run:
     def series(self, call_id: str, kind: str, name: str, since: Optional[int] = None) -> Series:
         """The histograms of one tensor; with ``since``, only columns that end at or after that
         step (what a live view needs to catch up)."""
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
+        require_instance("call_id", call_id, "run.series", str, takes=_CALL_ID)
+        require_choice("kind", kind, "run.series", KINDS)
+        require_str("name", name, "run.series")
+        require_int("since", since, "run.series", minimum=-INT64, maximum=INT64, optional=True)
         found = self._query(
             f"SELECT id, {'reason' if self._has_reason else 'NULL'} FROM series WHERE call_id = ? AND kind = ? AND name = ?",
             (call_id, kind, name),
         )
         if not found:
-            raise KeyError(self._unknown_series(call_id, kind, name))
+            raise UnknownSeriesError(self._unknown_series(call_id, kind, name))
         exact = ", ".join("x_" + _column(c) for c in EXACT_COLUMNS) if self._has_exact else "NULL"
         sql = (
             f"SELECT step, last_step, num_steps, lo, hi, nonfinite, counts, {exact} FROM columns WHERE series_id = ?"
@@ -318,6 +344,9 @@ class Run:
         existing file is replaced only with ``overwrite=True``. Returns ``path``."""
         from .run_export import export_run
 
+        path = require_path("path", path, "run.export", new=True)
+        require_str("format", format, "run.export", optional=True)  # known formats: export_run says
+        require_bool("overwrite", overwrite, "run.export")
         return export_run(self, path, format=format, overwrite=overwrite)
 
     def compare(self, other: "Run", tolerance: float = 0.1) -> list:
@@ -341,6 +370,8 @@ class Run:
         """
         from .compare import compare_runs
 
+        require_instance("other", other, "run.compare", Run, takes="another Run (tl.open_run(folder))")
+        require_float("tolerance", tolerance, "run.compare", minimum=0.0, below=1.0)
         return compare_runs(self, other, tolerance=tolerance)
 
     def _unknown_series(self, call_id: str, kind: str, name: str) -> str:
@@ -349,9 +380,9 @@ class Run:
         if call_id not in calls:
             close = difflib.get_close_matches(call_id, calls, n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            return f"no call {call_id!r} has series in this run.{hint} Calls are listed in run.calls."
+            return f"no call {call_id!r} (call_id) has series in this run.{hint} Calls are listed in run.calls."
         here = [f"{k}/{n}" for c, k, n in names if c == call_id]
-        return f"call {call_id!r} has no {kind} series named {name!r}; it has: {', '.join(here)}."
+        return f"call {call_id!r} has no {kind} series of the name {name!r}; it has: {', '.join(here)}."
 
 
 def _column(name: str) -> str:

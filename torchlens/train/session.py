@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from ..arguments import ArgumentValueError, require_choices, require_instance, require_str
 from ..web.stats import NUM_BINS
 from .calls import trace_calls
 from .compiled import CompileSwitch, unwrap
@@ -29,6 +30,7 @@ from .sentinel import Sentinel, check_mode
 from .step_writer import StepWriter
 from .store import KINDS, RunWriter, new_run_dir
 from .timeline import StepTimeline, optimizer_hooks
+from .watch_arguments import check_watch_arguments
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
@@ -630,25 +632,14 @@ def watch(
     active_group(model)  # a DistributedDataParallel model without a process group is an error
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"tl.watch expects a torch.nn.Module, got {type(model).__name__}.")
-    log = (log,) if isinstance(log, str) else tuple(log)
-    unknown = [k for k in log if k not in KINDS]
-    if unknown or not log:
-        raise ValueError(f"tl.watch: unknown log kind(s) {unknown}; valid kinds are {', '.join(KINDS)}.")
-    backends = () if backend is None else (backend,) if isinstance(backend, str) else tuple(backend)
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        raise ValueError(f"tl.watch: unknown backend(s) {bad}; available: {', '.join(BACKENDS)} (or None).")
-    if not isinstance(log_freq, int) or log_freq < 1:
-        raise ValueError(f"tl.watch: log_freq must be a positive int, not {log_freq!r}.")
-    if not 0.0 <= float(reject_outlier_proportion) < 1.0:
-        raise ValueError("tl.watch: reject_outlier_proportion must be in [0, 1).")
-    if not isinstance(max_columns, int) or max_columns < 2:
-        raise ValueError("tl.watch: max_columns must be an int >= 2.")
+    check_watch_arguments(locals())  # every argument, before anything is made or served: arguments.py
+    log = require_choices("log", log, "tl.watch", KINDS)
+    backends = (
+        ()
+        if backend is None or backend == () or backend == []
+        else require_choices("backend", backend, "tl.watch", BACKENDS)
+    )
     classes = tuple(ignore_io_grad_classes)
-    if not all(isinstance(c, type) for c in classes):
-        raise TypeError("tl.watch: ignore_io_grad_classes takes classes, e.g. [torchvision.models.resnet.BasicBlock].")
     if id(model) in _WATCHES:
         raise RuntimeError(
             f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
@@ -687,9 +678,10 @@ def unwatch(model: nn.Module) -> None:
     """Stop watching ``model`` (the same as closing the object ``tl.watch`` returned)."""
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
+    require_instance("model", model, "tl.unwatch", nn.Module, takes="a torch.nn.Module")
     w = _WATCHES.get(id(model))
     if w is None:
-        raise ValueError(f"tl.unwatch: this {type(model).__name__} is not being watched.")
+        raise ArgumentValueError(f"tl.unwatch: this {type(model).__name__} (model) is not being watched.")
     w.close()
 
 
@@ -706,6 +698,9 @@ def attach(tensor: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
         >>> Net()(torch.ones(2)).tolist()
         [3.0, 3.0]
     """
+    require_instance("module", module, "tl.attach", nn.Module, takes="the module whose forward calls attach (self)")
+    require_instance("tensor", tensor, "tl.attach", torch.Tensor, takes="a tensor")
+    require_str("name", name, "tl.attach")
     w = _MODULE_OWNERS.get(id(module))
     if w is not None:
         w.attach(tensor, module, str(name))

@@ -35,6 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..arguments import PathNotWritableError
 from ..web.stats import merge
 from .calls import Call
 
@@ -377,7 +378,7 @@ def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
             pass
         os.remove(probe)
     except OSError as error:
-        raise PermissionError(
+        raise PathNotWritableError(
             f"torchlens.train: cannot write the run folder {run_dir} ({error.strerror}). Pass a writable run_dir."
         ) from None
     return run_dir

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ...arguments import ArgumentTypeError, check, require_float
 from ..api import log_forward_pass
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
@@ -80,6 +81,8 @@ def compare(
         >>> cmp.first_divergence.label, cmp.first_divergence.module
         ('linear_2_3', '2')
     """
+    check("compare", rtol=require_float("rtol", rtol, "compare"), atol=require_float("atol", atol, "compare"))
+    check("compare", random_seed=random_seed)
     seed = random.SystemRandom().randrange(2**32) if random_seed is None else int(random_seed)
     history_a = _history(a, "a", seed=seed, copy=True)
     history_b = _history(b, "b", seed=seed, copy=False)
@@ -120,7 +123,7 @@ def _history(side: Side, name: str, *, seed: int, copy: bool) -> ModelHistory:
     if isinstance(side, ModelHistory):
         return side
     if not isinstance(side, (tuple, list)) or len(side) not in (2, 3):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"compare: {name} must be a ModelHistory or a tuple (model, args) or (model, args, kwargs), "
             f"not {type(side).__name__}; e.g. tl.compare((model_a, x), (model_b, x))."
         )

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ...arguments import ArgumentValueError, check
 from ..capture import ops
 from ..capture.args import tensors_in, tensors_in_call
 from ..capture.meta import MetaCopies, check_device, inputs_on
@@ -95,8 +96,11 @@ def memory_report(
         80000
     """
     require_model(model, "memory_report")
+    check("memory_report", training=training)
     if not training and optimizer is not None:
-        raise ValueError("memory_report: an inference plan (training=False) has no optimizer; leave optimizer=None.")
+        raise ArgumentValueError(
+            "memory_report: an inference plan (training=False) has no optimizer; leave optimizer=None."
+        )
     trainable = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
     state = optimizer_state(optimizer, trainable)  # before meta copies replace the parameters
     check_device(device)

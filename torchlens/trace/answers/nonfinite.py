@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from ...arguments import check
 from ..capture.args import tensors_in, tensors_in_call
 from ..capture.modules import RngState
 from ..capture.run import run_pass
@@ -81,11 +82,9 @@ def find_nonfinite(
         False
     """
     require_model(model, "find_nonfinite")
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(
-            f"loss_fn must be a function of the model's outputs returning a scalar tensor, not "
-            f"{type(loss_fn).__name__}; e.g. loss_fn=lambda out: out.logits.mean()."
-        )
+    check("find_nonfinite", loss_fn=loss_fn, backward=backward)  # e.g. loss_fn=lambda out: out.logits.mean()
+    if not isinstance(random_seed, RngState):
+        check("find_nonfinite", random_seed=random_seed)
     model, notes = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if _on_meta(model, (args, kwargs)):  # no values: "every value stayed finite" would be a guess

@@ -14,6 +14,8 @@ from typing import Any, Callable, Dict, Sequence, Tuple, Union
 
 import torch
 
+from ...arguments import ArgumentValueError
+
 # state tensors per parameter (each of the parameter's shape), from a param group's options
 PER_PARAMETER: Dict[str, Callable[[Dict[str, Any]], int]] = {
     "SGD": lambda g: 1 if g.get("momentum", 0) else 0,
@@ -77,7 +79,7 @@ def _of_object(optimizer: torch.optim.Optimizer, trainable: Sequence[torch.Tenso
 def _per_parameter(cls: type, group: Dict[str, Any]) -> int:
     rule = PER_PARAMETER.get(cls.__name__)
     if rule is None:
-        raise ValueError(
+        raise ArgumentValueError(
             f"memory_report: torchlens does not know what state {cls.__name__} keeps per parameter, and this "
             "optimizer has none yet. Pass the optimizer object after one optimizer.step() (its state is then "
             "measured), or leave optimizer=None and add k x mem.grads to mem.peak_estimate yourself "
@@ -87,7 +89,7 @@ def _per_parameter(cls: type, group: Dict[str, Any]) -> int:
 
 
 def _unknown(what: str) -> ValueError:
-    return ValueError(
+    return ArgumentValueError(
         f"memory_report: optimizer must be None, 'sgd' (with momentum), 'adam', 'adamw', a torch.optim optimizer "
         f"object or class (e.g. optimizer=torch.optim.Adam(model.parameters())), not {what}. For another "
         "optimizer, leave optimizer=None and add k x mem.grads to mem.peak_estimate (k: the state tensors it "

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from ...arguments import ArgumentTypeError, check
 from ..api import log_forward_pass
 from ..input_copy import as_args, as_kwargs, require_model
 from .compare import compare_histories
@@ -82,8 +83,9 @@ def compare_precision(
         ['softmax']
     """
     require_model(model, "compare_precision")
+    check("compare_precision", rtol=rtol, atol=atol, random_seed=random_seed)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"compare_precision: dtype must be a floating torch.dtype such as torch.bfloat16, not {dtype!r}."
         )
     default_rtol, default_atol = _TOLERANCES.get(dtype, (1e-3, 1e-5))

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Union
 
 import torch
 
+from ...arguments import describe
 from ...errors import TorchlensError
 from ..records.attention import ATTENTION_TYPE
 from .decorate import _make_wrapper
@@ -64,8 +65,12 @@ def check_decompose(decompose: Union[None, str, Iterable[str]]) -> FrozenSet[str
     """
     if decompose is None:
         return frozenset()
+    if not isinstance(decompose, (str, list, tuple, set, frozenset)):
+        raise DecomposeError(
+            f"decompose takes a name or a tuple of names such as ('sdpa',), not {describe(decompose)}."
+        )
     names = (decompose,) if isinstance(decompose, str) else tuple(decompose)
-    unknown = [n for n in names if n not in DECOMPOSABLE]
+    unknown = [n for n in names if not isinstance(n, str) or n not in DECOMPOSABLE]
     if unknown:
         valid = "; ".join(f"{name!r}: {what}" for name, what in DECOMPOSABLE.items())
         raise DecomposeError(f"decompose: unknown name(s) {', '.join(map(repr, unknown))}. Valid names: {valid}.")

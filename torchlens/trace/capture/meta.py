@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ...arguments import ArgumentValueError
 from ..records.meta import META_NOTE, MetaDeviceError, is_meta_history, refuse_meta
 from .args import tensors_in_call
 
@@ -170,8 +171,8 @@ def _moved(value: Any, device: str, moved: Dict[int, torch.Tensor]) -> Any:
 
 
 def check_device(device: Optional[str]) -> None:
-    if device is not None and str(device) != "meta":
-        raise ValueError(
+    if device is not None and (not isinstance(device, (str, torch.device)) or str(device) != "meta"):
+        raise ArgumentValueError(
             f"log_forward_pass(device={device!r}): only device='meta' is supported (a weights-free pass on meta "
             "copies of the parameters); to run on another device, move the model and inputs there yourself."
         )

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 import torch
 from torch import nn
 
+from ...arguments import PathExistsError, check_arguments
 from ..capture.args import tensors_in
 from ..capture.decompose import FastPathOff, check_decompose, decompositions
 from ..capture.lean import LeanTracer
@@ -388,6 +389,14 @@ def _check(model: Any, input_ids: Any, max_new_tokens: Any) -> None:
         )
     if input_ids.device.type == "meta":
         raise refuse_meta("log_generate (generate chooses each token from the values of the logits)")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise GenerateArgumentError(f"log_generate: input_ids must hold token ids (integers), not {input_ids.dtype}.")
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and input_ids.shape[-1] + max_new_tokens > limit:
+        raise GenerateArgumentError(
+            f"log_generate: max_new_tokens={max_new_tokens} with a prompt of {input_ids.shape[-1]} tokens goes "
+            f"past the model's {limit} positions (config.max_position_embeddings)."
+        )
 
 
 def log_generate(
@@ -446,6 +455,7 @@ def log_generate(
         (4, torch.Size([1, 7]), torch.Size([1, 1, 50]))
     """
     _check(model, input_ids, max_new_tokens)
+    check_arguments("log_generate", locals())  # flags, seed, save_to, postfunc: torchlens/arguments.py
     decomposed = check_decompose(decompose)
     if isinstance(layers_to_save, str) and layers_to_save in ("all", "none") or layers_to_save is None:
         request = parse_request(layers_to_save, ())
@@ -459,7 +469,7 @@ def log_generate(
     if save_to is not None:
         save_to = os.fspath(save_to)
         if os.path.exists(save_to) and (not os.path.isdir(save_to) or os.listdir(save_to)):
-            raise FileExistsError(
+            raise PathExistsError(
                 f"save_to: {save_to} exists and is not an empty folder; choose a new folder (nothing is overwritten)."
             )
     seed = random.SystemRandom().randrange(2**31) if random_seed is None else int(random_seed)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 import torch
+from torch import nn
 
+from ...arguments import require_bool, require_instance, require_int, require_path, require_str
 from ..records.tensor_log import TensorLogEntry
 from ..records.visible_text import visible
 from .extensions import extension
@@ -396,6 +398,8 @@ class ModelHistory:
             >>> h.to_html().startswith("<!doctype html>")
             True
         """
+        path = None if path is None else require_path("path", path, "history.to_html", new=True)
+        require_str("focus", focus, "history.to_html", optional=True)
         return extension("to_html")(self, path, overlay=overlay, focus=focus)
 
     def show(self, height: int = 640) -> Any:
@@ -409,6 +413,7 @@ class ModelHistory:
             >>> h = tl.log_forward_pass(torch.nn.Linear(2, 2), torch.ones(1, 2), random_seed=0)
             >>> h.show(height=400)  # doctest: +SKIP
         """
+        require_int("height", height, "history.show", minimum=100, maximum=100_000)  # pixels
         return extension("show")(self, height)
 
     def to_pandas(self):
@@ -434,6 +439,8 @@ class ModelHistory:
             >>> torch.equal(tl.load(folder)['linear_1_1'].activation, h['linear_1_1'].activation)
             True
         """
+        path = require_path("path", path, "history.save", new=True)
+        require_bool("overwrite", overwrite, "history.save")
         return extension("save")(self, path, overwrite=overwrite)
 
     def export(self, path: str, format: Optional[str] = None, overwrite: bool = False, weights: Any = None) -> str:
@@ -451,6 +458,13 @@ class ModelHistory:
             >>> h.export(tempfile.mkdtemp() + "/model.json", format="model_explorer").endswith("model.json")
             True
         """
+        path = require_path("path", path, "history.export", new=True)
+        require_str("format", format, "history.export", optional=True)
+        require_bool("overwrite", overwrite, "history.export")
+        if weights is not None:
+            require_instance(
+                "weights", weights, "history.export", nn.Module, takes="the model whose parameters to store"
+            )
         return extension("export")(self, path, format=format, overwrite=overwrite, weights=weights)
 
     def rerun(self, changes: Dict[Any, Any]) -> "ModelHistory":

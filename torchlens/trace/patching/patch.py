@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ...arguments import check_arguments
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, require_model
 from .select import Index, PatchError, Selection
@@ -138,6 +139,7 @@ def patch(
         True
     """
     require_model(model, "patch")
+    check_arguments("patch", locals())  # metric, flags, seed, position_dim, n_heads: torchlens/arguments.py
     if not isinstance(source, ModelHistory):
         raise PatchError(
             f"patch: source must be the ModelHistory of the run to take values from (tl.log_forward_pass(model, "
@@ -171,7 +173,7 @@ def patch(
 def _as_list(at: Keys) -> List[Union[str, int]]:
     if isinstance(at, (str, int)):
         return [at]
-    if not isinstance(at, Sequence) or not at:
+    if not isinstance(at, Sequence) or not at or not all(isinstance(k, (str, int)) for k in at):
         raise PatchError(f"patch: at= must be a layer label or module address, or a list of them; got {at!r}.")
     return list(at)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...arguments import check_arguments
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, require_model
 from .engine import Patch
@@ -78,6 +79,7 @@ def patch_sweep(
         (('layer', 'position'), (2, 3))
     """
     require_model(model, "patch_sweep")
+    check_arguments("patch_sweep", locals())  # metric, flags, seed, position_dim, n_heads: torchlens/arguments.py
     if metric is None:
         raise PatchError("patch_sweep: give metric=, a function of the model's output returning one number.")
     if not isinstance(source, ModelHistory):

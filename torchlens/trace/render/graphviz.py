@@ -22,11 +22,13 @@ import os
 import shutil
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import graphviz
 
+from ...arguments import check, check_arguments, refuse_type, require_bool, require_choice, require_instance
 from ...errors import TorchlensError
+from ..history.model_history import ModelHistory
 from ..history.rolled import RolledLayer
 from ..records.format import human_bytes
 from ..records.visible_text import visible
@@ -34,9 +36,6 @@ from . import style as st
 from .fans import Junction
 from .groups import TensorGroup
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
-
-if TYPE_CHECKING:
-    from ..history.model_history import ModelHistory
 
 AttrValue = Union[str, int, float, Callable[..., Any]]
 AttrOverrides = Optional[Mapping[str, AttrValue]]
@@ -271,15 +270,29 @@ def resolve_names(function: str, old_names: Dict[str, Any], **given: Any) -> Dic
     return {name: VIS_DEFAULTS[name] if value is None else value for name, value in values.items()}
 
 
-def _check_options(vis_mode: str, vis_nesting_depth: Optional[int], direction: str) -> None:
-    if vis_mode not in ("unrolled", "rolled"):
-        raise ValueError(f"vis_mode must be 'unrolled' or 'rolled', not {vis_mode!r}.")
-    if vis_nesting_depth is not None and (
-        isinstance(vis_nesting_depth, bool) or not isinstance(vis_nesting_depth, int) or vis_nesting_depth < 0
+def check_options(caller: str, vis_mode: str, direction: str, **options: Any) -> None:
+    """The drawing options (``build_dot``'s arguments), checked before anything is drawn."""
+    require_choice("vis_mode", vis_mode, caller, ("unrolled", "rolled"))
+    require_choice("vis_direction", direction, caller, st.DIRECTIONS)
+    check_arguments(caller, options)  # vis_nesting_depth, progress, show_gradients: the shared rules
+    require_bool("inline_single_op_modules", options.get("inline_single_op_modules", True), caller)
+    for name in ("graph_attrs", "node_attrs", "edge_attrs", "module_attrs"):
+        attrs = options.get(name)
+        if attrs is not None and not (
+            isinstance(attrs, Mapping)
+            and all(
+                isinstance(k, str) and (v is None or callable(v) or isinstance(v, (str, int, float)))
+                for k, v in attrs.items()
+            )
+        ):
+            raise refuse_type(
+                caller, name, attrs, "a dict of graphviz attribute name -> str (or a function giving one)"
+            )
+    edges = options.get("extra_edges")
+    if edges is not None and not (
+        isinstance(edges, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 3 for e in edges)
     ):
-        raise ValueError(f"vis_nesting_depth must be None or an int >= 0, not {vis_nesting_depth!r}.")
-    if direction not in st.DIRECTIONS:
-        raise ValueError(f"vis_direction must be one of {', '.join(map(repr, st.DIRECTIONS))}, not {direction!r}.")
+        raise refuse_type(caller, "extra_edges", edges, "a list of (tail label, head label, attributes dict)")
 
 
 def build_dot(
@@ -332,7 +345,21 @@ def build_dot(
         True
     """
     direction = resolve_names("build_dot", old_names, vis_direction=vis_direction)["vis_direction"]
-    _check_options(vis_mode, vis_nesting_depth, direction)
+    require_instance("history", history, "build_dot", ModelHistory, takes="a ModelHistory")
+    check_options(
+        "build_dot",
+        vis_mode,
+        direction,
+        vis_nesting_depth=vis_nesting_depth,
+        graph_attrs=graph_attrs,
+        node_attrs=node_attrs,
+        edge_attrs=edge_attrs,
+        module_attrs=module_attrs,
+        extra_edges=extra_edges,
+        progress=progress,
+        inline_single_op_modules=inline_single_op_modules,
+        show_gradients=show_gradients,
+    )
     if show_gradients is None:
         show_gradients = any(getattr(e, "gradient", None) is not None for e in history.layer_list)
     if show_gradients:
@@ -526,8 +553,8 @@ def render_graph(
     )
     direction, outpath = names["vis_direction"], names["vis_outpath"]
     fileformat, save_only = names["vis_fileformat"], names["vis_save_only"]
-    if fileformat not in graphviz.FORMATS:
-        raise ValueError(f"vis_fileformat {fileformat!r} is not a graphviz output format (use 'pdf', 'png' or 'svg').")
+    require_instance("history", history, "render_graph", ModelHistory, takes="a ModelHistory")
+    check("render_graph", vis_outpath=outpath, vis_fileformat=fileformat, vis_save_only=save_only)
     dot = build_dot(
         history,
         vis_mode,

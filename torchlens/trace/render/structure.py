@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import torch
 
+from ...arguments import ArgumentValueError
 from ..history.rolled import RolledLayer
 from ..records.tensor_log import TensorLogEntry
 from .fans import Junction, group_wide_fans
@@ -421,7 +422,7 @@ def build_structure(
     for tail, head, attrs in extra_edges or ():
         for label in (tail, head):
             if b.key_of(label) not in b.visible:
-                raise ValueError(f"extra_edges: {label!r} is not a layer label of this history.")
+                raise ArgumentValueError(f"extra_edges: {label!r} is not a layer label of this history.")
         b.add_edge(tail, head, "extra", attrs=attrs)
     edges = group_wide_fans(
         list(b.s.nodes.values()), list(b.edges.values()), b.junction, _derived_edge, common=_common_cluster

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from ...arguments import require_path
 from ..history.extensions import provide
 from ..history.model_history import ModelHistory
 from .errors import HistoryFileError
@@ -40,7 +41,7 @@ def load(path: Union[str, "os.PathLike[str]"]) -> ModelHistory:
         >>> loaded.layer_labels == h.layer_labels, loaded['relu_1_2'].parent_layers
         (True, ['linear_1_1'])
     """
-    return load_history(os.fspath(path))
+    return load_history(require_path("path", path, "tl.load", exists=True))
 
 
 __all__ = ["load", "HistoryFileError", "UnsavedValuesWarning", "FORMAT_VERSION"]

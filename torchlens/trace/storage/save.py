@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ...arguments import PathExistsError
 from ...version import __version__
 from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS
 from .codec import Encoder, encode_frames
@@ -35,12 +36,12 @@ def save_history(history: Any, path: str, overwrite: bool = False) -> str:
     path = os.fspath(path)
     if os.path.exists(path):
         if not overwrite:
-            raise FileExistsError(
+            raise PathExistsError(
                 f"{path} exists; pass overwrite=True to replace it (only a saved history or an "
                 "empty folder is replaced)."
             )
         if not os.path.isdir(path) or (os.listdir(path) and not os.path.exists(os.path.join(path, INDEX_FILE))):
-            raise FileExistsError(f"{path} is not a saved torchlens history; it is not replaced.")
+            raise PathExistsError(f"{path} is not a saved torchlens history; it is not replaced.")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # write next to the target, then move into place: a failed save leaves no half-written history

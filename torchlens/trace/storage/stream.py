@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from ...arguments import ArgumentValueError, PathExistsError
 from ..capture.save_plan import SavePlan
 from .codec import Encoder, Written
 from .save import INDEX_FILE, encode_history, write_index
@@ -46,7 +47,7 @@ class StreamedSave:
 
     def __init__(self, folder: Any, save_gradients: bool = False) -> None:
         if save_gradients:
-            raise ValueError(
+            raise ArgumentValueError(
                 "save_to= and save_gradients=True cannot be combined: gradients arrive when you call .backward() "
                 "after the pass, through activations that save_to keeps on disk, not in the autograd graph. Trace "
                 "without save_to to record gradients, then history.save(folder)."
@@ -57,12 +58,12 @@ class StreamedSave:
         if not self.created and (not os.path.isdir(folder) or os.listdir(folder)):
             writer = unfinished_writer(folder) if os.path.isdir(folder) else None
             if writer is not None and not os.path.exists(os.path.join(folder, INDEX_FILE)):
-                raise FileExistsError(
+                raise PathExistsError(
                     f"save_to: {folder} holds an unfinished torchlens save (process {writer[1]} on {writer[0]} was "
                     f"stopped before it finished{'' if writer_is_gone(writer) else ', or is still writing it'}); it "
                     "is not a history and can be removed (shutil.rmtree), then run again. Nothing is overwritten."
                 )
-            raise FileExistsError(
+            raise PathExistsError(
                 f"save_to: {folder} exists and is not an empty folder; choose a new folder (nothing is overwritten)."
             )
         os.makedirs(folder, exist_ok=True)
