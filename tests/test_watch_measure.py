@@ -376,13 +376,18 @@ def test_the_triton_kernels_compile_for_a_gpu():
 
     from torchlens.train.measure.kernels import _define
 
-    row, gather = _define()
+    row, gather, merge = _define()
     target = GPUTarget("cuda", 90, 32)
+
+    def build(fn, args, constants):
+        signature = {**args, **{name: "constexpr" for name in constants}}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constants)
+        compiled = triton.compile(source, target=target, options={"num_warps": 4})
+        assert len(compiled.asm["cubin"]) > 1000
+
     rows_of = {"ptrs": "*i64", "row_src": "*i64", "row_at": "*i64", "out": "*fp64"}
     draws_of = {"ptrs": "*i64", "draw_src": "*i64", "at": "*i64", "slot": "*i64", "out": "*fp32", "n": "i32"}
     for dtype in (tl.float32, tl.float64):
-        for fn, args, size in ((row, rows_of, "WIDTH"), (gather, draws_of, "SPAN")):
-            constants = {"DTYPE": dtype, size: 1024}
-            source = ASTSource(fn=fn, signature={**args, "DTYPE": "constexpr", size: "constexpr"}, constexprs=constants)
-            compiled = triton.compile(source, target=target, options={"num_warps": 4})
-            assert len(compiled.asm["cubin"]) > 1000
+        build(row, rows_of, {"DTYPE": dtype, "WIDTH": 1024})
+        build(gather, draws_of, {"DTYPE": dtype, "SPAN": 1024})
+    build(merge, {"stats": "*fp64", "runs": "*i64", "numel": "*fp64", "pads": "*fp64", "out": "*fp64"}, {"CH": 256})

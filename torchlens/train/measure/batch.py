@@ -106,7 +106,10 @@ def _measure_group(
         sources.append(values.view(source.rows, BLOCK))
     # the kernels of kernels.py read every source of a dtype at once, through their addresses
     ptrs = _addresses(sources, device) if TRITON.applies(device) and TRITON.get() is not None else None
-    table = merge_rows(_row_stats(group, sources, index, ptrs), index["owner"], index["numel"], index["pads"])
+    stats = _row_stats(group, sources, index, ptrs)
+    table = TRITON.merge(stats, index["runs"], index["numel"], index["pads"]) if ptrs is not None else None
+    if table is None:
+        table = merge_rows(stats, index["owner"], index["numel"], index["pads"])
 
     if sample_n is None:  # every value: a float32 copy of each tensor
         return table, [f.to(torch.float32, copy=True) for f in flats]

@@ -1,12 +1,14 @@
-"""Two Triton kernels that read the rows and the samples of all sources of one dtype (every
+"""Triton kernels that read the rows and the samples of all sources of one dtype (every
 tensor read in place and the packed buffer) in one launch each, through a small table of the
-sources' addresses: the number of launches of a phase does not grow with its tensors.
+sources' addresses, and merge the rows of every tensor in one more: the number of launches of a
+phase does not grow with its tensors.
 
 ``row_kernel``: program ``r`` reduces row ``r`` (``BLOCK`` values at ``row_at[r]`` in source
 ``row_src[r]``) into the columns of ``rows.ROW_COLUMNS``, all in float64 (the values widened
 first: the sum, the row's mean and the squared deviations from it are float64). ``gather_kernel``:
 value ``g`` of the draws (at ``at[g]`` in source ``draw_src[g]``) is written, as float32, to
-``out[slot[g]]``. Where Triton is missing, or fails to compile, torch's eager code does the same
+``out[slot[g]]``. ``merge_kernel``: program ``j`` merges the rows of tensor ``j`` into its
+``EXACT_FIELDS`` as ``rows.merge_rows`` does (Chan's formula, float64). Where Triton is missing, or fails to compile, torch's eager code does the same
 (``rows.row_stats_eager``, ``take``); ``TORCHLENS_MEASURE_TRITON=0`` turns the kernels off.
 Tests run them on the CPU with Triton's interpreter (``Kernels(interpret=True)``).
 """
@@ -24,7 +26,7 @@ from .layout import BLOCK
 
 
 def _define() -> tuple:
-    """The two kernels (``triton.jit`` functions); ImportError without Triton."""
+    """The kernels (``triton.jit`` functions); ImportError without Triton."""
     import triton
     import triton.language as tl
 
@@ -59,7 +61,62 @@ def _define() -> tuple:
         value = tl.load(base + tl.load(at + g, mask=inside, other=0), mask=inside, other=0.0)
         tl.store(out + tl.load(slot + g, mask=inside, other=0), value.to(tl.float32), mask=inside)
 
-    return row_kernel, gather_kernel
+    @triton.jit
+    def merge_kernel(stats, runs, numel, pads, out, CH: tl.constexpr):
+        # program j: the rows of tensor j (at most two runs: its body in place, its packed tail)
+        j = tl.program_id(0).to(tl.int64)
+        inf = float("inf")
+        lanes = tl.arange(0, CH)
+        count = tl.zeros([CH], dtype=tl.float64)
+        total = tl.zeros([CH], dtype=tl.float64)
+        nan = tl.zeros([CH], dtype=tl.float64)
+        posinf = tl.zeros([CH], dtype=tl.float64)
+        zeros = tl.zeros([CH], dtype=tl.float64)
+        lo = tl.full([CH], inf, dtype=tl.float64)
+        hi = tl.full([CH], -inf, dtype=tl.float64)
+        for k in tl.static_range(2):
+            first = tl.load(runs + j * 4 + 2 * k)
+            n = tl.load(runs + j * 4 + 2 * k + 1)
+            for start in range(0, n, CH):
+                inside = start + lanes < n
+                row = stats + (first + start + lanes) * 8
+                c = tl.load(row, mask=inside, other=0.0)
+                count += c
+                total += tl.load(row + 1, mask=inside, other=0.0)
+                nan += tl.load(row + 2, mask=inside, other=0.0)
+                posinf += tl.load(row + 3, mask=inside, other=0.0)
+                zeros += tl.load(row + 4, mask=inside, other=0.0)
+                lo = tl.minimum(lo, tl.where(c > 0, tl.load(row + 6, mask=inside, other=inf), inf))
+                hi = tl.maximum(hi, tl.where(c > 0, tl.load(row + 7, mask=inside, other=-inf), -inf))
+        n_finite = tl.sum(count, axis=0)
+        mean = tl.sum(total, axis=0) / tl.maximum(n_finite, 1.0)
+        m2 = tl.zeros([CH], dtype=tl.float64)
+        for k in tl.static_range(2):  # Chan: each row's spread about its own mean, moved to the mean
+            first = tl.load(runs + j * 4 + 2 * k)
+            n = tl.load(runs + j * 4 + 2 * k + 1)
+            for start in range(0, n, CH):
+                inside = start + lanes < n
+                row = stats + (first + start + lanes) * 8
+                c = tl.load(row, mask=inside, other=0.0)
+                apart = tl.load(row + 1, mask=inside, other=0.0) / tl.maximum(c, 1.0) - mean
+                m2 += tl.load(row + 5, mask=inside, other=0.0) + c * apart * apart
+        none = n_finite == 0
+        nans = tl.sum(nan, axis=0) - tl.load(pads + j)
+        n_posinf = tl.sum(posinf, axis=0)
+        missing = float("nan")
+        o = out + j * 10
+        tl.store(o, n_finite)
+        tl.store(o + 1, tl.where(none, missing, mean))
+        tl.store(o + 2, tl.sum(m2, axis=0))
+        tl.store(o + 3, tl.where(none, missing, tl.min(lo, axis=0)))
+        tl.store(o + 4, tl.where(none, missing, tl.max(hi, axis=0)))
+        tl.store(o + 5, nans)
+        tl.store(o + 6, n_posinf)
+        tl.store(o + 7, tl.load(numel + j) - n_finite - nans - n_posinf)
+        tl.store(o + 8, tl.sum(zeros, axis=0))
+        tl.store(o + 9, missing)
+
+    return row_kernel, gather_kernel, merge_kernel
 
 
 class Kernels:
@@ -115,6 +172,21 @@ class Kernels:
             with _on(out.device):  # Triton launches on the current device: the tensors' one
                 fns[0][(row_src.numel(),)](ptrs, row_src, row_at, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
         except Exception as error:  # a compiler failure: the eager code from now on
+            self.disable(error)
+            return None
+        return out
+
+    def merge(self, stats: torch.Tensor, runs: torch.Tensor, numel: torch.Tensor, pads: torch.Tensor) -> Any:
+        """(N, 10) float64: ``merge_rows`` of the rows ``stats`` of N tensors, tensor ``j``'s
+        rows being the (first, count) runs ``runs[4j : 4j + 4]``; None where the kernels are off."""
+        fns = self.get()
+        if fns is None:
+            return None
+        out = torch.empty(numel.numel(), 10, dtype=torch.float64, device=stats.device)
+        try:
+            with _on(out.device):
+                fns[2][(numel.numel(),)](stats, runs, numel, pads=pads, out=out, CH=256, num_warps=4)
+        except Exception as error:
             self.disable(error)
             return None
         return out

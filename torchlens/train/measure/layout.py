@@ -286,6 +286,7 @@ def _group(
         "row_src": np.concatenate(row_src),
         "row_at": np.concatenate([np.arange(src.rows, dtype=np.int64) * BLOCK for src in sources]),
     }
+    host["runs"] = _runs(host["owner"], len(keys))
     sizes = [n if sample_n is None else min(n, sample_n) for n in n_of]
     draws = [0] * len(sources)
     if sample_n is not None:
@@ -307,6 +308,26 @@ def _group(
         draws=draws,
         host=host,
     )
+
+
+def _runs(owner: np.ndarray, members: int) -> np.ndarray:
+    """(first row, number of rows) of the two runs of rows of each member, flattened (a member's
+    rows: its body read in place, then its tail in its dtype's buffer; a run of none is (0, 0)).
+
+    Example:
+        >>> _runs(np.array([1, 1, 0, 1]), 2).reshape(2, 4).tolist()
+        [[2, 1, 0, 0], [0, 2, 3, 1]]
+    """
+    runs = np.zeros((members, 4), np.int64)
+    cuts = np.flatnonzero(np.diff(owner)) + 1
+    filled = np.zeros(members, np.int64)
+    for start, stop in zip([0, *cuts.tolist()], [*cuts.tolist(), len(owner)]):
+        j = owner[start]
+        k = filled[j]
+        assert k < 2, "a tensor's rows lie in at most two runs"
+        runs[j, 2 * k : 2 * k + 2] = (start, stop - start)
+        filled[j] += 1
+    return runs.reshape(-1)
 
 
 def _draw_plan(
