@@ -49,7 +49,7 @@ FLOAT_NONNEG = [None, True, "0.1", -1.0, float("nan"), float("inf"), ODD]
 OPT_FLOAT_NONNEG = [True, "0.1", -1.0, float("nan"), float("inf"), ODD]
 CALLABLE = [None, 5, "relu", ODD, nn.Linear]
 OPT_CALLABLE = [5, "relu", ODD, nn.Linear]
-CHOICE = [5, "", "nonsense", ODD, True]
+CHOICE = [5, "", "nonsense", ODD, True, torch.zeros(2)]
 NOT_A_MODEL = [None, 5, "model", nn.Linear, ODD, F.relu]
 NOT_A_HISTORY = [None, 5, "history", ODD, nn.Linear(3, 3)]
 KWARGS = [5, "x", [1], ODD]
@@ -503,4 +503,4 @@ def test_every_bad_argument_is_refused_clearly(tmp_path, monkeypatch):
         if inspect.isfunction(v) and not n.startswith("_") and len(inspect.signature(v).parameters) > 1
     }
     assert public == functions, public ^ functions
-    assert calls == refused == 797
+    assert calls == refused == 804

@@ -147,8 +147,8 @@ def require_choice(name: str, value: Any, caller: str, choices: Collection[Any])
     """One of ``choices`` (compared by equality; ``None`` only when it is a choice)."""
     shown = ", ".join(repr(c) for c in choices)
     try:
-        known = value in choices
-    except TypeError:  # an unhashable value asked of a set
+        known = bool(value in choices)
+    except Exception:  # an unhashable value asked of a set, a tensor's elementwise ==
         known = False
     # True == 1: a bool is a choice only when the choices hold that very bool
     if known and (not isinstance(value, bool) or any(c is value for c in choices)):
