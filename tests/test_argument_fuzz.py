@@ -345,6 +345,7 @@ def _cases(tmp: pathlib.Path, model: nn.Module, x: torch.Tensor) -> List[Case]:
         Case("setup", tl.setup, {"verbose": False}, "limit", [None, True, 1.5, "100", 0, -1, HUGE, ODD]),
         Case("setup", tl.setup, {"verbose": False}, "verbose", BOOL),
         Case("open_run", tl.open_run, {"run_dir": run_dir}, "run_dir", rp),
+        Case("Run", tl.Run, {"run_dir": run_dir}, "run_dir", rp),  # the one class users construct
         Case("load", tl.load, {"path": str(tmp / "saved")}, "path", rp),
     ]
     h = history
@@ -425,7 +426,7 @@ def _kwargs(case: Case, value: Any = None, with_value: bool = True) -> Dict[str,
 
 
 def _close(outcome: Any) -> None:
-    if isinstance(outcome, tl.Watch):
+    if isinstance(outcome, (tl.Watch, tl.Run)):
         outcome.close()
 
 
@@ -493,14 +494,14 @@ def test_every_bad_argument_is_refused_clearly(tmp_path, monkeypatch):
         f"\n{len(functions)} functions, {len(cases)} arguments, {calls} calls, {refused} refused; slowest {slowest:.2f} s"
     )
     assert not problems, f"{len(problems)} of {calls} calls:\n" + "\n".join(problems)
-    assert len(functions) == 29 and len(cases) == 155
+    assert len(functions) == 30 and len(cases) == 156
     # every public function, and every method of a history or run that takes an argument, is fuzzed
     public = {n for n in tl.__all__ if inspect.isfunction(getattr(tl, n))}
-    public |= {f"ModelHistory.{n}" for n in ("save", "to_html", "export", "show", "rerun")}
+    public |= {"Run"} | {f"ModelHistory.{n}" for n in ("save", "to_html", "export", "show", "rerun")}
     public |= {
         f"Run.{n}"
         for n, v in vars(tl.Run).items()
         if inspect.isfunction(v) and not n.startswith("_") and len(inspect.signature(v).parameters) > 1
     }
     assert public == functions, public ^ functions
-    assert calls == refused == 804
+    assert calls == refused == 812
