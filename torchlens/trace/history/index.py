@@ -114,7 +114,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         if len(labels) == 1:
             lookup[shared_key] = by_label[next(iter(labels))]
         else:
-            suggest = functools.partial(_specific_keys, lookup, by_label, shared_key, list(labels))
+            suggest = functools.partial(_specific_keys, lookup, by_label, key=shared_key, labels=list(labels))
             lookup[shared_key] = Ambiguous(what, list(labels), suggest=suggest)
     get = lookup.get
     for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
