@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import TorchlensError
+from ..files import write_atomically
 
 # the exact statistics as columns of the table: (column, Series attribute)
 _STATS = (
@@ -136,26 +136,11 @@ def export_run(run: Any, path: str, format: Optional[str] = None, overwrite: boo
     if fmt == "chrome_trace":
         from .run_trace import write_run_trace
 
-        return _atomically(path, lambda staging: write_run_trace(run, staging))
+        return write_atomically(path, lambda staging: write_run_trace(run, staging))
     _pyarrow()  # the message that names the extra, before anything is written
     pq = importlib.import_module("pyarrow.parquet")
     table = run_table(run)
-    return _atomically(path, lambda staging: pq.write_table(table, staging))
-
-
-def _atomically(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(temporary path)`` next to ``path``, then move the file into place."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=".torchlens-export-", dir=folder)
-    os.close(fd)
-    try:
-        write(staging)
-        os.replace(staging, path)  # the file appears whole or not at all
-    finally:
-        if os.path.exists(staging):
-            os.remove(staging)
-    return path
+    return write_atomically(path, lambda staging: pq.write_table(table, staging))
 
 
 __all__ = ["export_run", "run_table", "RunExportError", "RunExportExistsError", "FORMATS"]

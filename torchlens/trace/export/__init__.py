@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ...files import write_atomically
 from ..history.extensions import provide
-from ._target import ExportError, ExportExistsError, MissingPackageError, check_target, pick_format, write_atomically
+from ._target import ExportError, ExportExistsError, MissingPackageError, check_target, pick_format
 from .chrome_trace import trace_events, write_chrome_trace
 from .model_explorer import explorer_json, write_model_explorer
 from .netron import onnx_json, write_netron

@@ -4,8 +4,7 @@ and writing through a temporary file so a failed export leaves nothing half-writ
 from __future__ import annotations
 
 import os
-import tempfile
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ...errors import TorchlensError
 
@@ -51,21 +50,6 @@ def check_target(path: str, overwrite: bool) -> str:
         raise ExportError(f"{path} is a folder; export writes one file: give a file name.")
     if os.path.exists(path) and not overwrite:
         raise ExportExistsError(f"{path} exists; pass overwrite=True to replace it.")
-    return path
-
-
-def write_atomically(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(temporary path)`` next to ``path``, then move the file into place."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=".torchlens-export-", dir=folder)
-    os.close(fd)
-    try:
-        write(staging)
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.remove(staging)
     return path
 
 
