@@ -48,7 +48,7 @@ def main(outdir: str = "images") -> None:
     try:
         with sync_playwright() as p:
             browser = launch(p)
-            page = browser.new_page(viewport={"width": 1280, "height": 760})
+            page = browser.new_page(viewport={"width": 1366, "height": 768})
             page.goto(server.url)
             page.wait_for_selector('[data-node="fc:1"]')
             page.drag_and_drop('[data-node="fc:1"]', '[data-role="panels"]')

@@ -89,7 +89,7 @@ def main(outdir: str = "images") -> None:
     try:
         with sync_playwright() as p:
             browser = launch(p)
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page = browser.new_page(viewport={"width": 1366, "height": 768})
             page.goto(server.url)
             page.wait_for_selector('[data-role="health"] li')
             page.click('[data-role="health"] li')
