@@ -10,6 +10,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from measure_nets import KINDS, small_net
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -233,30 +234,6 @@ def test_copies_are_measured_early_past_the_budget():
 
 
 # ----- a watched training run: the batched path on the CPU against the CPU's own path ----------
-
-
-class Block(nn.Module):
-    """A residual block with the in-place changes a ResNet has (ReLU(inplace), out += x)."""
-
-    def __init__(self, c):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.relu = nn.ReLU(inplace=True)
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += x
-        return self.relu(out)
-
-
-def small_net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
-
-
-KINDS = ("io", "io_grad", "params", "params_grad", "updates")
 
 
 def train_watched(model, tmp_path, name, batched, steps=3, fail_at=None):

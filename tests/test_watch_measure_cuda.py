@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from measure_nets import KINDS, small_net
 from torch import nn
 
 import torchlens as tl
@@ -57,30 +58,6 @@ def test_compiled_kernel_agrees_with_eager():
     print("measuring kernels:", "compiled" if COMPILED.fn is not None else f"eager ({COMPILED.error})")
 
 
-class Block(nn.Module):
-    """A residual block with the in-place changes a ResNet has (ReLU(inplace), out += x)."""
-
-    def __init__(self, c):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.relu = nn.ReLU(inplace=True)
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += x
-        return self.relu(out)
-
-
-def small_net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
-
-
-KINDS = ("io", "io_grad", "params", "params_grad", "updates")
-
-
 def train_watched(model, device, tmp_path, name, steps=3):
     model = model.to(device)
     w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS)
@@ -98,7 +75,7 @@ def train_watched(model, device, tmp_path, name, steps=3):
 
 
 def test_logged_steps_on_cuda_equal_the_cpu_path(tmp_path):
-    base = small_net().double()  # float64: the two devices compute the same values
+    base = small_net(16).double()  # float64: the two devices compute the same values
     cpu_run, _ = train_watched(copy.deepcopy(base), "cpu", tmp_path, "cpu")
     gpu_run, w = train_watched(copy.deepcopy(base), "cuda", tmp_path, "cuda")
     assert w.recorder.batched.risky, "the in-place places were learned"
@@ -118,7 +95,7 @@ def test_logged_steps_on_cuda_equal_the_cpu_path(tmp_path):
 
 
 def test_a_logged_step_makes_no_host_sync(tmp_path):
-    model = small_net().cuda()
+    model = small_net(16).cuda()
     w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=KINDS)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x = torch.randn(4, 3, 16, 16, device="cuda")
