@@ -10,11 +10,10 @@
 #   make images     draw the README's example graphs and explorer screenshots into images/
 #   make bench      overhead benchmark (benchmarks/overhead.py; BENCH_ARGS=--quick)
 #   make clean      remove build/test/demo artefacts (keeps .venv)
-#   make distclean  clean + remove .venv and the compiled extension
+#   make distclean  clean + remove .venv
 #
-# Works from a fresh clone: the venv stamp is rebuilt whenever pyproject.toml,
-# setup.py, constraints.txt or the compiled statistics (torchlens/web/_fused.c)
-# change. torch/torchvision are pinned through constraints.txt (the same pins CI
+# Works from a fresh clone: the venv stamp is rebuilt whenever pyproject.toml or
+# constraints.txt change. torch/torchvision are pinned through constraints.txt (the same pins CI
 # uses).
 
 SHELL := /bin/bash
@@ -32,12 +31,11 @@ BENCH_ARGS ?=
 # Quieter pip output on CI (CI=true): no progress bars, never prompt.
 PIP_FLAGS ?= --no-input $(if $(filter true 1 yes,$(CI)),--progress-bar off,)
 
-.PHONY: venv test test-fast lint format demo bench images docs docs-serve clean distclean graphviz chromium compiler
+.PHONY: venv test test-fast lint format demo bench images docs docs-serve clean distclean graphviz chromium
 
 venv: $(STAMP)
 
-# torchlens/web/_fused.c is compiled by the install (where a C compiler exists)
-$(STAMP): pyproject.toml setup.py constraints.txt torchlens/web/_fused.c
+$(STAMP): pyproject.toml constraints.txt
 	@if ! [ -x "$(VENV_PY)" ] || ! "$(VENV_PY)" -c 'import sys' >/dev/null 2>&1; then \
 		echo ">> creating $(VENV) with $(PYTHON)"; \
 		rm -rf "$(VENV)"; \
@@ -45,15 +43,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt torchlens/web/_fused.c
 	fi
 	@$(MAKE) --no-print-directory graphviz
 	@$(MAKE) --no-print-directory chromium
-	@$(MAKE) --no-print-directory compiler
 	"$(VENV_PY)" -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch "$@"
 
 # Install a Debian package when its program is missing (graphviz for `dot`; chromium for the
 # explorer page's browser tests, which Playwright drives since it cannot download its own
-# browser here; gcc for torchlens/web/_fused.c). Not fatal where that is impossible (no
-# apt-get, not root and no sudo): the drawing and browser tests skip without them, and without
-# a compiler torchlens works (slower), but its test of the compiled statistics fails.
+# browser here). Not fatal where that is impossible (no apt-get, not root and no sudo): the
+# drawing and browser tests skip without them.
 define apt_install
 	@if command -v $(1) >/dev/null 2>&1; then \
 		exit 0; \
@@ -79,10 +75,6 @@ graphviz:
 
 chromium:
 	$(call apt_install,chromium,chromium)
-
-# a C compiler for the one-pass statistics (without one, torchlens installs and measures with torch)
-compiler:
-	$(call apt_install,cc,gcc)
 
 test: venv
 	"$(VENV_PY)" -m pytest -q $(PYTEST_ARGS)
@@ -125,4 +117,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name '__pycache__' -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf "$(VENV)" torchlens/web/_fused*.so
+	rm -rf "$(VENV)"

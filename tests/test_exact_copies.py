@@ -1,21 +1,13 @@
-"""Without the compiled one-pass statistics (``torchlens.web._fused``), large CPU tensors of a logged
-step are copied into the watch's CopyPool and measured later, on the writer thread: the same
-statistics as measuring at once, within a memory limit."""
+"""Large CPU tensors of a logged step are copied into the watch's CopyPool and measured later, on
+the writer thread: the same statistics as measuring at once, within a memory limit."""
 
 from __future__ import annotations
 
 import gc
 
-import pytest
 import torch
 
-from torchlens.web import exact
 from torchlens.web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure
-
-
-@pytest.fixture(autouse=True)
-def _without_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exact, "_fused", None)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

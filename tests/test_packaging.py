@@ -1,5 +1,5 @@
-"""The package as users install it: ``pip wheel .`` gives a wheel that holds the licence, the
-page assets and the ``torchlens`` command, and works installed outside this checkout."""
+"""The package as users install it: ``pip wheel .`` gives a pure Python wheel that holds the
+licence, the page assets and the ``torchlens`` command, and works installed outside this checkout."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def test_the_wheel_holds_the_licence_metadata_and_page_assets(wheel):
     for asset in ("index.html", "graph.html", "explorer.js", "graph.js", "common.js"):
         assert f"torchlens/web/assets/{asset}" in names, f"{asset} is missing from the wheel"
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    # a pure Python wheel: no compiled code of its own, one wheel for every platform
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib", ".c", ".pyi"))]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in metadata
     assert (

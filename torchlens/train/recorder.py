@@ -35,7 +35,7 @@ from torch import nn
 
 from ..errors import TorchlensError
 from ..trace.observe import tensors_in_call
-from ..web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure, summary_norm
+from ..web.exact import SMALL, CopyPool, LazySummary, measure, summary_norm
 from .calls import Call, _dotted, call_id, module_info, output_tensors
 from .compiled import named_modules
 from .distributed import local_shard
@@ -173,7 +173,7 @@ class StepRecorder:
         self.copies = CopyPool()
         self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
         # tensors on these devices are measured together at the end of their phase (measure/);
-        # the CPU keeps its one-at-a-time path (the compiled pass and the copy pool are faster there)
+        # the CPU keeps its one-at-a-time path (the copy pool is faster there)
         self.batched = PhaseMeasure(sampler.sample_n, sampler._generator)
         self.batch_devices = frozenset({"cuda"})
         self.ignore_io_grad = ignore_io_grad_classes
@@ -524,13 +524,8 @@ class StepRecorder:
         if key is not None:  # measured with its phase (its key: what its layout depends on)
             later = self.batched.add(t, place, key)
             return self._remember(t, (later, later, None))
-        # a small CPU tensor is copied; a large one sampled and measured at once in one compiled
-        # call (float), or else copied into the pool
+        # a small CPU tensor is copied; a large one copied into the pool (measured later)
         part: Part
-        both = self.sampler.measured_values(t) if t.numel() > SMALL else None
-        if both is not None:
-            part = (both[0], both[1] if both[1] is not None else exact_summary(t), None)
-            return self._remember(t, part)
         copied = measure(t, pool=self.copies) if t.numel() > SMALL or t.is_cpu else None
         if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
             copied.draw = self.later_sampler.values

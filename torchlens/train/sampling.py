@@ -3,11 +3,9 @@ generators (never from the user's random streams)."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
-
-from ..web.exact import compiled_draw
 
 
 class Sampler:
@@ -19,7 +17,6 @@ class Sampler:
         self.sample_n = sample_n
         self.seed = seed
         self._generators: Dict[torch.device, torch.Generator] = {}
-        self._stream = (seed * 0x9E3779B97F4A7C15 + 1) % 2**64  # the compiled draw's random stream
 
     def _generator(self, device: torch.device) -> torch.Generator:
         g = self._generators.get(device)
@@ -46,30 +43,10 @@ class Sampler:
         other = None if minus is None else minus.detach().reshape(-1)
         if self.sample_n is None or n <= self.sample_n:
             return flat.to(torch.float32, copy=True) if other is None else (flat - other).to(torch.float32)
-        if flat.is_cpu:  # one compiled call costs less than the three torch operations below
-            drawn = compiled_draw(flat, other, self.sample_n, self._stream)
-            if drawn is not None:
-                sample, self._stream, _ = drawn
-                return sample
         g = self._generators.get(flat.device) or self._generator(flat.device)
         index = torch.randint(n, (self.sample_n,), generator=g, device=flat.device)
         picked = flat.index_select(0, index)
         return (picked if other is None else picked - other.index_select(0, index)).to(torch.float32)
-
-    def measured_values(
-        self, tensor: torch.Tensor, minus: Optional[torch.Tensor] = None
-    ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-        """``values(tensor, minus)`` and the ``exact_summary`` of all the values (of ``tensor -
-        minus``) from one compiled call, for a large float CPU tensor (the common case of a logged
-        step, where the calls' own cost dominates): the summary is None when a value is not
-        finite. None where that call cannot do both (the caller samples and measures apart)."""
-        if self.sample_n is None or tensor.numel() <= self.sample_n or not tensor.is_cpu:
-            return None
-        drawn = compiled_draw(tensor, minus, self.sample_n, self._stream, measure=True)
-        if drawn is None:
-            return None
-        sample, self._stream, summary = drawn
-        return sample, summary
 
     def norms(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         """All per-sample L2 norms of a gradient: all but the first dimension flattened, one

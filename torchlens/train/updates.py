@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from ..web.exact import SMALL, LazySummary, copy_streaming, summary_norm
+from ..web.exact import LazySummary, summary_norm
 from .measure import measurable
 from .recorder import StepRecorder
 
@@ -103,8 +103,7 @@ class UpdateHooks:
         free = bool(kept) and all(lazy.measured for lazy in lazies)
         if not free or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
             return [p.detach().clone() for p in params]
-        if not copy_streaming(kept, params):
-            torch._foreach_copy_(kept, [p.detach() for p in params])
+        torch._foreach_copy_(kept, [p.detach() for p in params])
         return kept
 
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -118,11 +117,8 @@ class UpdateHooks:
             return
         lazies: List[LazySummary] = []
         with torch.no_grad():
-            saved_of = zip(params, copies, norms)
-            rest = [
-                (p, before, norm) for p, before, norm in saved_of if not self._measured_at_once(p, before, norm, owners)
-            ]
-            # the others: before - after, computed in the copies (no new memory); the update is its negation,
+            rest = list(zip(params, copies, norms))
+            # before - after, computed in the copies (no new memory); the update is its negation,
             # the same floats (rounding is symmetric), so it is never materialised: its sample is
             # that of before - after negated, and its statistics are measured from the copies by
             # the writer thread (nothing changes them until then), then negated
@@ -171,20 +167,6 @@ class UpdateHooks:
         for p, m in zip(params, measured):
             self.recorder.add_update(owners.get(id(p), []), (m, m, None))
         self.written(step, len(params))
-
-    def _measured_at_once(self, p: torch.Tensor, before: torch.Tensor, norm: Any, owners: Dict) -> bool:
-        """Record the update of a large float CPU parameter measured in one pass over the parameter
-        and its copy (``Sampler.measured_values``: the update is never written out); False where that
-        cannot be done (the caller subtracts and measures later)."""
-        if p.numel() <= SMALL or not isinstance(norm, torch.Tensor):
-            return False
-        both = self.recorder.sampler.measured_values(p, minus=before)
-        if both is None or both[1] is None:  # not finite: subtracted and measured by torch
-            return False
-        sample, row = both
-        row[9] = _ratio(summary_norm(row).item(), norm.item())
-        self.recorder.add_update(owners.get(id(p), []), (sample, row, None))
-        return True
 
     def _negated_sample(self, reverse: torch.Tensor) -> Optional[torch.Tensor]:
         sample = self.recorder.later_sampler.values(reverse)

@@ -5,10 +5,9 @@ so that no spike is hidden (true min/max, mean, std, NaN/inf/zero counts).
 A logged training step measures hundreds of tensors, from a 2M-value convolution weight to a
 64-value norm bias. Each must be seen before anything changes it, but need not be measured then:
 small ones are copied when seen and measured together later, stacked by length (their cost is
-per call, not per value); large float CPU ones are measured at once in one pass by the compiled
-``torchlens.web._fused`` (cheaper than copying them); where it is missing, large CPU ones are copied
-into reused buffers of the watch (``CopyPool``: one pass that writes, against the four or five
-that read to measure them) and measured later on the writer thread; the others (on a GPU, or
+per call, not per value); large CPU ones are copied into reused buffers of the watch
+(``CopyPool``: one pass that writes, against the four or five that read to measure them) and
+measured later on the writer thread; the others (on a GPU, or
 past the pool's limit) are read at once by a few fast reductions each.
 """
 
@@ -23,11 +22,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-
-try:  # one-pass statistics of float CPU tensors, compiled at install where a C compiler exists
-    from . import _fused
-except ImportError:  # pragma: no cover - depends on the install
-    _fused = None
 
 # Statistics over ALL values of a tensor (never a sample), as one small vector on the tensor's
 # device. "finite" counts the finite values; mean, m2 (sum of squared deviations from the mean),
@@ -58,109 +52,40 @@ def exact_summary(tensor: torch.Tensor, line: Optional[torch.Tensor] = None) -> 
     elif x.element_size() < 4:  # half precision: centre the values in float32
         x = x.float()
     if x.is_cpu:  # reading a value costs no sync there: a tensor without NaN/inf is cheap
-        if _kernel_reads(x):
-            x = x.contiguous()  # a 1-D view can still be strided (x[::2]) or expanded (stride 0)
-            found = _fused.finite_moments(x.data_ptr(), x.numel(), x.dtype == torch.float64)
-            if found is not None:
-                return _row(x.numel(), found, line)
-        else:
-            total = float(x.sum())
-            if math.isfinite(total):
-                return _finite_summary(x, total, line)
+        total = float(x.sum())
+        found = _finite_summary(x, total, line) if math.isfinite(total) else None
+        if found is not None:
+            return found
     exact = _exact_dtype(x.device)
     nan = torch.full((), float("nan"), dtype=exact, device=x.device)
     return _summary_with_nonfinite(x, nan, nan if line is None else line.detach().to(exact).reshape(()))
 
 
-def _finite_summary(x: torch.Tensor, total: float, line: Optional[torch.Tensor]) -> torch.Tensor:
+_F64_EPS = torch.finfo(torch.float64).eps
+
+
+def _finite_summary(x: torch.Tensor, total: float, line: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """On the CPU, where reading a value is free: three fast reductions in the tensor's own
     dtype (torch accumulates them in double there) and a zero count, read as Python floats (a
     few 0-d tensor operations would cost more than the reductions). Values far from zero
-    relative to their spread are centred first."""
+    relative to their spread are centred first. None where the norm overflows the dtype (finite
+    values whose squares do not fit): the careful path measures those in float64."""
     n = x.numel()
     mean = total / n
     lo, hi = (v.item() for v in torch.aminmax(x))
-    m2 = float(torch.linalg.vector_norm(x)) ** 2 - n * mean * mean
-    if m2 <= 1e4 * n * mean * mean * torch.finfo(x.dtype).eps:  # cancellation: centre first
-        m2 = float(torch.linalg.vector_norm(x - mean)) ** 2
+    norm = float(torch.linalg.vector_norm(x))  # squared by multiplying: ``**`` raises on overflow
+    m2 = norm * norm - n * mean * mean
+    # cancellation: centre first where the error of the difference (a few units of the float64
+    # accumulation, or of the dtype's rounding) could exceed ~1e-7 of the spread
+    if m2 <= max(1e4 * torch.finfo(x.dtype).eps, 1e8 * _F64_EPS) * n * mean * mean:
+        centred = x - mean  # in x's dtype, about a rounded mean: its residual sum corrects that
+        norm = float(torch.linalg.vector_norm(centred))
+        residual = float(centred.sum())
+        m2 = norm * norm - residual * residual / n
+    if not math.isfinite(m2):
+        return None
     zeros = _count_zeros(x) if lo <= 0.0 <= hi else 0
     return _row(n, (mean, max(m2, 0.0), lo, hi, zeros), line)
-
-
-# the dtypes ``torchlens.web._fused`` reads; half precision is read after its conversion to float32
-_ONE_PASS = (torch.float32, torch.float64)
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _kernel_reads(x: torch.Tensor, dtypes: Tuple[torch.dtype, ...] = _ONE_PASS) -> bool:
-    """Whether the compiled pass can read ``x``'s memory: a CPU tensor of one of ``dtypes``, and a
-    plain one (a subclass such as DTensor has no plain memory to read)."""
-    return _fused is not None and type(x) is torch.Tensor and x.is_cpu and x.dtype in dtypes
-
-
-def one_pass(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is measured in one pass at once (a float CPU tensor, with the compiled
-    ``torchlens.web._fused``): then that costs less than copying it to measure later."""
-    return _kernel_reads(tensor.detach(), _ONE_PASS + _HALF)
-
-
-def compiled_draw(
-    values: torch.Tensor, minus: Optional[torch.Tensor], k: int, state: int, measure: bool = False
-) -> Optional[Tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
-    """``k`` of the values (less ``minus`` at the same positions), picked at random with
-    replacement by the compiled ``torchlens.web._fused`` from the random stream at ``state``, as
-    float32; with the stream's next state, and with ``measure`` the ``exact_summary`` of the same
-    values from the same call (None there when a value is not finite: torch's careful path counts
-    them). None where it cannot read them (not contiguous float CPU tensors of one dtype and
-    shape): then torch draws them.
-
-    Example:
-        >>> got = compiled_draw(torch.arange(5000.0), None, 3, state=7, measure=True)
-        >>> got is None or (got[0].shape == (3,) and all(0 <= v < 5000 for v in got[0].tolist()))
-        True
-        >>> got is None or got[2][4].item() == 4999.0  # the true maximum, whatever was drawn
-        True
-    """
-    x = values.detach()
-    if not (_kernel_reads(x) and x.is_contiguous()) or x.numel() == 0:
-        return None
-    y = None if minus is None else minus.detach()
-    if y is not None and not (_kernel_reads(y) and y.is_contiguous() and (y.dtype, y.shape) == (x.dtype, x.shape)):
-        return None
-    out = torch.empty(k, dtype=torch.float32)
-    wide = x.dtype == torch.float64
-    minus_at = 0 if y is None else y.data_ptr()
-    if not measure:
-        state = _fused.draw(x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state)
-        return out, state, None
-    state, found = _fused.draw_and_measure(
-        x.data_ptr(), x.numel(), wide, minus=minus_at, out=out.data_ptr(), k=k, state=state
-    )
-    return out, state, None if found is None else _row(x.numel(), found, None)
-
-
-def copy_streaming(dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> bool:
-    """Copy each source into its destination (contiguous float CPU tensors of one dtype and
-    shape) with the compiled copy whose stores go around the caches: large copies read again
-    only much later (an optimizer's parameters before its step) cost less so. False, copying
-    nothing, where it cannot (the caller copies with torch).
-
-    Example:
-        >>> a, b = torch.zeros(5), torch.arange(5.0)
-        >>> copy_streaming([a], [b]) is False or a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-        True
-    """
-    pairs = [(d, s.detach()) for d, s in zip(dests, sources)]
-    if _fused is None or len(pairs) != len(dests) or len(dests) != len(sources):
-        return False
-    for d, s in pairs:
-        if not (_kernel_reads(d) and _kernel_reads(s) and d.is_contiguous() and s.is_contiguous()):
-            return False
-        if (d.dtype, d.shape) != (s.dtype, s.shape):
-            return False
-    for d, s in pairs:
-        _fused.copy(d.data_ptr(), s.data_ptr(), s.numel() * s.element_size())
-    return True
 
 
 def _row(n: int, moments: Tuple[float, float, float, float, int], line: Optional[torch.Tensor]) -> torch.Tensor:
@@ -393,8 +318,7 @@ def measure(
     tensor: torch.Tensor, copy: Optional[torch.Tensor] = None, pool: Optional[CopyPool] = None
 ) -> Optional[Union[torch.Tensor, LazySummary]]:
     """``exact_summary(tensor)``, now or later: a ``LazySummary`` of a copy of it for a small
-    tensor, or for a large CPU tensor that ``pool`` has room to copy (unless ``one_pass`` measures
-    it at once, for less than the copy would cost). ``copy``: a 1-D copy of all
+    tensor, or for a large CPU tensor that ``pool`` has room to copy. ``copy``: a 1-D copy of all
     its values already taken (e.g. a sample that holds them all), measured later at no cost.
 
     Example:
@@ -410,7 +334,7 @@ def measure(
     if t.numel() <= SMALL:
         copy = t.reshape(-1).clone() if t.is_floating_point() else t.reshape(-1).to(_exact_dtype(t.device))
         return LazySummary(copy)
-    kept = pool.copy_of(t) if pool is not None and t.is_cpu and not one_pass(t) else None
+    kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
     return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]
 
 

@@ -225,10 +225,10 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
     ``bins`` equal bins between min and max; None for anything that is not a dense tensor of
     numbers.
 
-    Two passes over the values, so a page describing every activation of a pass costs less than
-    the pass: ``exact.exact_summary`` (one compiled pass on the CPU: moments, min, max, zeros,
-    non-finite counts), then ``torch.histc`` between min and max (the explorer's bins: a value
-    at ``lo + (hi - lo) * k / bins`` opens bin ``k``, the maximum is in the last).
+    A few passes over the values: ``exact.exact_summary`` (a few fast reductions on the CPU:
+    moments, min, max, zeros, non-finite counts), then ``torch.histc`` between min and max (the
+    explorer's bins: a value at ``lo + (hi - lo) * k / bins`` opens bin ``k``, the maximum is in
+    the last).
 
     Example:
         >>> import torch
