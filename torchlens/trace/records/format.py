@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 _MAX_VALUE_CHARS = 400
@@ -18,7 +16,7 @@ def human_bytes(num: float) -> str:
     return f"{num:.1f} TB"  # pragma: no cover
 
 
-def tensor_preview(value: Any, rows: int = 5) -> str:
+def tensor_preview(value: object, rows: int = 5) -> str:
     """A few rows of a saved value: the top-left corner of a tensor's last two dimensions; the
     first stored values of a sparse tensor; the repr of anything else (``activation_postfunc``
     may return a shape, a float, a dict...). Printing never fails on an unusual value."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import linecache
 import textwrap
 import types
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 
 class DetachedCode:
@@ -26,6 +26,10 @@ class DetachedCode:
         return f"<code {self.co_qualname} at {self.co_filename}:{self.co_firstlineno}>"
 
 
+# What a call frame's code is: the live code object, or its stand-in in a loaded or unpickled history.
+CodeLike = Union[types.CodeType, DetachedCode]
+
+
 class FuncCallLocation:
     """One frame of the call stack of an operation: file, line, function and nearby source.
 
@@ -39,7 +43,7 @@ class FuncCallLocation:
 
     __slots__ = ("code", "line_number", "_context")
 
-    def __init__(self, code: types.CodeType, line_number: int, context: int = 2) -> None:
+    def __init__(self, code: CodeLike, line_number: int, context: int = 2) -> None:
         self.code = code
         self.line_number = line_number
         self._context = context
@@ -59,8 +63,10 @@ class FuncCallLocation:
 
     def _line(self, number: int) -> str:
         """Source line ``number`` of the file (a loaded or unpickled history reads the text it stored)."""
-        stored = getattr(self.code, "source", None)  # a stand-in for a code object keeps its source text
-        return stored.get(number, "") if stored is not None else linecache.getline(self.file, number)
+        code = self.code
+        if isinstance(code, DetachedCode):  # a stand-in for a code object keeps its source text
+            return code.source.get(number, "")
+        return linecache.getline(self.file, number)
 
     def source_lines(self, context: Optional[int] = None) -> List[str]:
         """Source lines around the call, the call marked with ``--->``."""

@@ -3,7 +3,7 @@ needs values. Low in the layers so that ``rerun`` and ``validate`` can refuse su
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, Sequence
 
 from ...errors import TorchlensError
 
@@ -20,7 +20,14 @@ class MetaDeviceError(TorchlensError, ValueError):
     """
 
 
-def is_meta_history(history: Any) -> bool:
+class Noted(Protocol):
+    """What ``is_meta_history`` reads of a history (live or loaded): its notes."""
+
+    @property
+    def notes(self) -> Sequence[str]: ...
+
+
+def is_meta_history(history: Noted) -> bool:
     """Whether ``history`` was traced on the meta device: its note (activations are not looked
     at: a loaded history would read every one from disk)."""
     return any(note.startswith(META_NOTE) for note in history.notes)

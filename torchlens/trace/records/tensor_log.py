@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import torch
 
 from .format import human_bytes, tensor_preview
-from .func_call import FuncCallLocation
+from .func_call import CodeLike, FuncCallLocation
+from .position import OpRngState, Position
 from .visible_text import visible
 
 # Fields written while the pass runs (cheap facts that cannot be derived later).
@@ -106,13 +107,27 @@ _INITIAL_VALUES = {
 }
 
 
-def _make_init_fields() -> Callable:
+class _InitFields(Protocol):
+    """The signature of the generated ``init_fields`` (see ``_make_init_fields``)."""
+
+    def __call__(
+        self,
+        e: TensorLogEntry,
+        raw_index: int,
+        kind: str,
+        layer_type: str,
+        func: Optional[Callable[..., Any]],
+        func_name: str,
+    ) -> None: ...
+
+
+def _make_init_fields() -> _InitFields:
     """One straight-line function that sets every field of a new record: a record is made per
     operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging."""
     given = ("raw_index", "kind", "layer_type", "func", "func_name")
     lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in _ALL_FIELDS]
     source = f"def init_fields(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
-    namespace: Dict[str, Any] = {}
+    namespace: Dict[str, _InitFields] = {}
     exec(source, namespace)  # noqa: S102 - source built above from the field names only
     return namespace["init_fields"]
 
@@ -123,10 +138,10 @@ _init_fields = _make_init_fields()
 # The notebook card of an entry is drawn by trace/render/cards.py, a layer above records (it
 # imports records): it registers itself here when imported, and _repr_html_ imports it on first use.
 _CARD_PROVIDER = "torchlens.trace.render.cards"
-_CARD: List[Callable[[Any], str]] = []
+_CARD: List[Callable[["TensorLogEntry"], str]] = []
 
 
-def provide_card(render: Callable[[Any], str]) -> None:
+def provide_card(render: Callable[["TensorLogEntry"], str]) -> None:
     """Register ``render(entry) -> HTML`` as the notebook card of a ``TensorLogEntry``."""
     _CARD[:] = [render]
 
@@ -153,26 +168,29 @@ class TensorLogEntry:
         layer_type: str
         kind: str
         address: Optional[str]
-        parent_refs: List[Tuple[Any, Any]]
+        parent_refs: List[Tuple[TensorLogEntry, Position]]
         param_addresses: Tuple[str, ...]
         module_stack: Tuple[Tuple[str, int], ...]
-        call_frames: Tuple[Tuple[Any, int, int], ...]
+        call_frames: Tuple[Tuple[CodeLike, int, int], ...]  # (code, line, bytecode offset)
         elapsed: float
         is_inplace: bool
-        output_index: Any
+        output_index: Optional[Position]
+        # torch.Size; a nested tensor's is a tuple with None for its ragged dimensions
+        # (capture/args.nested_shape). Any until render/structure.py's CollapsedModule.outputs
+        # takes Tuple[Optional[int], ...] (the honest type; that module is not strict yet)
         shape: Any
         dtype: Optional[torch.dtype]
         nbytes: int
         grad_fn_name: Optional[str]
-        activation: Any
-        func_args: Optional[tuple]
+        activation: Any  # a tensor, or whatever ``activation_postfunc`` returned
+        func_args: Optional[Tuple[Any, ...]]  # user arguments, parents replaced by ParentRef
         func_kwargs: Optional[Dict[str, Any]]
         output_of_modules: List[Tuple[str, int]]
         bool_used: bool
         stored_as_buffer: Optional[str]
         branch_condition_record: Optional[TensorLogEntry]
-        gradient: Any
-        rng_state: Any
+        gradient: Optional[torch.Tensor]
+        rng_state: Optional[OpRngState]
         untraced_reason: Optional[str]
         intervened: Optional[str]
         label: str
@@ -184,21 +202,23 @@ class TensorLogEntry:
         num_passes: int
         parent_layers: List[str]
         child_layers: List[str]
-        parent_arg_positions: Dict[str, list]
-        param_shapes: List[Any]
+        parent_arg_positions: Dict[str, List[Position]]
+        param_shapes: List[torch.Size]
         num_params: int
         param_bytes: int
         created_inside_model: Optional[bool]
-        lookup_keys: List[Any]
+        lookup_keys: List[Union[int, str]]
         operation_num: int
         num_operations: int
         module_passes: Dict[str, int]
-        module_output_positions: Optional[Dict[Tuple[str, int], Any]]
+        module_output_positions: Optional[Dict[Tuple[str, int], Position]]
         call_outputs: Optional[List[str]]
         gradient_note: Optional[str]
         branch_condition: Optional[str]
 
-    def __init__(self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable], func_name: str) -> None:
+    def __init__(
+        self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable[..., Any]], func_name: str
+    ) -> None:
         _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)
 
     # ----- views of the fields -------------------------------------------------------------
@@ -262,11 +282,11 @@ class TensorLogEntry:
         return self.gradient is not None
 
     @property
-    def grad_shape(self):
+    def grad_shape(self) -> Optional[torch.Size]:
         return self.gradient.shape if self.gradient is not None else None
 
     @property
-    def grad_dtype(self):
+    def grad_dtype(self) -> Optional[torch.dtype]:
         return self.gradient.dtype if self.gradient is not None else None
 
     @property
@@ -398,7 +418,7 @@ class TensorLogEntry:
             "nbytes": self.nbytes,
             "has_saved_activation": self.has_saved_activation,
             "has_gradient": self.has_gradient,
-            "grad_shape": tuple(self.grad_shape) if self.has_gradient else None,
+            "grad_shape": tuple(self.gradient.shape) if self.gradient is not None else None,
             "grad_nbytes": self.grad_nbytes,
             "gradient_note": self.gradient_note,
             "parent_layers": list(self.parent_layers),
