@@ -1,17 +1,18 @@
 """``history.attention(module)``: the attention probabilities of one module call, from a pass
 logged with ``decompose=("sdpa",)`` (their layer type is ``records.attention.ATTENTION_TYPE``).
-``history`` is a ``ModelHistory``, not imported here: model_history imports this file."""
+``history`` is a ``ModelHistory``, read through ``HistoryView``: model_history imports this file."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from ...errors import TorchlensError
 from ..records.attention import ATTENTION_TYPE
 from ..records.tensor_log import TensorLogEntry
+from .view import HistoryView
 
 _HOW = "log the pass with tl.log_forward_pass(model, x, decompose=('sdpa',))"
 
@@ -26,7 +27,7 @@ class AttentionNotFoundError(TorchlensError, LookupError):
     """
 
 
-def attention_entries(history: Any, module: Optional[str] = None) -> List[TensorLogEntry]:
+def attention_entries(history: HistoryView, module: Optional[str] = None) -> List[TensorLogEntry]:
     """The attention-probability layers of the module call ``module`` (``'h.0.attn'``, or
     ``'h.0.attn:2'`` for its second call; None: the whole pass), in execution order."""
     if module is None:
@@ -58,7 +59,7 @@ def attention_entries(history: Any, module: Optional[str] = None) -> List[Tensor
     raise AttentionNotFoundError(f"No attention probabilities for module {module!r}: {why}.")
 
 
-def attention(history: Any, module: Optional[str] = None) -> torch.Tensor:
+def attention(history: HistoryView, module: Optional[str] = None) -> torch.Tensor:
     """The attention probabilities ``[batch, heads, queries, keys]`` of one module call (None:
     the pass's only attention call)."""
     entries = attention_entries(history, module)
@@ -79,7 +80,7 @@ def attention(history: Any, module: Optional[str] = None) -> torch.Tensor:
     return entry.activation
 
 
-def _module_call(history: Any, module: str) -> Tuple[str, int]:
+def _module_call(history: HistoryView, module: str) -> Tuple[str, int]:
     passes = history.modules.passes
     address, _, suffix = module.rpartition(":")
     call: Optional[int] = int(suffix) if address and suffix.isdigit() else None

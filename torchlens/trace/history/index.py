@@ -4,8 +4,9 @@ address, ``'lstm:1.0'``, an ordinal), built once when the history is made or loa
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
+from ..records.position import Position
 from ..records.tensor_log import TensorLogEntry
 
 Key = Union[str, int]
@@ -37,14 +38,14 @@ class Ambiguous:
             self._suggest = None
         return self._suggestions
 
-    def __reduce__(self) -> Tuple[Any, tuple]:
+    def __reduce__(self) -> Tuple[Type[Ambiguous], Tuple[str, List[str], List[Key]]]:
         return Ambiguous, (self.what, self.labels, self.suggestions)
 
 
 Found = Union[TensorLogEntry, Ambiguous]  # what a key names
 
 
-def output_key(address: str, pass_num: int, position: Any) -> str:
+def output_key(address: str, pass_num: int, position: Position) -> str:
     """The key of one output of one module call: ``'lstm:1.0'`` (first output of the first call),
     ``'lstm:1.1.0'`` (``output[1][0]``), ``'block:2.hidden'`` (a dict's ``'hidden'``)."""
     path = position if isinstance(position, tuple) else (position,)
@@ -120,7 +121,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
         # the two ordinals (only this entry's) first, then the names it alone answers to, sorted
         names = sorted(set(keys[2:] + module_keys))
-        e.lookup_keys = [i - total, i] + [k for k in names if get(k) is e]
+        e.lookup_keys = [i - total, i, *(k for k in names if get(k) is e)]
     return lookup
 
 

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import difflib
 import operator
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    SupportsIndex,
+    Tuple,
+    Union,
+    overload,
+)
 
 import torch
 from torch import nn
@@ -15,42 +28,16 @@ from ..records.tensor_log import TensorLogEntry
 from ..records.visible_text import visible
 from .extensions import extension
 from .index import Ambiguous, Found, Key
+from .module_info import ModuleInfo, PassStats
 from .pickling import dumps_history, loads_history
 from .rolled import RolledLayer, roll
 from .summary import layers_text, summary_text
 
+# A new value for a layer in ``rerun``: a tensor, or ``fn(activation, entry)`` returning one.
+Change = Union[torch.Tensor, Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]]
 
-@dataclass
-class ModuleInfo:
-    """The model's modules: addresses (``'features.6'``), types, nesting and passes."""
-
-    addresses: List[str]
-    types: Dict[str, str]
-    children: Dict[str, List[str]]  # '' is the model itself
-    passes: Dict[str, int]  # how many times each module ran in this pass (absent: never)
-
-
-@dataclass
-class PassStats:
-    """Facts about the whole forward pass, kept when a ``layers_to_save`` subset drops entries."""
-
-    num_tensors: int
-    tensor_bytes: int
-    num_param_operations: int
-    max_passes: int
-    is_branching: bool
-    has_conditional_branching: bool
-
-    @classmethod
-    def of(cls, entries: List[TensorLogEntry]) -> "PassStats":
-        return cls(
-            num_tensors=len(entries),
-            tensor_bytes=sum(e.nbytes or 0 for e in entries),
-            num_param_operations=sum(1 for e in entries if e.param_addresses),
-            max_passes=max((e.num_passes or 1 for e in entries), default=1),
-            is_branching=any(len(e.child_layers or ()) > 1 for e in entries),
-            has_conditional_branching=any(e.bool_used for e in entries),
-        )
+if TYPE_CHECKING:
+    import pandas
 
 
 class ModelHistory:
@@ -102,7 +89,7 @@ class ModelHistory:
         self._lookup = lookup
         self._rolled = None
 
-    def lookup_value(self, key: Any) -> Optional[Found]:
+    def lookup_value(self, key: Key) -> Optional[Found]:
         """What a key names: an entry, an ambiguity (several layers), or None."""
         return self._lookup.get(key)
 
@@ -110,12 +97,12 @@ class ModelHistory:
         """Every string key of this history (labels, module addresses, input/output addresses)."""
         return [k for k in self._lookup if isinstance(k, str)]
 
-    def attach_store(self, store: Any) -> None:
+    def attach_store(self, store: object) -> None:
         """The open tensor files a loaded history reads its tensors from (kept alive with it)."""
         self._store = store
 
     # ----- pickling and copying (see pickling.py) -------------------------------------------
-    def __reduce_ex__(self, protocol: Any) -> Tuple[Any, Tuple[bytes]]:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Tuple[Callable[[bytes], object], Tuple[bytes]]:
         """Pickle (and ``copy.deepcopy``) through ``pickling.dumps_history``: the call frames' code
         objects become picklable stand-ins that keep their source text."""
         return loads_history, (dumps_history(self),)
@@ -373,18 +360,27 @@ class ModelHistory:
     def _repr_svg_(self) -> Optional[str]:
         """The unrolled graphviz drawing for notebook viewers without JavaScript; None (the page or
         the text summary) when graphviz's ``dot`` is missing or the drawing is too large to inline."""
-        return extension("svg")(self)
+        svg: Callable[[ModelHistory], Optional[str]] = extension("svg")
+        return svg(self)
 
     def _repr_html_(self) -> str:
         """Jupyter shows the history as its interactive graph page, inline and offline (``show``)."""
-        return extension("notebook_html")(self)
+        page: Callable[[ModelHistory], str] = extension("notebook_html")
+        return page(self)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, str]:
+    def _repr_mimebundle_(
+        self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None
+    ) -> Dict[str, str]:
         """Every form at once, so each front end picks what it can show: the page (``text/html``),
         the drawing while small (``image/svg+xml``) and the summary (``text/plain``)."""
-        return extension("mimebundle")(self, include, exclude)
+        bundle: Callable[[ModelHistory, Optional[Iterable[str]], Optional[Iterable[str]]], Dict[str, str]] = extension(
+            "mimebundle"
+        )
+        return bundle(self, include, exclude)
 
-    def to_html(self, path: Optional[str] = None, overlay: Any = None, focus: Optional[str] = None) -> str:
+    def to_html(
+        self, path: Optional[str] = None, overlay: Optional[Mapping[str, object]] = None, focus: Optional[str] = None
+    ) -> str:
         """The interactive graph page: one self-contained HTML file (no server, no network) with
         every operation, modules that open and close, folded repeated blocks, search and details.
         Returns the HTML text, and writes it to ``path`` when given. ``overlay``: a value per
@@ -400,9 +396,10 @@ class ModelHistory:
         """
         path = None if path is None else require_path("path", path, "history.to_html", new=True)
         require_str("focus", focus, "history.to_html", optional=True)
-        return extension("to_html")(self, path, overlay=overlay, focus=focus)
+        page: Callable[..., str] = extension("to_html")  # (history, path, overlay=, focus=)
+        return page(self, path, overlay=overlay, focus=focus)
 
-    def show(self, height: int = 640) -> Any:
+    def show(self, height: int = 640) -> None:
         """Show the interactive graph page inline in Jupyter, ``height`` pixels tall and as wide as
         the cell: packed into an isolated iframe (no server, no network; see ``to_html``), drawn
         once scrolled into view. It returns None, so ending a cell with it shows the page once.
@@ -414,9 +411,10 @@ class ModelHistory:
             >>> h.show(height=400)  # doctest: +SKIP
         """
         require_int("height", height, "history.show", minimum=100, maximum=100_000)  # pixels
-        return extension("show")(self, height)
+        show: Callable[[ModelHistory, int], None] = extension("show")
+        show(self, height)
 
-    def to_pandas(self):
+    def to_pandas(self) -> pandas.DataFrame:
         """One row per entry (layer pass), columns as in ``TensorLogEntry.to_row``."""
         try:
             import pandas as pd
@@ -441,9 +439,12 @@ class ModelHistory:
         """
         path = require_path("path", path, "history.save", new=True)
         require_bool("overwrite", overwrite, "history.save")
-        return extension("save")(self, path, overwrite=overwrite)
+        save: Callable[..., str] = extension("save")  # (history, path, overwrite=)
+        return save(self, path, overwrite=overwrite)
 
-    def export(self, path: str, format: Optional[str] = None, overwrite: bool = False, weights: Any = None) -> str:
+    def export(
+        self, path: str, format: Optional[str] = None, overwrite: bool = False, weights: Optional[nn.Module] = None
+    ) -> str:
         """Write this history for another tool: ``format="netron"`` (an ONNX graph: ONNX's JSON
         form, or a binary model for a ``.onnx`` path; ``weights=model`` stores parameter values),
         ``"model_explorer"`` (Google Model Explorer's JSON graph, modules as boxes),
@@ -465,9 +466,10 @@ class ModelHistory:
             require_instance(
                 "weights", weights, "history.export", nn.Module, takes="the model whose parameters to store"
             )
-        return extension("export")(self, path, format=format, overwrite=overwrite, weights=weights)
+        export: Callable[..., str] = extension("export")  # (history, path, format=, overwrite=, weights=)
+        return export(self, path, format=format, overwrite=overwrite, weights=weights)
 
-    def rerun(self, changes: Dict[Any, Any]) -> "ModelHistory":
+    def rerun(self, changes: Mapping[Key, Change]) -> "ModelHistory":
         """A new history in which the named layers have new values (a tensor, or a function
         ``fn(activation, entry)`` returning one) and every layer downstream is recomputed from
         the saved graph (each operation re-run on its parents' values), without running the
@@ -481,9 +483,10 @@ class ModelHistory:
             >>> h.rerun({'linear_1_1': torch.tensor([[-1.0, 2.0]])})['relu_1_2'].activation
             tensor([[0., 2.]])
         """
-        return extension("rerun")(self, changes)
+        rerun: Callable[[ModelHistory, Mapping[Key, Change]], ModelHistory] = extension("rerun")
+        return rerun(self, changes)
 
-    def first_nonfinite(self) -> Any:
+    def first_nonfinite(self) -> Any:  # a NonfiniteReport (trace/answers, a layer above: not importable here)
         """Where NaN or Inf first appeared among the saved activations: a ``NonfiniteReport``
         (see ``torchlens.find_nonfinite``, which needs no saved activations and also checks
         parameters and backward). Layers whose activation was not saved count as unknown.
@@ -537,3 +540,6 @@ def as_key(key: Any) -> Union[str, int]:
     raise TypeError(
         f"ModelHistory keys are layer labels, module addresses, ints or slices, not {type(key).__name__} ({key!r})"
     )
+
+
+__all__ = ["ModelHistory", "ModuleInfo", "PassStats", "as_key"]

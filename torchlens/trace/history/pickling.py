@@ -28,7 +28,7 @@ import io
 import linecache
 import pickle
 import types
-from typing import Any, Tuple
+from typing import Callable, Dict, Tuple, Type, Union
 
 from ..records.func_call import DetachedCode
 from ..records.tensor_log import TensorLogEntry
@@ -38,11 +38,11 @@ _DROPPED = ("_rolled", "_store")  # derived again on use / open files of a loade
 _ENTRY_FIELDS = tuple(name for name in TensorLogEntry.__slots__ if name != "__weakref__")
 
 
-def _detached(code: types.CodeType) -> Tuple[Any, tuple]:
+def _detached(code: types.CodeType) -> Tuple[Type[DetachedCode], Tuple[str, str, str, int, Dict[int, str]]]:
     """The pickle reduction of ``code`` to a ``DetachedCode`` (its source read now)."""
     numbers = [line for _, line in dis.findlinestarts(code) if line is not None] or [code.co_firstlineno]
     first = max(1, min(numbers + [code.co_firstlineno]) - SOURCE_CONTEXT)
-    source = {}
+    source: Dict[int, str] = {}
     for n in range(first, max(numbers) + SOURCE_CONTEXT + 1):
         text = linecache.getline(code.co_filename, n)
         if text:
@@ -51,24 +51,30 @@ def _detached(code: types.CodeType) -> Tuple[Any, tuple]:
     return DetachedCode, (code.co_filename, code.co_name, qualname, code.co_firstlineno, source)
 
 
+# What ``reducer_override`` gives pickle: (make, args) or (make, args, state)
+_Reduced = Union[
+    Tuple[Callable[..., object], Tuple[object, ...]], Tuple[Callable[..., object], Tuple[object, ...], object]
+]
+
+
 class HistoryPickler(pickle.Pickler):
     """A pickler for a history's state: code objects and lazily loaded entries get stand-ins."""
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> _Reduced:
         if type(obj) is types.CodeType:
             return _detached(obj)
         if isinstance(obj, TensorLogEntry) and type(obj) is not TensorLogEntry:
             # a loaded entry reads its tensors from open files: pickle its values as a plain entry
             fields = {name: getattr(obj, name) for name in _ENTRY_FIELDS}
             return _blank_entry, (), (None, fields)
-        return NotImplemented
+        return NotImplemented  # type: ignore[no-any-return]  # typeshed types NotImplemented as Any
 
 
 def _blank_entry() -> TensorLogEntry:
     return TensorLogEntry.__new__(TensorLogEntry)  # its fields are set from the pickled state
 
 
-def dumps_history(history: Any) -> bytes:
+def dumps_history(history: object) -> bytes:
     """The state of ``history`` as bytes that ``loads_history`` turns back into a history."""
     state = {k: v for k, v in history.__dict__.items() if k not in _DROPPED}
     buffer = io.BytesIO()
@@ -76,12 +82,12 @@ def dumps_history(history: Any) -> bytes:
     return buffer.getvalue()
 
 
-def loads_history(data: bytes) -> Any:
+def loads_history(data: bytes) -> object:
     """The history ``dumps_history`` wrote (the function pickle calls when unpickling one)."""
     cls, state = pickle.loads(data)  # noqa: S301 - the bytes of a history being unpickled anyway
-    history = cls.__new__(cls)
+    state["_rolled"] = None  # derived again on use
+    history: object = cls.__new__(cls)
     history.__dict__.update(state)
-    history._rolled = None
     return history
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
@@ -72,7 +72,7 @@ class RolledLayer:
         return f"RolledLayer({self.label!r}, passes={self.num_passes})"
 
 
-def _unique(items) -> List[str]:
+def _unique(items: Iterable[str]) -> List[str]:
     return list(dict.fromkeys(items))
 
 

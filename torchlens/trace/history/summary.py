@@ -34,13 +34,22 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..records.format import human_bytes
 from ..records.meta import is_meta_history
+from .view import HistoryView
 
 MAX_ROWS = 250  # modules shown by the default print; deeper levels are left out beyond it
 SMALL_LAYERS = 60  # a pass of at most this many layers prints every layer (the seed's printout)
+
+
+# An output's shape (torch.Size; a nested tensor's has None for its ragged dimensions).
+_Shape = Optional[Tuple[Optional[int], ...]]
+# What must agree for two modules to fold: class, calls, shapes, params, saved bytes, submodules'.
+_Signature = Tuple[object, ...]
+# Per module: its first call's output shapes, its parameter count, its saved bytes.
+_Facts = Tuple[Dict[str, List[_Shape]], Dict[str, int], Dict[str, int]]
 
 
 class SummaryText(str):
@@ -63,7 +72,7 @@ class Row(NamedTuple):
     copies: int
 
 
-def _tree(history: Any, signatures: Optional[Dict[str, Any]] = None) -> List[Row]:
+def _tree(history: HistoryView, signatures: Optional[Dict[str, _Signature]] = None) -> List[Row]:
     """Every module, parents before children, depth 1 for top level; with ``signatures``, a run
     of numbered siblings with equal signatures (``h.0`` ... ``h.5``) is one row, its submodules
     shown once under it (``h.0-5.attn``)."""
@@ -102,7 +111,7 @@ def _index(child: str, parent: str) -> str:
     return child[len(parent) + 1 :] if parent else child
 
 
-def _run_length(kids: List[str], i: int, parent: str, signatures: Dict[str, Any]) -> int:
+def _run_length(kids: List[str], i: int, parent: str, signatures: Dict[str, _Signature]) -> int:
     """How many siblings from ``kids[i]`` on are numbered consecutively and alike."""
     first = _index(kids[i], parent)
     if not first.isdigit():
@@ -118,15 +127,15 @@ def _run_length(kids: List[str], i: int, parent: str, signatures: Dict[str, Any]
     return run
 
 
-def _signatures(history: Any, facts: Tuple[Dict[str, List[Any]], Dict[str, int], Dict[str, int]]) -> Dict[str, Any]:
+def _signatures(history: HistoryView, facts: _Facts) -> Dict[str, _Signature]:
     """What must agree for two modules to fold into one row: class, calls, output shapes,
     parameters, saved bytes, and the same of every submodule under the same relative name."""
     shapes, params, saved = facts
     children = history.modules.children
     types, passes = history.modules.types, history.modules.passes
-    found: Dict[str, Any] = {}
+    found: Dict[str, _Signature] = {}
 
-    def signature(address: str) -> Any:
+    def signature(address: str) -> _Signature:
         if address not in found:
             found[address] = (
                 types.get(address),
@@ -143,9 +152,9 @@ def _signatures(history: Any, facts: Tuple[Dict[str, List[Any]], Dict[str, int],
     return found
 
 
-def _module_facts(history: Any) -> Tuple[Dict[str, List[Any]], Dict[str, int], Dict[str, int]]:
+def _module_facts(history: HistoryView) -> _Facts:
     """Output shapes of each module's first call, its parameter count, its saved bytes."""
-    outputs: Dict[str, List[Tuple[int, int, Any]]] = {}
+    outputs: Dict[str, List[Tuple[int, int, _Shape]]] = {}
     saved: Dict[str, int] = {}
     for i, e in enumerate(history.layer_list):
         for address, pass_num in e.output_of_modules or ():
@@ -168,7 +177,7 @@ def _module_facts(history: Any) -> Tuple[Dict[str, List[Any]], Dict[str, int], D
     return shapes, params, saved
 
 
-def _shape_text(shapes: Optional[List[Any]]) -> str:
+def _shape_text(shapes: Optional[List[_Shape]]) -> str:
     if not shapes:
         return "-"
     first = shapes[0]
@@ -176,7 +185,7 @@ def _shape_text(shapes: Optional[List[Any]]) -> str:
     return text + (f" +{len(shapes) - 1} more" if len(shapes) > 1 else "")
 
 
-def _header(history: Any) -> List[str]:
+def _header(history: HistoryView) -> List[str]:
     structure = f"recurrent (at most {history.max_passes} loops)" if history.is_recurrent else "purely feedforward"
     structure += ", with branching" if history.is_branching else ", without branching"
     if history.has_conditional_branching:
@@ -234,7 +243,7 @@ def _table(rows: List[List[str]]) -> List[str]:
     ]
 
 
-def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) -> SummaryText:
+def summary_text(history: HistoryView, depth: Optional[int] = None, auto: bool = False) -> SummaryText:
     """The header and the module table of ``history``, modules at most ``depth`` levels deep
     (``None``: all). ``auto`` (``print(history)``): a pass of at most ``SMALL_LAYERS`` layers
     gives ``layers_text`` instead; a larger one folds runs of identical blocks and keeps the
@@ -281,7 +290,7 @@ def summary_text(history: Any, depth: Optional[int] = None, auto: bool = False) 
     return SummaryText("\n".join(lines))
 
 
-def _footer(history: Any, hidden: int, folded: Optional[Row], nested: bool) -> str:
+def _footer(history: HistoryView, hidden: int, folded: Optional[Row], nested: bool) -> str:
     kept = (
         f"{len(history)} layers"
         if len(history) == history.num_tensors
@@ -303,7 +312,7 @@ def _footer(history: Any, hidden: int, folded: Optional[Row], nested: bool) -> s
     return text + "."
 
 
-def layers_text(history: Any) -> str:
+def layers_text(history: HistoryView) -> str:
     """The header, the module hierarchy and one line per layer (``history.print_layers()``).
 
     Example:
@@ -324,7 +333,7 @@ def layers_text(history: Any) -> str:
     return "\n".join(lines)
 
 
-def _hierarchy_lines(history: Any, address: str, depth: int) -> List[str]:
+def _hierarchy_lines(history: HistoryView, address: str, depth: int) -> List[str]:
     children = history.modules.children
     lines = []
     for child in children.get(address, []):
