@@ -104,7 +104,7 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
         original = StackWalker.walk
         StackWalker.walk = lambda self, frame: ()  # type: ignore[method-assign]
         try:
-            return run_pass(model, args, kwargs, SavePlan(), 0)
+            return run_pass(model, args, kwargs, SavePlan(), random_seed=0)
         finally:
             StackWalker.walk = original  # type: ignore[method-assign]
 
@@ -113,9 +113,9 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
         "module hooks": hooked,
         "wrapping": wrapped,
         "records": records,
-        "frames": lambda: run_pass(model, args, kwargs, SavePlan(), 0),
-        "copies": lambda: run_pass(model, args, kwargs, SavePlan(save_all=True), 0),
-        "postprocess": lambda: build_history(run_pass(model, args, kwargs, SavePlan(save_all=True), 0)),
+        "frames": lambda: run_pass(model, args, kwargs, SavePlan(), random_seed=0),
+        "copies": lambda: run_pass(model, args, kwargs, SavePlan(save_all=True), random_seed=0),
+        "postprocess": lambda: build_history(run_pass(model, args, kwargs, SavePlan(save_all=True), random_seed=0)),
         "log_forward_pass": lambda: tl.log_forward_pass(
             model, list(args), input_kwargs=kwargs or None, layers_to_save="all", random_seed=0
         ),

@@ -50,7 +50,7 @@ def lean_passes(monkeypatch):
             count["n"] += 1
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr("torchlens.trace.generate.run.LeanTracer", Counted)
+    monkeypatch.setattr("torchlens.trace.capture.run.LeanTracer", Counted)
     return count
 
 
@@ -229,7 +229,7 @@ def test_lean_pass_records_what_a_full_pass_records():
     session = PassSession()
     full = run_pass(model, (torch.ones(3, 4),), {}, SavePlan(), random_seed=0, session=session)
     lean = run_pass(
-        model, (torch.ones(5, 4),), {}, SavePlan(), random_seed=0, tracer_type=lean_module.LeanTracer, session=session
+        model, (torch.ones(5, 4),), {}, SavePlan(), random_seed=0, lean=True, session=session
     )
     assert lean_module.signature(lean.records) == lean_module.signature(full.records)
     assert [r.func_name for r in lean.records] == [r.func_name for r in full.records]
@@ -237,7 +237,7 @@ def test_lean_pass_records_what_a_full_pass_records():
     assert any(r.func_name == "write_through_view" for r in lean.records) and any(r.bool_used for r in lean.records)
     with pytest.raises(ValueError, match="metadata only"):
         run_pass(
-            model, (torch.ones(2, 4),), {}, SavePlan(save_all=True), random_seed=0, tracer_type=lean_module.LeanTracer
+            model, (torch.ones(2, 4),), {}, SavePlan(save_all=True), random_seed=0, lean=True
         )
 
 

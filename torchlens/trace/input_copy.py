@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..arguments import ArgumentTypeError
-from .capture.args import replace_tensors, tensors_in
-from .capture.run import check_not_capturing
+from .capture import check_not_capturing, replace_tensors, tensors_in
 
 
 def as_args(input_args: Any) -> tuple:

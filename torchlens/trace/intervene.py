@@ -22,8 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import torch
 
 from ..arguments import ArgumentTypeError, ArgumentValueError, describe
-from .capture.args import replace_tensors
-from .capture.save_plan import add_note
+from .capture import PassHook, PassRecords, add_note
 from .history.model_history import ModelHistory
 from .layer_request import entries_for_key
 from .records.tensor_log import TensorLogEntry
@@ -68,22 +67,30 @@ def _check_signature(key: Any, fn: Callable[..., Any]) -> None:
         ) from None
 
 
-class Interventions:
-    """The replacements of one pass, by position in execution order (``raw_index``).
-
-    The tracer calls ``apply`` for every new tensor record and ``substitute`` on what a call
-    returns; both are reached only when an intervention was asked for.
-    """
+class Interventions(PassHook):
+    """The replacements of one pass, by position in execution order (``raw_index``): a pass hook
+    whose ``on_record`` returns the replacement of each targeted record's tensor (the tracer
+    then swaps it into what the call returns)."""
 
     def __init__(self, targets: Dict[int, Tuple[Any, Intervention, TensorLogEntry]]) -> None:
         self.targets = targets
-        self.substitutes: Dict[int, torch.Tensor] = {}  # id(original) -> replacement, for one call
+        self.records: Optional[PassRecords] = None
         self.applied: Dict[int, str] = {}  # raw index -> label from the first pass
         self.error: Optional[BaseException] = None  # raised by (or about) an intervene function
 
-    def apply(self, e: TensorLogEntry, tensor: torch.Tensor) -> torch.Tensor:
+    def pass_started(self, records: PassRecords) -> None:
+        self.records = records
+
+    def pass_ended(self) -> None:
+        self.records = None
+
+    def on_record(self, e: TensorLogEntry, tensor: torch.Tensor) -> torch.Tensor:
         target = self.targets.get(e.raw_index)
-        if target is None or target[2].layer_type != e.layer_type:
+        if target is None:
+            return tensor
+        if self.records is not None:
+            self.records.before_write(tensor)  # the replacement may be written into it
+        if target[2].layer_type != e.layer_type:
             return tensor  # a changed control flow moved operations: checked after the pass
         key, fn, first = target
         try:
@@ -121,13 +128,7 @@ class Interventions:
                 )
             tensor.copy_(new)
             return tensor
-        self.substitutes[id(tensor)] = new
         return new
-
-    def substitute(self, out: Any) -> Any:
-        """``out`` with every replaced tensor swapped for its replacement."""
-        substitutes, self.substitutes = self.substitutes, {}
-        return replace_tensors(out, lambda t: substitutes.get(id(t), t))
 
 
 def plan_interventions(intervene: Dict[Any, Intervention], first: ModelHistory) -> Interventions:

@@ -12,8 +12,7 @@ from typing import Any, Callable, Dict
 
 import torch
 
-from .capture.args import tensors_in
-from .capture.tracer import empty_out
+from .capture import empty_out, tensors_in
 from .records.tensor_log import ParentRef, TensorLogEntry
 from .replay_guard import ReplayGuard, ReplayRefusedError, nbytes_of, replay_limit
 

@@ -30,8 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from ..arguments import ArgumentValueError, check, refuse_type, require_instance
-from .capture.constructors import allocates_uninitialised
-from .capture.run import RngState
+from .capture import RngState, allocates_uninitialised
 from .history.model_history import ModelHistory
 from .records.meta import is_meta_history, refuse_meta
 from .records.tensor_log import ParentRef, TensorLogEntry

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..capture import PassRecords
+
 
 class FusedAttention(TorchFunctionMode):
     """Runs meta ``scaled_dot_product_attention`` calls by the fused operator; others as they are.
@@ -29,9 +31,9 @@ class FusedAttention(TorchFunctionMode):
         (torch.Size([1, 2, 8, 4]), 'ScaledDotProductFlashAttentionForCpuBackward0')
     """
 
-    def __init__(self, tracer: Any = None) -> None:
+    def __init__(self, records: Optional[PassRecords] = None) -> None:
         super().__init__()
-        self.tracer = tracer  # paused while the replacement runs: the model's op is the sdpa call
+        self.records = records  # the pass, paused while the replacement runs: the model's op is the sdpa call
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
@@ -39,15 +41,10 @@ class FusedAttention(TorchFunctionMode):
         # during a traced pass torch may hand over torchlens's wrapper of the function
         if getattr(func, "__wrapped__", func) is not _SDPA or not getattr(query, "is_meta", False):
             return func(*args, **kwargs)
-        tracer = self.tracer
-        paused = tracer is not None and tracer.paused
-        if tracer is not None:
-            tracer.paused = True
-        try:
+        if self.records is None:
             return _fused(*args, **kwargs)
-        finally:
-            if tracer is not None:
-                tracer.paused = paused
+        with self.records.paused():
+            return _fused(*args, **kwargs)
 
 
 _SDPA = F.scaled_dot_product_attention

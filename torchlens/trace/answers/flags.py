@@ -16,7 +16,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..capture.save_plan import SavePlan
+from ..capture import SavePlan
 from ..records.tensor_log import TensorLogEntry
 
 # kinds of records whose tensor is made during the pass (hooks on these vanish with the graph)

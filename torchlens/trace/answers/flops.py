@@ -11,10 +11,12 @@ operator, which its table lacks, is counted by the formula of the GPU one.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..capture import PassRecords
 
 
 class OpFlops(TorchDispatchMode):
@@ -29,9 +31,9 @@ class OpFlops(TorchDispatchMode):
         {'mm': 48}
     """
 
-    def __init__(self, counts: Dict[Any, int], where: Callable[[], Any], tracer: Any = None) -> None:
+    def __init__(self, counts: Dict[Any, int], where: Callable[[], Any], records: Optional[PassRecords] = None) -> None:
         super().__init__()
-        self.tracer = tracer  # paused while an operator runs here: its parts are no ops of the model
+        self.records = records  # the pass, paused while an operator runs here: its parts are no ops of the model
         from torch.utils.flop_counter import flop_registry  # loaded on first use only
 
         aten = torch.ops.aten
@@ -45,14 +47,11 @@ class OpFlops(TorchDispatchMode):
         self.where = where
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        tracer = self.tracer
-        if tracer is None or tracer.paused:
+        records = self.records
+        if records is None or records.is_paused:
             return self._run(func, args, kwargs or {})
-        tracer.paused = True
-        try:
+        with records.paused():
             return self._run(func, args, kwargs or {})
-        finally:
-            tracer.paused = False
 
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         rule = self.registry.get(func._overloadpacket)

@@ -20,18 +20,22 @@ import torch
 from torch import nn
 
 from ...arguments import ArgumentValueError, check
-from ..capture import ops
-from ..capture.args import tensors_in, tensors_in_call
-from ..capture.meta import MetaCopies, check_device, inputs_on
-from ..capture.modules import BufferSnapshot
-from ..capture.observer import PassObserver, PassRecords
-from ..capture.run import run_pass
-from ..capture.save_plan import SavePlan
-from ..capture.unwrap import eager_only, traceable_model
+from ..capture import (
+    MetaCopies,
+    PassHook,
+    PassRecords,
+    SavePlan,
+    check_device,
+    eager_only,
+    inputs_on,
+    tensors_in,
+    tensors_in_call,
+    traceable_model,
+)
 from ..history.model_history import ModelHistory
 from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
-from ..postprocess import build_history
 from ..records.format import human_bytes
+from ..traced_pass import traced_pass
 from .attention import FusedAttention
 from .flops import OpFlops
 from .optimizer_state import NAMES, optimizer_state
@@ -117,7 +121,7 @@ def memory_report(
     return report
 
 
-class _SavedTensors(PassObserver):
+class _SavedTensors(PassHook):
     """During the pass: which storages autograd saves, first by which op (raw index), and FLOPs."""
 
     def __init__(self, excluded: Dict[int, str], on_meta: bool) -> None:
@@ -129,13 +133,13 @@ class _SavedTensors(PassObserver):
         self.contexts: List[Any] = []
 
     def pass_started(self, records: PassRecords) -> None:
-        self.tracer = ops.ACTIVE.tracer
+        self.records = records
         contexts: List[Any] = [
             torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack),
-            OpFlops(self.flops, self.where, self.tracer),
+            OpFlops(self.flops, self.where, records),
         ]
         if self.on_meta:  # attention as a GPU's fused kernels keep it, not as meta's math path (attention.py)
-            contexts.append(FusedAttention(self.tracer))
+            contexts.append(FusedAttention(records))
         for context in contexts:
             context.__enter__()
             self.contexts.append(context)
@@ -146,23 +150,19 @@ class _SavedTensors(PassObserver):
 
     def where(self) -> int:
         """The op in progress: its output will be the next record the tracer makes."""
-        return len(self.tracer.entries)
+        return self.records.count
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        tracer = self.tracer
-        paused, tracer.paused = tracer.paused, True  # the calls below are ours, not the model's
-        try:
+        records = self.records
+        with records.paused():  # the calls below are ours, not the model's
             key, nbytes, storage = _storage_of(tensor)
             if key not in self.saved and key not in self.excluded:
-                self.saved[key] = (len(tracer.entries), nbytes)
+                self.saved[key] = (records.count, nbytes)
                 self.held.append(storage)
             # what autograd keeps: a detached alias. The tensor itself would make a cycle through
             # C++ when an op saves its own output (ReLU, tanh: the output's grad_fn holds the output),
             # which the garbage collector cannot see: the pass's saved tensors would outlive the report
-            packed = tensor.detach()
-        finally:
-            tracer.paused = paused
-        return packed
+            return tensor.detach()
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
@@ -186,23 +186,15 @@ def _measure(
     buffers = {id(b): b for b in model.buffers()}.values()
     excluded = {_storage_of(p)[0]: "param" for p in params}
     excluded.update({_storage_of(b)[0]: "buffer" for b in buffers})
-    args, kwargs, _ = copy_inputs(model, *inputs)
+    args, kwargs, _ = copy_inputs(model, *inputs)  # copied here: their storages are told apart from others
     tensors = [t for _, t in tensors_in_call(args, kwargs)]
     input_keys = {_storage_of(t)[0] for t in tensors}
     on_meta = any(t.is_meta for t in [*params, *buffers, *tensors])
     observer = _SavedTensors(excluded, on_meta)
-    snapshot = BufferSnapshot(model)
-    returned: List[Any] = []  # the outermost call's output: the last to finish
-    handle = model.register_forward_hook(lambda _m, _a, output: returned.append(output))
-    try:
-        result = run_pass(model, args, kwargs, SavePlan(), random_seed=0, observer=observer)
-    finally:
-        handle.remove()
-        snapshot.restore()
-    history = build_history(result)
-    cache = _cache_bytes(returned[-1]) if returned and not training else 0
-    returned.clear()  # nothing of the pass outlives it
-    del result, args, kwargs
+    traced = traced_pass(model, args, kwargs, SavePlan(), seed=0, hooks=[observer], keep_buffers=True)
+    history = traced.history
+    cache = _cache_bytes(traced.output) if not training else 0
+    del traced, args, kwargs  # nothing of the pass outlives it
     observer.held.clear()
     kept = [e.raw_index for e in history.layer_list]
     labels = [e.label for e in history.layer_list]

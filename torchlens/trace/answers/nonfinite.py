@@ -21,16 +21,12 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ...arguments import check
-from ..capture.args import tensors_in, tensors_in_call
-from ..capture.modules import RngState
-from ..capture.run import run_pass
-from ..capture.save_plan import add_note
-from ..capture.unwrap import eager_only, traceable_model
+from ..capture import RngState, add_note, eager_only, tensors_in, tensors_in_call, traceable_model
 from ..history.model_history import ModelHistory
-from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
-from ..postprocess import build_history
+from ..input_copy import as_args, as_kwargs, require_model
 from ..records.meta import is_meta_history, refuse_meta
 from ..records.tensor_log import TensorLogEntry
+from ..traced_pass import traced_pass
 from .flags import FlagPlan, FocusPlan, as_finite, as_nan_free, finite_flag, read_flags
 from .report import NonfiniteReport, nonfinite_kind, parent_stats
 from .snapshot import ModelSnapshot
@@ -112,29 +108,19 @@ class _Search:
 
     # ----- passes ---------------------------------------------------------------------------
     def traced(self, plan: Any) -> Tuple[ModelHistory, Any, Tuple[tuple, dict]]:
-        """run_pass on a fresh copy of the inputs, with the buffers as they were; also the
-        model's output object (what ``loss_fn`` gets) and the inputs the pass used."""
+        """A pass on a fresh copy of the inputs, with the buffers as they were and the snapshot
+        watching writes into parameters; also the model's output object (what ``loss_fn``
+        gets) and the inputs the pass used."""
         if self.passes:  # each pass starts from the buffers the first one found
             self.snapshot.restore_buffers()
         self.passes += 1
-        args, kwargs, _ = copy_inputs(self.model, self.args, self.kwargs)
-        outputs: List[Any] = []
-        model = self.model
-
-        def keep_output(module: nn.Module, _args: Any, output: Any) -> None:
-            if module is model and not outputs:
-                outputs.append(output)
-
-        handle = nn.modules.module.register_module_forward_hook(keep_output)
-        try:
-            result = run_pass(model, args, kwargs, plan, random_seed=self.seed)
-        finally:
-            handle.remove()
-        return build_history(result), (outputs[0] if outputs else None), (args, kwargs)
+        traced = traced_pass(
+            self.model, self.args, self.kwargs, plan, seed=self.seed, hooks=[self.snapshot], fresh_inputs=True
+        )
+        return traced.history, traced.output, traced.inputs
 
     def flag_pass(self, gradients: bool) -> "_FlagPass":
         plan = FlagPlan(gradients=gradients)
-        plan.write_watcher = self.snapshot
         try:
             history, output, inputs = self.traced(plan)
         except BaseException:
@@ -166,7 +152,6 @@ class _Search:
         them); None if the model ran differently this time."""
         by_label = {e.label: e for e in history.layer_list}
         plan = FocusPlan(frozenset(by_label[x].raw_index for x in labels if x in by_label), gradients)
-        plan.write_watcher = self.snapshot
         try:
             focused, output, inputs = self.traced(plan)
             if gradients:

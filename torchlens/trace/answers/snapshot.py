@@ -8,14 +8,12 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ..capture.copy_on_write import storage_key
-from ..capture.modules import BufferSnapshot
+from ..capture import BufferSnapshot, PassHook, storage_key
 
 
-class ModelSnapshot:
+class ModelSnapshot(PassHook):
     """Buffers (copied, as every pass does), and parameters copied only when a logged call is
-    about to write into one (or a view of one) during a pass: ``before_write``, the plans' write
-    watcher. Copying every parameter up front cost 10-20 % of a forward + backward, and a model
+    about to write into one (or a view of one) during a pass: ``before_write``, as a pass hook. Copying every parameter up front cost 10-20 % of a forward + backward, and a model
     rarely writes its own."""
 
     def __init__(self, model: nn.Module) -> None:

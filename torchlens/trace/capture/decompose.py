@@ -28,7 +28,7 @@ What "the same" means, measured on torch 2.14 (tests/test_decompose_attention.py
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Union
+from typing import Any, Callable, FrozenSet, Iterable, Optional, Union
 
 import torch
 
@@ -36,6 +36,7 @@ from ...arguments import describe
 from ...errors import TorchlensError
 from ..records.attention import ATTENTION_TYPE
 from .decorate import _make_wrapper
+from .hooks import PassHook
 from .ops import OpInfo
 
 # name users pass -> what it decomposes
@@ -77,9 +78,19 @@ def check_decompose(decompose: Union[None, str, Iterable[str]]) -> FrozenSet[str
     return frozenset(names)
 
 
-def decompositions(names: FrozenSet[str]) -> Dict[str, Callable[[Callable, tuple, dict], Callable]]:
-    """Wrapped function name -> chooser ``(original, args, kwargs) -> function to run``, for the tracer."""
-    return {_SDPA_NAME: choose_sdpa} if "sdpa" in names else {}
+class Decompositions(PassHook):
+    """The pass hook that runs the chosen calls as their math (see the module docstring)."""
+
+    def __init__(self, names: FrozenSet[str]) -> None:
+        self.before_calls = frozenset([_SDPA_NAME]) if "sdpa" in names else frozenset()
+
+    def before_call(self, name: str, func: Callable, args: tuple, kwargs: dict) -> Callable:
+        return choose_sdpa(func, args, kwargs)
+
+
+def decompositions(names: FrozenSet[str]) -> Optional[Decompositions]:
+    """The pass hook for ``decompose=names`` (checked by ``check_decompose``), or None for none."""
+    return Decompositions(names) if names else None
 
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -185,4 +196,4 @@ class FastPathOff:
             self.before = None
 
 
-__all__ = ["check_decompose", "decompositions", "sdpa_math", "FastPathOff", "DecomposeError"]
+__all__ = ["check_decompose", "Decompositions", "decompositions", "sdpa_math", "FastPathOff", "DecomposeError"]

@@ -29,6 +29,7 @@ from ...machine import available_memory
 from ..records.format import human_bytes
 from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
+from .hooks import PassHook, PassRecords
 from .modules import model_tensors
 
 
@@ -65,9 +66,10 @@ def _ways_out() -> str:
     )
 
 
-class MemoryCheck:
+class MemoryCheck(PassHook):
     """Adds up the bytes of the activations saved in one pass, per device, and warns once when
-    they pass what was free on that device when the check was made (see the module docstring)."""
+    they pass what was free on that device when the check was made (see the module docstring).
+    A pass hook: each pass it enters starts counting from zero."""
 
     def __init__(self, devices: Iterable[torch.device]) -> None:
         self.devices = set(devices)
@@ -116,7 +118,10 @@ class MemoryCheck:
                 )
                 return
 
-    def add(self, value: object) -> None:
+    def pass_started(self, records: PassRecords) -> None:
+        self.saved.clear()
+
+    def on_save(self, entry: TensorLogEntry, value: object) -> None:
         """One activation was saved (called during the pass, only for saved activations)."""
         if self.warned or not isinstance(value, torch.Tensor):
             return

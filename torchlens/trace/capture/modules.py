@@ -3,15 +3,15 @@ state that tracing must leave exactly as it found it."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
+
+from .rng import RngState
 
 
 @dataclass
@@ -225,27 +225,6 @@ def _kind(value: Any) -> int:
     if honest and len(_KINDS) < 10_000:  # bounded: classes made on the fly would pile up
         _KINDS[cls] = kind
     return kind
-
-
-class RngState:
-    """The caller's random number generator states, put back after the pass."""
-
-    def __init__(self) -> None:
-        self.capture()
-
-    def capture(self) -> None:
-        """Take the generators' states as they are now."""
-        self.python = random.getstate()
-        self.numpy = np.random.get_state()
-        self.torch = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-
-    def restore(self) -> None:
-        random.setstate(self.python)
-        np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
 
 
 class LazyInitialisation:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import random
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -21,12 +19,14 @@ from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
 from .collector import automatic_collection_paused
+from .hooks import PassHook, PassRecords
+from .lean import LeanTracer
 from .memory import ActivationMemoryWarning
 from .meta import active_modes, data_dependent_error, is_value_error, lost_op_notes, meta_note
-from .modules import LazyInitialisation, ModelInventory, ModelState, RngState, tensors_held
-from .observer import PassObserver, PassRecords
+from .modules import LazyInitialisation, ModelInventory, ModelState, tensors_held
 from .preexisting import PassStart
-from .save_plan import SavePlan
+from .rng import RngState, seed_everything
+from .save_plan import SavePlan, has_torchlens_note
 from .tracer import Tracer
 
 _PASS_LOCK = threading.Lock()
@@ -47,9 +47,10 @@ class PassResult:
     model_name: str
     random_seed: int
     elapsed: float
+    output: Any = None  # what the model returned (the pass's caller decides whether to keep it)
 
     @classmethod
-    def of(cls, tracer: Tracer, model_name: str, random_seed: int, elapsed: float) -> "PassResult":
+    def of(cls, tracer: Tracer, model_name: str, random_seed: int, elapsed: float, output: Any) -> "PassResult":
         return cls(
             records=tracer.entries,
             parent_refs=tracer.parent_placeholders,
@@ -62,20 +63,8 @@ class PassResult:
             model_name=model_name,
             random_seed=random_seed,
             elapsed=elapsed,
+            output=output,
         )
-
-
-def seed_everything(seed: Union[int, RngState]) -> None:
-    if isinstance(seed, RngState):  # the generators as they were at a given moment (tl.watch's sentinel)
-        seed.restore()
-        return
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    # torch.manual_seed would also queue a lazy CUDA seeding that captures a stack trace on
-    # every call; seed the CPU generator directly and CUDA only when it is in use.
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():
-        torch.cuda.manual_seed_all(seed)
 
 
 @functools.lru_cache(maxsize=256)
@@ -144,100 +133,118 @@ def run_pass(
     args: tuple,
     kwargs: dict,
     plan: SavePlan,
+    *,
     random_seed: Union[int, RngState],
-    save_function_args: bool = False,
-    save_gradients: bool = False,
-    observer: Optional[PassObserver] = None,
-    tracer_type: Type[Tracer] = Tracer,
+    hooks: Sequence[PassHook] = (),
+    lean: bool = False,
     session: Optional["PassSession"] = None,
 ) -> PassResult:
-    """Run ``model(*args, **kwargs)`` once with the decorator layer installed; ``random_seed``
-    seeds the generators, or is the ``RngState`` they start from. ``tracer_type``: the tracer
-    that records it (``capture.lean.LeanTracer`` for a pass of known structure); ``session``:
-    what passes on the same model share (see ``PassSession``)."""
+    """Run ``model(*args, **kwargs)`` once with the decorator layer installed and torch and the
+    model put back afterwards. ``plan``: what to save; ``random_seed`` seeds the generators, or is
+    the ``RngState`` they start from; ``hooks``: the features that enter the pass
+    (``capture/hooks.py``); ``lean``: record metadata only, for a pass of known structure
+    (``capture/lean.py``); ``session``: what passes on the same model share (``PassSession``).
+
+    Example:
+        >>> result = run_pass(nn.Linear(2, 2), (torch.ones(1, 2),), {}, SavePlan(save_all=True), random_seed=0)
+        >>> [r.layer_type for r in result.records], tuple(result.output.shape)
+        (['input', 'linear', 'output'], (1, 2))
+    """
     _check_not_nested()
     with _PASS_LOCK, automatic_collection_paused():  # see collector.py
-        table = decorate.current_wrapper_table()
         inventory = session.inventory_of(model) if session is not None else ModelInventory.of(model)
-        state = ModelState.of(model, inventory)
-        tracer = tracer_type(inventory, plan, save_function_args, save_gradients)
-        rng = RngState()
-        lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
-        if session is not None:
-            bound_refs = session.bound_references(table, model, inventory)
-        else:
-            bound_refs = BoundReferences(table, model, inventory.modules)
-        hooks = []
-        start = perf_counter()
-        stale: List[Any] = []
+        tracer = (LeanTracer if lean else Tracer)(inventory, plan, hooks)
+        versions = None
         if tracer.shared is not None:  # to know whether a rerun would start where this pass did
             watched = inventory.buffers + [t for _, t in tensors_in_call(args, kwargs)]
             versions = (watched, _versions(watched))
-        # after this, a tensor without a record that is new is a gap; an old one is a constant
-        tracer.pass_start = PassStart()
-        observed = False
-        modes = active_modes()  # a mode may hide calls from the wrappers: noted after the pass
-        on_meta = any(t.is_meta for t in inventory.parameters + inventory.buffers) or any(
-            t.is_meta for _, t in tensors_in_call(args, kwargs)
-        )
-        try:
-            seed_everything(random_seed)
-            ops.install(table)
-            bound_refs.install()
-            tracer.known = {**bound_refs.global_tensors, **inventory.constants}
-            hooks.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
-            hooks.append(nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True))
-            ops.ACTIVE.tracer = tracer
-            if observer is not None:
-                observer.pass_started(PassRecords(tracer))
-                observed = True
-            tracer.add_inputs(named_inputs(model, args, kwargs))
-            try:
-                output = tracer.run_model(model, args, kwargs)
-            except Exception as error:
-                if on_meta and is_value_error(error):  # control flow that reads values: name the line
-                    raise data_dependent_error(error, tracer.error_context) from error
-                _annotate(error, tracer, model)
-                raise
-            tracer.add_outputs(output)
-            tracer.notes.extend(lost_op_notes(modes, tracer.entries))
-            if on_meta:
-                tracer.notes.append(meta_note(model))
-            tracer.mark_buffer_writes()
-            if tracer.shared is not None:  # what the caller and model hold is only walked to copy from it
-                stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
-            if lazy is not None:
-                inventory.describe_materialised()
-        finally:
-            if observed:
-                observer.pass_ended()
-            tracer.pass_start.end()
-            tracer.stack.forget()
-            if lazy is not None:
-                lazy.remove()
-            ops.ACTIVE.tracer = None
-            for handle in hooks:
-                handle.remove()
-            bound_refs.uninstall()
-            ops.uninstall(table)
-            state.restore()
-            rng.restore()
+        start = perf_counter()
+        with _installed(model, tracer, random_seed, session):
+            output, stale = _run_model(model, args, kwargs, tracer)
         elapsed = perf_counter() - start
     if stale:
+        plan.copy_at_once = True
         return _rerun_copying(
-            model,
-            args,
-            kwargs,
-            plan,
-            random_seed=random_seed,
-            save_function_args=save_function_args,
-            save_gradients=save_gradients,
-            stale=stale,
-            versions=versions,
-            session=session,
+            model, (args, kwargs), plan, stale, versions, random_seed=random_seed, hooks=hooks, session=session
         )
     seed = random_seed if isinstance(random_seed, int) else -1  # -1: it started from given generator states
-    return PassResult.of(tracer, type(model).__name__, seed, elapsed)
+    return PassResult.of(tracer, type(model).__name__, seed, elapsed, output)
+
+
+@contextlib.contextmanager
+def _installed(
+    model: nn.Module, tracer: Tracer, random_seed: Union[int, RngState], session: Optional["PassSession"]
+) -> Iterator[None]:
+    """Torch patched, the module hooks registered and the pass's hooks started; on the way out
+    everything put back (wrappers, hooks, the model's flags, the caller's generators)."""
+    table = decorate.current_wrapper_table()
+    inventory = tracer.inventory
+    state = ModelState.of(model, inventory)
+    rng = RngState()
+    lazy = LazyInitialisation(model, tracer, rng) if inventory.has_lazy else None
+    if session is not None:
+        bound_refs = session.bound_references(table, model, inventory)
+    else:
+        bound_refs = BoundReferences(table, model, inventory.modules)
+    handles = []
+    started: List[PassHook] = []
+    # after this, a tensor without a record that is new is a gap; an old one is a constant
+    tracer.pass_start = PassStart()
+    try:
+        seed_everything(random_seed)
+        ops.install(table)
+        bound_refs.install()
+        tracer.known = {**bound_refs.global_tensors, **inventory.constants}
+        handles.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
+        handles.append(nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True))
+        ops.ACTIVE.tracer = tracer
+        records = PassRecords(tracer)
+        for hook in tracer.hooks:
+            hook.pass_started(records)
+            started.append(hook)
+        yield
+    finally:
+        for hook in started:
+            hook.pass_ended()
+        tracer.pass_start.end()
+        tracer.stack.forget()
+        if lazy is not None:
+            lazy.remove()
+        ops.ACTIVE.tracer = None
+        for handle in handles:
+            handle.remove()
+        bound_refs.uninstall()
+        ops.uninstall(table)
+        state.restore()
+        rng.restore()
+
+
+def _run_model(model: nn.Module, args: tuple, kwargs: dict, tracer: Tracer) -> Tuple[Any, List[TensorLogEntry]]:
+    """The model's forward, traced: its output, and the saved activations written unseen."""
+    inventory = tracer.inventory
+    modes = active_modes()  # a mode may hide calls from the wrappers: noted after the pass
+    on_meta = any(t.is_meta for t in inventory.parameters + inventory.buffers) or any(
+        t.is_meta for _, t in tensors_in_call(args, kwargs)
+    )
+    tracer.add_inputs(named_inputs(model, args, kwargs))
+    try:
+        output = tracer.run_model(model, args, kwargs)
+    except Exception as error:
+        if on_meta and is_value_error(error):  # control flow that reads values: name the line
+            raise data_dependent_error(error, tracer.error_context) from error
+        _annotate(error, tracer, model)
+        raise
+    tracer.add_outputs(output)
+    tracer.notes.extend(lost_op_notes(modes, tracer.entries))
+    if on_meta:
+        tracer.notes.append(meta_note(model))
+    tracer.mark_buffer_writes()
+    stale: List[TensorLogEntry] = []
+    if tracer.shared is not None:  # what the caller and model hold is only walked to copy from it
+        stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
+    if inventory.has_lazy:
+        inventory.describe_materialised()
+    return output, stale
 
 
 class PassSession:
@@ -353,11 +360,19 @@ def _versions(tensors: List[torch.Tensor]) -> List[int]:
 
 
 def _rerun_copying(
-    model, args, kwargs, plan, random_seed, save_function_args, save_gradients, stale, versions, session=None
-) -> "PassResult":
+    model: nn.Module,
+    inputs: Tuple[tuple, dict],
+    plan: SavePlan,
+    stale: List[TensorLogEntry],
+    versions: Any,
+    *,
+    random_seed: Union[int, RngState],
+    hooks: Sequence[PassHook],
+    session: Optional["PassSession"],
+) -> PassResult:
     """A saved activation was written by something the tracer does not see: run the pass again,
-    copying every activation when it is made. Only possible if the first run left the model's
-    buffers and the inputs as they were."""
+    copying every activation when it is made (``plan.copy_at_once``). Only possible if the first
+    run left the model's buffers and the inputs as they were."""
     tensors, before = versions
     if _versions(tensors) != before:
         names = ", ".join(e.layer_type for e in stale[:5])
@@ -366,19 +381,7 @@ def _rerun_copying(
             "it does not trace), and it changed its buffers or inputs in place, so the pass cannot simply be run "
             "again. Pass activation_postfunc=lambda t: t, which copies every activation when it is made."
         )
-    plan.copy_at_once = True
-    if plan.memory is not None:
-        plan.memory.saved.clear()  # the new run's activations are counted again
-    result = run_pass(
-        model,
-        args,
-        kwargs,
-        plan,
-        random_seed=random_seed,
-        save_function_args=save_function_args,
-        save_gradients=save_gradients,
-        session=session,
-    )
+    result = run_pass(model, *inputs, plan, random_seed=random_seed, hooks=hooks, session=session)
     result.notes.append(
         f"{len(stale)} saved activations were changed by a write torchlens does not see (a call it does not "
         "trace), so the pass was run a second time, copying every activation when it was made."
@@ -388,10 +391,8 @@ def _rerun_copying(
 
 def _annotate(error: BaseException, tracer: Tracer, model: nn.Module) -> None:
     """Add a note saying which operation was running; keep the model's own exception type."""
-    if error is tracer.plan.postfunc_error:
-        return  # not the model's error: activation_postfunc's, which has its own note
-    if tracer.intervention is not None and error is tracer.intervention.error:
-        return  # an intervene function's, which has its own note
+    if error is tracer.plan.postfunc_error or has_torchlens_note(error):
+        return  # not the model's error: activation_postfunc's or a hook's (intervene=), which has its own note
     if isinstance(error, ActivationMemoryWarning):
         return  # torchlens's own warning, made an error by a warnings filter
     where = tracer.error_context or (
@@ -414,8 +415,6 @@ __all__ = [
     "check_not_capturing",
     "run_pass",
     "PassResult",
-    "RngState",
-    "seed_everything",
     "named_inputs",
     "PassSession",
     "HeldWrappers",

@@ -1,8 +1,9 @@
-"""Which tensors a pass copies, and how (device, detach, post-function)."""
+"""What a pass saves: which activations, how they are copied (device, detach, post-function),
+and whether each call's arguments and the gradients are kept too."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple, Union
+from typing import Callable, FrozenSet, Optional, Tuple, Union
 
 import torch
 
@@ -14,7 +15,10 @@ class SavePlan:
 
     ``raw_indices`` (positions in execution order) is used by the second pass of a two-pass
     request; ``type_substrings``, ``modules`` and ``addresses`` (of inputs, outputs and
-    buffers) are requests that can be resolved during the pass itself.
+    buffers) are requests that can be resolved during the pass itself. ``save_function_args``
+    keeps each call's arguments (for replays); ``save_gradients`` records each saved tensor's
+    gradient when backward runs through it. Everything else a feature adds to a pass is a
+    ``PassHook`` (capture/hooks.py), not part of the plan.
     """
 
     def __init__(
@@ -27,6 +31,8 @@ class SavePlan:
         output_device: Union[str, torch.device] = "same",
         activation_postfunc: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         detach: bool = False,
+        save_function_args: bool = False,
+        save_gradients: bool = False,
     ) -> None:
         self.save_all = save_all
         self.raw_indices = raw_indices or frozenset()
@@ -36,18 +42,13 @@ class SavePlan:
         self.device = None if output_device in (None, "same") else torch.device(output_device)
         self.postfunc = activation_postfunc
         self.detach = detach
+        self.save_function_args = save_function_args
+        self.save_gradients = save_gradients
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
-        self.intervention: Any = None  # torchlens.trace.intervene.Interventions of this pass, if any
-        self.memory: Any = None  # capture.memory.MemoryCheck: adds up the saved bytes, if set
-        self.copy_at_once = False  # True: never keep an activation uncopied (see capture/shared.py)
-        # log_forward_pass(decompose=...): wrapped function name -> chooser of what runs (capture/decompose.py)
-        self.decompositions: Dict[str, Callable[[Callable, tuple, dict], Callable]] = {}
+        self.copy_at_once = False  # True: never keep an activation uncopied (see capture/copy_on_write.py)
 
     # subclasses that write activations elsewhere (save_to) say False
     keeps_tensors = True
-    # an object whose before_write(tensor) is called before a logged call writes into tensor
-    # (in place or out=); find_nonfinite copies a parameter there, the first time it is written
-    write_watcher: Any = None
 
     @property
     def can_share(self) -> bool:
@@ -103,6 +104,14 @@ class SavePlan:
             "to there: fix the function (it receives a copy of every saved activation) or pass "
             "activation_postfunc=None."
         )
+
+
+def has_torchlens_note(error: BaseException) -> bool:
+    """The error already says what torchlens knows of it (a note added by ``add_note``)."""
+    notes = getattr(error, "__notes__", None) or ()
+    return any(isinstance(n, str) and n.startswith("torchlens:") for n in notes) or (
+        bool(error.args) and isinstance(error.args[0], str) and "\ntorchlens:" in error.args[0]
+    )
 
 
 def add_note(error: BaseException, note: str) -> None:

@@ -55,6 +55,7 @@ from .constructors import CODES as CONSTRUCTOR_CODES
 from .copy_on_write import SharedActivations
 from .decorate import _make_wrapper, writes_in_place
 from .gradients import record_gradient
+from .hooks import PassHook, call_choosers, overriding
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
 from .ops import OpInfo
@@ -100,27 +101,36 @@ def _skip_code_ids() -> frozenset:
 
 
 class Tracer:
-    """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``."""
+    """Records one forward pass. Created, used and discarded by ``capture.run.run_pass``.
 
-    def __init__(
-        self, inventory: ModelInventory, plan: SavePlan, save_function_args: bool = False, save_gradients: bool = False
-    ) -> None:
+    A subclass records differently by overriding the small steps of the hot path (``_frames``,
+    ``_new_op``, ``_add``, ``_note_frame_depth``): ``capture/lean.py`` is one. Features enter
+    through ``hooks`` (``capture/hooks.py``), never by changing the tracer.
+    """
+
+    def __init__(self, inventory: ModelInventory, plan: SavePlan, hooks: Sequence[PassHook] = ()) -> None:
         self.thread_id = _get_ident()
         self.paused = False
         self.depth = 0
         self.inventory = inventory
         self.plan = plan
-        self.save_function_args = save_function_args
-        self.save_gradients = save_gradients
-        self.decompositions = plan.decompositions
-        self.intervention = plan.intervention  # log_forward_pass(intervene=...): see torchlens/intervene.py
-        self.memory = plan.memory  # adds up saved bytes, to warn before they outgrow free memory
+        self.save_function_args = plan.save_function_args
+        self.save_gradients = plan.save_gradients
+        self.hooks = tuple(hooks)
+        # only what a hook overrides is called: an empty list costs the hot path one test
+        self.choosers = call_choosers(self.hooks)  # function name -> before_call (decompositions)
+        self.recorders = overriding(self.hooks, "on_record")  # e.g. interventions
+        self.savers = overriding(self.hooks, "on_save")  # e.g. the memory check
+        # tensor id -> what replaces it in the call's result (a recorder returned another tensor)
+        self.substitutes: Dict[int, torch.Tensor] = {}
         # saved activations not copied until written (capture/shared.py); None: copy at once, or
         # nothing to copy (a plan that saves nothing: no storages to track, nothing to check after)
         share = plan.can_share and not plan.saves_nothing
         self.shared = SharedActivations(inventory.parameters + inventory.buffers) if share else None
-        # told before a logged call writes into a tensor (in place or out=): the copies above, the plan's watcher
-        self.write_watchers = [w for w in (self.shared, plan.write_watcher) if w is not None]
+        # told before a logged call writes into a tensor (in place or out=): the copies above, the hooks
+        self.write_watchers: List[Callable[[torch.Tensor], None]] = overriding(self.hooks, "before_write")
+        if self.shared is not None:
+            self.write_watchers.insert(0, self.shared.before_write)
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
         # tensors known to have existed before the pass, id -> tensor: found cheaply at the
@@ -154,10 +164,11 @@ class Tracer:
         caller = sys._getframe(2)
         if KERNEL_FILES[caller.f_code.co_filename]:  # part of an operator's kernel (see sites.py)
             return run_kernel_call(func, args, kwargs)
-        if self.decompositions and info.name in self.decompositions:  # capture/decompose.py
-            chosen = self.decompositions[info.name](func, args, kwargs)
-            if chosen is not func:  # its math, whose torch calls are logged as if the model made them
-                return chosen(*args, **kwargs)
+        if self.choosers and info.name in self.choosers:  # e.g. capture/decompose.py
+            for choose in self.choosers[info.name]:
+                chosen = choose(info.name, func, args, kwargs)
+                if chosen is not func:  # e.g. its math, whose torch calls are logged as the model's
+                    return chosen(*args, **kwargs)
         outermost = self.depth == 0
         if outermost:
             self.caller_frame = caller
@@ -200,9 +211,14 @@ class Tracer:
             self.paused = False
             if outermost:
                 self.caller_frame = None
-        if self.intervention is not None and self.intervention.substitutes:
-            out = self.intervention.substitute(out)  # the model goes on with the replaced value
+        if self.substitutes:
+            out = self._substitute(out)  # the model goes on with the replaced value
         return out
+
+    def _substitute(self, out: Any) -> Any:
+        """``out`` with each tensor a recorder replaced swapped for its replacement."""
+        substitutes, self.substitutes = self.substitutes, {}
+        return replace_tensors(out, lambda t: substitutes.get(id(t), t))
 
     def _log_call(
         self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int, rng_state=None
@@ -234,20 +250,18 @@ class Tracer:
             func_kwargs = replace_tensors(kwargs, self._placeholder)
             if out_arg is not None:  # replays write into a fresh, empty tensor of the same kind
                 func_kwargs["out"] = replace_tensors(out_arg, empty_out)
-        entries = self.entries
         inventory_params = self.inventory.param_addresses
         condition, self.pending_condition = self.pending_condition, None
         positional = info.name in POSITIONAL_OUTPUTS
         output_rule = OUTPUT_PARENTS.get(info.name) if len(outputs) > 1 else None
         for position, tensor in outputs:
-            e = TensorLogEntry(len(entries), "op", info.layer_type, func, func_name=info.name)
-            e.parent_refs = matching_parents(parents, position) if positional else parents
+            refs = matching_parents(parents, position) if positional else parents
             if output_rule is not None and head(position) in output_rule:
                 allowed = output_rule[head(position)]
-                e.parent_refs = [(p, pos) for p, pos in e.parent_refs if head(pos) in allowed]
+                refs = [(p, pos) for p, pos in refs if head(pos) in allowed]
+            e = self._new_op(func, info, refs, frames)
             e.param_addresses = params
             e.module_stack = self.module_stack
-            e.call_frames = frames
             e.elapsed = elapsed
             e.is_inplace = info.is_inplace
             e.output_index = position
@@ -258,6 +272,13 @@ class Tracer:
             self._add(e, tensor, track=id(tensor) not in inventory_params)
         if info.is_inplace and isinstance(target, _Tensor) and target._base is not None:
             self._write_through(target, e, frames)
+
+    def _new_op(self, func: Callable, info: OpInfo, parent_refs: list, frames: tuple) -> TensorLogEntry:
+        """The record of one output of a logged operation (its other fields are set by the caller)."""
+        e = TensorLogEntry(len(self.entries), "op", info.layer_type, func, func_name=info.name)
+        e.parent_refs = parent_refs
+        e.call_frames = frames
+        return e
 
     def _write_through(self, view: torch.Tensor, written: TensorLogEntry, frames: tuple) -> None:
         """An in-place operation on a view also changed its base tensor: give the base a new
@@ -293,10 +314,12 @@ class Tracer:
     # ----- helpers of the hot path -----------------------------------------------------------
     def _add(self, e: TensorLogEntry, tensor: torch.Tensor, track: bool) -> None:
         """Append a new record for ``tensor``: metadata, saved copy, gradient hook, tracking."""
-        if self.intervention is not None:
-            if self.shared is not None and e.raw_index in self.intervention.targets:
-                self.shared.before_write(tensor)  # the replacement may be written into it
-            tensor = self.intervention.apply(e, tensor)
+        if self.recorders:
+            original = tensor
+            for on_record in self.recorders:
+                tensor = on_record(e, tensor)
+            if tensor is not original:  # what the call returns is replaced (see _substitute)
+                self.substitutes[id(original)] = tensor
         self._describe_tensor(e, tensor)
         self.entries.append(e)
         if self.plan.wants(e):
@@ -313,22 +336,22 @@ class Tracer:
             saved = self.shared.keep(tensor, e, self.plan.detach)
         if saved is None:
             saved = self.plan.copy(tensor, e)
-        if self.memory is not None:
-            self.memory.add(saved)
+        for on_save in self.savers:
+            on_save(e, saved)
         return saved
 
     def _before_write(self, args: tuple, kwargs: dict, inplace: bool) -> None:
         """An in-place or ``out=`` call is about to run: saved activations in its target's
-        memory get their copies first (and the plan's write watcher is told)."""
+        memory get their copies first (and the hooks watching writes are told)."""
         self.paused = True
         try:
             out = kwargs.get("out") if kwargs else None
             targets = [t for _, t in tensors_in(out)] if out is not None else []
             if inplace and args:
                 targets.append(args[0])
-            for watcher in self.write_watchers:
+            for before_write in self.write_watchers:
                 for t in targets:
-                    watcher.before_write(t)
+                    before_write(t)
         finally:
             self.paused = False
 
@@ -505,9 +528,13 @@ class Tracer:
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
         if address in self.inventory.weighted_modules:
-            self.module_frame_depths[(address, n)] = self.stack.count(sys._getframe(1))
+            self._note_frame_depth(address, n)
         self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
         self.module_stack = self.module_stack + ((address, n),)
+
+    def _note_frame_depth(self, address: str, n: int) -> None:
+        """How many call frames lie above this module call (frame 2: module_pre_hook's caller)."""
+        self.module_frame_depths[(address, n)] = self.stack.count(sys._getframe(2))
 
     def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.paused or self.thread_id != _get_ident():
@@ -532,8 +559,8 @@ class Tracer:
                 self.module_outputs.setdefault((address, n), []).append((position, e))
                 if e.activation is None and self.plan.wants_module(address, n):
                     e.activation = self._save(tensor, e)
-            if self.intervention is not None and self.intervention.substitutes:
-                return self.intervention.substitute(output)  # a pass-through module's output was replaced
+            if self.substitutes:
+                return self._substitute(output)  # a pass-through module's output was replaced
         finally:
             self.module_stack = outer_stack
             self.paused = False

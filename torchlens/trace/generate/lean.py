@@ -16,8 +16,7 @@ import dataclasses
 from time import perf_counter
 from typing import Any, Callable, Dict, List
 
-from ..capture.lean import describe, first_difference, signature
-from ..capture.run import PassResult
+from ..capture import PassResult, describe, first_difference, signature
 from ..history.model_history import ModelHistory
 from ..records.tensor_log import TensorLogEntry
 from .errors import StepStructureError

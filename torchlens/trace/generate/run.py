@@ -36,20 +36,27 @@ import torch
 from torch import nn
 
 from ...arguments import PathExistsError, check_arguments
-from ..capture.args import tensors_in
-from ..capture.decompose import FastPathOff, check_decompose, decompositions
-from ..capture.lean import LeanTracer
-from ..capture.modules import ModelInventory, RngState, traced_addresses
-from ..capture.run import HeldWrappers, PassSession, run_pass, seed_everything
-from ..capture.save_plan import SavePlan
-from ..capture.tracer import Tracer
-from ..capture.unwrap import eager_only
+from ..capture import (
+    FastPathOff,
+    HeldWrappers,
+    ModelInventory,
+    PassSession,
+    RngState,
+    SavePlan,
+    check_decompose,
+    decompositions,
+    eager_only,
+    seed_everything,
+    tensors_in,
+    traced_addresses,
+)
 from ..history.index import build_lookup
 from ..history.model_history import ModelHistory
 from ..input_copy import require_model
 from ..layer_request import LayerKey, LayerRequest, entries_for_key, parse_request
-from ..postprocess import build_history, drop_unsaved
+from ..postprocess import drop_unsaved
 from ..records.meta import refuse_meta
+from ..traced_pass import traced_pass
 from .errors import GenerateArgumentError, NotGenerativeError, StepStructureError
 from .lean import Structure, calls_differ, check, lean_history
 from .result import STEP_FOLDER, GenerateHistory, write_manifest
@@ -185,14 +192,12 @@ class _Steps:
 
     def _plan(self, stream: Any, **which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        made = make(
+        return make(
             output_device=self.options["output_device"],
             activation_postfunc=self.options["activation_postfunc"],
             detach=self.options["detach"],
             **which,
         )
-        made.decompositions = self.decompositions
-        return made
 
     def _request_plan(self, stream: Any, template: Optional[_Template]) -> SavePlan:
         request = self.request
@@ -214,42 +219,39 @@ class _Steps:
             if address:
                 self.calls.append(address)
 
-    def _pass(self, index: int, args: tuple, kwargs: dict, plan: SavePlan, tracer_type: Any = Tracer) -> Any:
-        """The step's pass: (its records, the model's output, the module calls it made)."""
-        outputs: List[Any] = []
+    def _pass(self, index: int, args: tuple, kwargs: dict, plan: SavePlan, lean: bool = False) -> Any:
+        """The step's pass (a ``TracedPass``: records, history, the model's output) and the module
+        calls it made."""
         model = self.model
-        self.restore_forward()  # the pass calls the model's own forward; a hook hands us its output
-
-        def keep_output(module: nn.Module, a: Any, output: Any) -> None:
-            if module is model:
-                outputs.append(output)
+        self.restore_forward()  # the pass calls the model's own forward
 
         # the root's own hooks ran around this call already (generate called the model): not again inside
         own = vars(model)
         own_hooks = {name: own[name] for name in _ROOT_HOOKS if own.get(name)}
         for name, hooks in own_hooks.items():
             own[name] = type(hooks)()
-        handle = nn.modules.module.register_module_forward_hook(keep_output)
-        calls = self.calls = []
+        calls: List[str] = []
+        self.calls = calls
         recorder = nn.modules.module.register_module_forward_pre_hook(self._record_calls)
+        hooks = [self.decompositions] if self.decompositions is not None else []
         try:
-            result = run_pass(
-                model, args, kwargs, plan, random_seed=self.seed + index, tracer_type=tracer_type, session=self.session
+            traced = traced_pass(
+                model, args, kwargs, plan, seed=self.seed + index, hooks=hooks, lean=lean, session=self.session
             )
         finally:
             recorder.remove()
             self.calls = None
-            handle.remove()
             own.update(own_hooks)
             own["forward"] = self.forward
-        return result, outputs[-1], calls
+        return traced, calls
 
     def _traced_step(self, index: int, key: Tuple[Any, ...], args: tuple, kwargs: dict, stream: Any) -> Any:
         template = self.templates.get(key)
         plan = self._request_plan(stream, template)
-        result, output, calls = self._pass(index, args, kwargs, plan)
+        traced, calls = self._pass(index, args, kwargs, plan)
+        result, output = traced.result, traced.output
         structure = Structure(index, result, calls) if self.lean and template is None else None
-        history = build_history(result)
+        history = traced.history  # post-processed after the structure read the raw records
         for note in history.notes:
             if note not in self.options["notes"]:
                 self.options["notes"].append(note)
@@ -277,11 +279,11 @@ class _Steps:
         return history, output
 
     def _lean_step(self, index: int, structure: Structure, args: tuple, kwargs: dict, stream: Any) -> Any:
-        result, output, calls = self._pass(index, args, kwargs, self._plan(stream), tracer_type=LeanTracer)
+        traced, calls = self._pass(index, args, kwargs, self._plan(stream), lean=True)
         start = perf_counter()
-        check(index, structure, result, calls)
+        check(index, structure, traced.result, calls)
         self.lean_steps.append(index)
-        return lean_history(structure, result, start), output
+        return lean_history(structure, traced.result, start), traced.output
 
     def _resolve(self, history: ModelHistory) -> Set[int]:
         """Entries the request's keys name in this step; keys no step matches fail at the end."""

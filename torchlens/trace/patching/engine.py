@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from ..api import log_forward_pass
-from ..capture.args import tensors_in
-from ..capture.modules import BufferSnapshot, RngState
+from ..capture import BufferSnapshot, RngState, tensors_in
 from ..history.model_history import ModelHistory
 from ..input_copy import copy_inputs
 from ..records.tensor_log import TensorLogEntry

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..api import log_forward_pass
-from ..capture.modules import RngState
+from ..capture import RngState
 from ..history.model_history import ModelHistory
 from ..records.tensor_log import TensorLogEntry
 from ..rerun import RerunError

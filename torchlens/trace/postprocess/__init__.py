@@ -5,7 +5,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Dict, List
 
-from ..capture.run import PassResult
+from ..capture import PassResult
 from ..history.index import build_lookup
 from ..history.model_history import ModelHistory, ModuleInfo
 from ..records.tensor_log import TensorLogEntry

@@ -150,8 +150,7 @@ def _is_traced_operation(func: Any, name: str) -> bool:
         return False
     if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return _operator_allowed(func)
-    from ..capture.decorate import wrapper_table
-    from ..capture.tracer import identity, write_through_view
+    from ..capture import identity, wrapper_table, write_through_view
 
     if func is identity or func is write_through_view:
         return True

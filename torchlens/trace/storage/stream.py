@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ...arguments import ArgumentValueError, PathExistsError
-from ..capture.save_plan import SavePlan
+from ..capture import SavePlan
 from .codec import Encoder, Written
 from .save import INDEX_FILE, encode_history, write_index
 from .shards import ShardWriter
