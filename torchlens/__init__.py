@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, List
 
 from .errors import TorchlensError
 from .trace.api import get_model_metadata, log_forward_pass, validate_model_activations
-from .trace.capture.memory import ActivationMemoryWarning
+from .trace.capture import ActivationMemoryWarning
 from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
 from .trace.records.meta import MetaDeviceError
@@ -55,7 +55,7 @@ _LAZY = {
     "GraphvizNotFoundError": "torchlens.trace.render",
     "show_model_graph": "torchlens.trace.show",
     "RerunError": "torchlens.trace.rerun",
-    "DecomposeError": "torchlens.trace.capture.decompose",
+    "DecomposeError": "torchlens.trace.capture",
     "AttentionNotFoundError": "torchlens.trace.history.attention",
     "validate_history": "torchlens.trace.validate",
     **{name: "torchlens.trace.storage" for name in ("load", "HistoryFileError", "UnsavedValuesWarning")},
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
         find_nonfinite,
         memory_report,
     )
-    from .trace.capture.decompose import DecomposeError
+    from .trace.capture import DecomposeError
     from .trace.generate import GenerateHistory, log_generate
     from .trace.history.attention import AttentionNotFoundError
     from .trace.patching import PatchError, PatchGrid, PatchResult, patch, patch_sweep

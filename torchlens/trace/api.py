@@ -13,21 +13,36 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..arguments import ArgumentValueError, check, check_arguments, require_choice
-from .capture.args import tensors_in
-from .capture.collector import automatic_collection_paused
-from .capture.decompose import FastPathOff, check_decompose, decompositions
-from .capture.memory import MemoryCheck
-from .capture.meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
-from .capture.modules import BufferSnapshot, model_tensors, traced_addresses
-from .capture.run import RngState, run_pass, seed_everything
-from .capture.save_plan import SavePlan
-from .capture.unwrap import compiled_function_notes, eager_only, traceable_model
+from .capture import (
+    BufferSnapshot,
+    FastPathOff,
+    MemoryCheck,
+    MetaCopies,
+    PassHook,
+    RngState,
+    SavePlan,
+    automatic_collection_paused,
+    check_decompose,
+    check_device,
+    compiled_function_notes,
+    decompositions,
+    eager_only,
+    inputs_on,
+    is_meta_pass,
+    model_tensors,
+    refuse_meta,
+    seed_everything,
+    tensors_in,
+    traceable_model,
+    traced_addresses,
+)
 from .history.model_history import ModelHistory
 from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
-from .postprocess import build_history, drop_unsaved
+from .postprocess import drop_unsaved
 from .records.meta import MetaDeviceError
+from .traced_pass import traced_pass
 
 
 def _streamed_save(path: Any, save_gradients: bool) -> Any:
@@ -164,14 +179,17 @@ def log_forward_pass(
     # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
     memory = MemoryCheck.for_pass(model, args, kwargs, output_device) if stream is None else None
 
-    def plan(**which) -> SavePlan:
+    def plan(**which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        made = make(
+        return make(
             output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
         )
-        made.memory = None if made.saves_nothing else memory
-        made.decompositions = decompositions(decomposed)
-        return made
+
+    decomposing = decompositions(decomposed)
+
+    def hooks(made: SavePlan, *more: Optional[PassHook]) -> List[PassHook]:
+        """The features that join a pass: the memory check where it saves, decompositions, ``more``."""
+        return [h for h in (None if made.saves_nothing else memory, decomposing, *more) if h is not None]
 
     with (
         eager_only(),
@@ -183,40 +201,35 @@ def log_forward_pass(
         if request.needs_labels or interventions:
             # the first pass gets a deep copy of the inputs: the user's objects (a growing KV
             # cache, a tensor the model writes into) must be used once, by the pass they get
-            first_args, first_kwargs, copy_note = copy_inputs(model, args, kwargs)
-            if copy_note is not None:
-                notes.append(f"layers_to_save needed a first pass to resolve labels: {copy_note}")
-            buffers = BufferSnapshot(model)
-            first = build_history(run_pass(model, first_args, first_kwargs, plan(), random_seed=seed))
-            del first_args, first_kwargs
-            buffers.restore()
+            look = plan()
+            looked = traced_pass(
+                model, args, kwargs, look, seed=seed, hooks=hooks(look), fresh_inputs=True, keep_buffers=True
+            )
+            if looked.copy_note is not None:
+                notes.append(f"layers_to_save needed a first pass to resolve labels: {looked.copy_note}")
+            first = looked.history
+            del looked
             chosen = frozenset(resolve_request(request, first))
+            saving = dict(save_function_args=save_function_args, save_gradients=save_gradients)
             second = (
-                plan(raw_indices=chosen)
+                plan(raw_indices=chosen, **saving)
                 if request.needs_labels
                 else plan(
                     save_all=request.save_all,
                     type_substrings=request.type_substrings,
                     modules=request.modules,
                     addresses=request.addresses,
+                    **saving,
                 )
             )
-            if interventions:  # resolved on the first pass, like layers_to_save keys
-                second.intervention = plan_interventions(interventions, first)
-            if second.memory is not None:  # the bytes the second pass saves are known now
-                second.memory.check_plan(first.layer_list, second)
-            result = run_pass(
-                model,
-                args,
-                kwargs,
-                second,
-                random_seed=seed,
-                save_function_args=save_function_args,
-                save_gradients=save_gradients,
-            )
-            history = build_history(result)
-            if interventions:
-                check_applied(second.intervention, history)
+            # resolved on the first pass, like layers_to_save keys
+            replacing = plan_interventions(interventions, first) if interventions else None
+            if memory is not None and not second.saves_nothing:  # the bytes it saves are known now
+                memory.check_plan(first.layer_list, second)
+            traced = traced_pass(model, args, kwargs, second, seed=seed, hooks=hooks(second, replacing))
+            result, history = traced.result, traced.history
+            if replacing is not None:
+                check_applied(replacing, history)
             elif history.layer_labels != first.layer_labels:
                 raise RuntimeError(
                     "layers_to_save: the model ran differently in the second pass needed to resolve "
@@ -224,21 +237,16 @@ def log_forward_pass(
                     "and the random seed). Use layers_to_save='all' or module addresses/substrings."
                 )
         else:
-            result = run_pass(
-                model,
-                args,
-                kwargs,
-                plan(
-                    save_all=request.save_all,
-                    type_substrings=request.type_substrings,
-                    modules=request.modules,
-                    addresses=request.addresses,
-                ),
-                random_seed=seed,
+            only = plan(
+                save_all=request.save_all,
+                type_substrings=request.type_substrings,
+                modules=request.modules,
+                addresses=request.addresses,
                 save_function_args=save_function_args,
                 save_gradients=save_gradients,
             )
-            history = build_history(result)
+            traced = traced_pass(model, args, kwargs, only, seed=seed, hooks=hooks(only))
+            result, history = traced.result, traced.history
             resolve_request(request, history)  # unknown keys raise, with close matches
     notes += compiled_function_notes(result.records)  # known once they have run
     if not any(e.kind == "output" for e in history.layer_list):
