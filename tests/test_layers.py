@@ -31,14 +31,18 @@ ALLOWED: Dict[str, Set[str]] = {
     "trace.records": {"errors"},
     "trace.capture": {"trace.records", "errors", "machine"},
     "trace.history": {"trace.records", "errors"},
-    "trace.observe": {"trace.capture", "trace.records"},
+    # one traced pass, model and inputs to a history: what every driver runs
+    "trace.traced_pass": {"trace.capture", "trace.records", "trace.history", "trace.postprocess", "trace.input_copy"},
+    "trace.observe": {"trace.capture", "trace.records", "trace.traced_pass"},
     "trace.postprocess": {"trace.records", "trace.capture", "trace.history"},
     "trace.input_copy": {"trace.capture"},
     "trace.layer_request": {"trace.records", "trace.history", "errors"},
     # what a replayed operation may do (replay_guard.py): stands on errors alone
     "trace.replay_guard": {"errors"},
     "trace.replay": {"trace.records", "trace.capture", "trace.replay_guard"},
-    "trace.render": {"trace.records", "trace.history", "web", "errors"},
+    # DrawOptions: how to draw, known to the tracer's entry point without loading the drawing
+    "trace.draw_options": {"errors"},
+    "trace.render": {"trace.records", "trace.history", "trace.draw_options", "web", "errors"},
     "trace.validate": {"trace.records", "trace.history", "trace.capture", "trace.input_copy", "trace.replay"},
     "trace.storage": {
         "trace.records",
@@ -69,9 +73,11 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.input_copy",
         "trace.layer_request",
         "trace.render",
+        "trace.draw_options",
         "trace.validate",
         "trace.storage",
         "trace.intervene",
+        "trace.traced_pass",
         "errors",
     },
     "trace.answers": {
@@ -81,6 +87,7 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.capture",
         "trace.postprocess",
         "trace.input_copy",
+        "trace.traced_pass",
         "errors",
     },
     "trace.generate": {
@@ -92,6 +99,7 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.layer_request",
         "trace.render",
         "trace.storage",
+        "trace.traced_pass",
         "web",
         "errors",
     },
@@ -107,7 +115,7 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.rerun",
         "errors",
     },
-    "trace.show": {"trace.api", "trace.render"},
+    "trace.show": {"trace.api", "trace.render", "trace.draw_options"},
     # trace.answers: the NaN sentinel shares find_nonfinite's engine (loaded only when it is on)
     "train": {"trace.observe", "trace.history", "trace.answers", "web", "errors", "version"},
     "cli": {"machine", "face", "trace.api", "trace.render", "train", "errors"},
