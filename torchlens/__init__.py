@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, List
 from .errors import TorchlensError
 from .trace.api import get_model_metadata, log_forward_pass, validate_model_activations
 from .trace.capture import ActivationMemoryWarning
+from .trace.draw_options import DrawOptions
 from .trace.history.model_history import ModelHistory
 from .trace.records.func_call import FuncCallLocation
 from .trace.records.meta import MetaDeviceError
@@ -110,6 +111,7 @@ def __dir__() -> List[str]:
 
 __all__ = [
     "log_forward_pass",
+    "DrawOptions",
     "load",
     "HistoryFileError",
     "UnsavedValuesWarning",

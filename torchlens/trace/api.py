@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ..arguments import ArgumentValueError, check, check_arguments, require_choice
+from ..arguments import ArgumentValueError, check, check_arguments
 from .capture import (
     BufferSnapshot,
     FastPathOff,
@@ -36,6 +36,7 @@ from .capture import (
     traceable_model,
     traced_addresses,
 )
+from .draw_options import DrawOptions, log_draw
 from .history.model_history import ModelHistory
 from .input_copy import as_args, as_kwargs, copy_inputs, require_model
 from .intervene import check_applied, check_intervene, plan_interventions
@@ -80,16 +81,17 @@ def log_forward_pass(
     save_function_args: bool = False,
     save_gradients: bool = False,
     random_seed: Optional[int] = None,
-    vis_mode: str = "none",
+    vis_mode: Optional[str] = None,
     vis_nesting_depth: Optional[int] = None,
-    vis_outpath: str = "graph",
-    vis_fileformat: str = "pdf",
-    vis_save_only: bool = False,
-    vis_direction: str = "bottomup",
+    vis_outpath: Optional[str] = None,
+    vis_fileformat: Optional[str] = None,
+    vis_save_only: Optional[bool] = None,
+    vis_direction: Optional[str] = None,
     intervene: Optional[Dict[LayerKey, Callable[[torch.Tensor, Any], torch.Tensor]]] = None,
     save_to: Optional[str] = None,
     device: Optional[str] = None,
     decompose: Union[None, str, Tuple[str, ...]] = None,
+    draw: Optional[DrawOptions] = None,
 ) -> ModelHistory:
     """Run one forward pass of ``model`` and return the log of every tensor operation in it.
 
@@ -114,10 +116,10 @@ def log_forward_pass(
             has it in ``entry.gradient``.
         random_seed: seeds python, numpy and torch for the pass (chosen at random if None;
             recorded as ``history.random_seed``). The caller's RNG state is restored afterwards.
-        vis_mode: ``'none'``, ``'unrolled'`` (one node per pass) or ``'rolled'`` (one node per
-            layer) to also draw the graph (see ``render_graph`` for the ``vis_*`` options:
-            nesting depth, output path without extension, file format, whether to skip opening
-            a viewer, direction).
+        vis_mode: ``'none'`` (or None), ``'unrolled'`` (one node per pass) or ``'rolled'`` (one
+            node per layer) to also draw the graph; ``vis_nesting_depth``, ``vis_outpath``,
+            ``vis_fileformat``, ``vis_save_only`` and ``vis_direction`` are the other fields of
+            ``DrawOptions`` (None: its default). The older spelling of ``draw=``.
         intervene: ``{key: fn}``: the output of each layer a key names (keys as in
             ``layers_to_save``; ``'relu_1_2:2'`` for one pass) is replaced, during the pass, by
             ``fn(activation, entry)`` before anything downstream uses it; those entries get
@@ -132,6 +134,9 @@ def log_forward_pass(
             ``nn.MultiheadAttention``) as their math, so the attention probabilities are ops
             (layer type ``attnsoftmax``; ``history.attention(module)``). Output equal to the
             fused one within rounding (README: Attention patterns). Off by default.
+        draw: a ``torchlens.DrawOptions``: also draw the graph (mode, nesting depth, direction,
+            output path without extension, file format, whether to skip opening a viewer). Not
+            together with the ``vis_*`` keywords (an ``ArgumentValueError``).
 
     Example:
         >>> import torch, torchlens as tl
@@ -143,8 +148,9 @@ def log_forward_pass(
     require_model(model, "log_forward_pass")
     check_arguments("log_forward_pass", locals())  # flags, seed, paths, functions: torchlens/arguments.py
     model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
-    require_choice("vis_mode", vis_mode, "log_forward_pass", ("none", None, "unrolled", "rolled"))
-    require_choice("vis_direction", vis_direction, "log_forward_pass", ("bottomup", "topdown", "leftright"))
+    vis = dict(vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=vis_direction)
+    vis.update(vis_outpath=vis_outpath, vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
+    drawing = log_draw(draw, vis)  # None: no drawing
     if detach_saved_tensors and save_gradients:
         raise ArgumentValueError(
             "detach_saved_tensors=True and save_gradients=True cannot be combined: gradients are recorded when "
@@ -261,19 +267,11 @@ def log_forward_pass(
     history = history if keep_unsaved_layers else drop_unsaved(history)
     if stream is not None:
         history = stream.finish(history)
-    if vis_mode in ("unrolled", "rolled"):
+    if drawing is not None:
         from .render import GraphvizNotFoundError, render_graph
 
         try:
-            render_graph(
-                history,
-                vis_mode=vis_mode,
-                vis_nesting_depth=vis_nesting_depth,
-                vis_direction=vis_direction,
-                vis_outpath=vis_outpath,
-                vis_fileformat=vis_fileformat,
-                vis_save_only=vis_save_only,
-            )
+            render_graph(history, drawing)
         except GraphvizNotFoundError as error:
             error.history = history  # the trace is not lost: error.history
             raise

@@ -3,11 +3,13 @@ it uses both the tracer and the drawing, which do not know each other)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional
 
 from ..arguments import check
 from .api import get_model_metadata, require_model
-from .render.graphviz import OLD_NAMES, check_options, display_svg, in_notebook, render_graph, resolve_names, svg_of
+from .draw_options import OLD_NAMES, move_old_names, resolve_draw
+from .render.graphviz import display_svg, in_notebook, render_graph, svg_of
 
 
 def show_model_graph(
@@ -47,39 +49,26 @@ def show_model_graph(
     """
     require_model(model, "show_model_graph")
     old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
-    names = resolve_names(
-        "show_model_graph",
-        old_names,
-        vis_direction=vis_direction,
-        vis_outpath=vis_outpath,
-        vis_fileformat=vis_fileformat,
-        vis_save_only=vis_save_only,
-    )
-    outpath = vis_outpath if "outpath" not in old_names else old_names["outpath"]  # None: no file in a notebook
-    fileformat = names["vis_fileformat"]  # 'html' too: the interactive page
-    check("show_model_graph", vis_outpath=outpath, vis_save_only=names["vis_save_only"], random_seed=random_seed)
+    given = dict(vis_direction=vis_direction, vis_outpath=vis_outpath, vis_fileformat=vis_fileformat)
+    given = move_old_names("show_model_graph", old_names, dict(given, vis_save_only=vis_save_only))
+    outpath = given["vis_outpath"]  # None: no file in a notebook
+    fileformat = "pdf" if given["vis_fileformat"] is None else given["vis_fileformat"]  # 'html' too: the page
+    save_only = bool(given["vis_save_only"])
+    check("show_model_graph", vis_outpath=outpath, vis_save_only=given["vis_save_only"], random_seed=random_seed)
     check("show_model_graph", vis_fileformat=None if fileformat == "html" else fileformat)
-    check_options("show_model_graph", vis_mode, names["vis_direction"], vis_nesting_depth=vis_nesting_depth)
+    shape = {"vis_mode": vis_mode, "vis_nesting_depth": vis_nesting_depth, "vis_direction": given["vis_direction"]}
+    draw = resolve_draw("show_model_graph", None, shape)
     history = get_model_metadata(model, input_args, input_kwargs, random_seed=random_seed)
-    options = dict(
-        vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=names["vis_direction"], **render_options
-    )
-    save_only = names["vis_save_only"]
-    if names["vis_fileformat"] == "html":  # the interactive page (graph_page), not a graphviz drawing
+    if fileformat == "html":  # the interactive page (graph_page), not a graphviz drawing
         _html_page(history, outpath, save_only)
         return None
     if in_notebook() and not save_only:
-        display_svg(svg_of(history, **options))
+        display_svg(svg_of(history, draw, **render_options))
         if outpath is None:
             return None
         save_only = True
-    render_graph(
-        history,
-        vis_outpath=outpath or "graph",
-        vis_fileformat=names["vis_fileformat"],
-        vis_save_only=save_only,
-        **options,
-    )
+    written = dataclasses.replace(draw, outpath=outpath or "graph", fileformat=fileformat, save_only=save_only)
+    render_graph(history, written, **render_options)
     return None
 
 

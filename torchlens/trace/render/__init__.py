@@ -4,6 +4,10 @@
 - ``render_graph(history, ...)``: write ``outpath + '.' + fileformat`` (pdf, png, svg, ...).
 - ``svg_of(history, ...)``: SVG text, e.g. for inline display in notebooks.
 
+Each takes ``draw=DrawOptions(...)`` (what to draw, where; ``torchlens.DrawOptions``) and
+``style=GraphStyle(...)`` (graphviz attribute overrides, extra edges, module boxes), or their
+fields as keywords (``vis_mode=``, ``node_attrs=``, ...).
+
 ``torchlens.show_model_graph`` (trace, then draw) lives in the package's face: drawing never traces.
 
 Example:
@@ -19,6 +23,7 @@ from . import cards  # noqa: F401  (registers the notebook card of an entry)
 from .graph_page import show, to_html
 from .graph_page.inline import inline_svg, mimebundle, notebook_html
 from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of
+from .options import GraphStyle
 from .structure import CollapsedModule, build_structure
 
 provide("svg", inline_svg)
@@ -31,6 +36,7 @@ __all__ = [
     "build_dot",
     "render_graph",
     "svg_of",
+    "GraphStyle",
     "GraphvizNotFoundError",
     "CollapsedModule",
     "build_structure",

@@ -22,12 +22,13 @@ import os
 import shutil
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional
 
 import graphviz
 
-from ...arguments import check, check_arguments, refuse_type, require_bool, require_choice, require_instance
+from ...arguments import require_instance
 from ...errors import TorchlensError
+from ..draw_options import DrawOptions
 from ..history.model_history import ModelHistory
 from ..history.rolled import RolledLayer
 from ..records.format import human_bytes
@@ -35,10 +36,9 @@ from ..records.visible_text import visible
 from . import style as st
 from .fans import Junction
 from .groups import TensorGroup
+from .options import DOT_VIS_NAMES, AttrOverrides, GraphStyle, read_options
 from .structure import Cluster, CollapsedModule, ExtraEdge, GraphStructure, Node, build_structure
 
-AttrValue = Union[str, int, float, Callable[..., Any]]
-AttrOverrides = Optional[Mapping[str, AttrValue]]
 PROGRESS_THRESHOLD = 500  # graphs with more nodes than this show progress while built and while dot runs
 
 INSTALL_HELP = (
@@ -245,97 +245,24 @@ def _progress_bar(items: list) -> Iterable:
     return tqdm(items, desc="torchlens: building graph", unit="node", leave=False)
 
 
-# One set of names everywhere (those of log_forward_pass); the older short names still work.
-VIS_DEFAULTS = {"vis_direction": "bottomup", "vis_outpath": "graph", "vis_fileformat": "pdf", "vis_save_only": False}
-OLD_NAMES = {
-    "direction": "vis_direction",
-    "outpath": "vis_outpath",
-    "fileformat": "vis_fileformat",
-    "save_only": "vis_save_only",
-}
-
-
-def resolve_names(function: str, old_names: Dict[str, Any], **given: Any) -> Dict[str, Any]:
-    """The ``vis_*`` options of ``given`` (None: not given), with values passed under their older
-    names (``outpath=``) moved over and defaults filled in; unknown names and both spellings of
-    one option raise ``TypeError``."""
-    values = dict(given)
-    for old, value in old_names.items():
-        new = OLD_NAMES.get(old)
-        if new is None or new not in values:
-            raise TypeError(f"{function}() got an unexpected keyword argument {old!r}")
-        if values[new] is not None:
-            raise TypeError(f"{function}() got both {new}= and {old}= (its older name); pass only {new}=.")
-        values[new] = value
-    return {name: VIS_DEFAULTS[name] if value is None else value for name, value in values.items()}
-
-
-def check_options(caller: str, vis_mode: str, direction: str, **options: Any) -> None:
-    """The drawing options (``build_dot``'s arguments), checked before anything is drawn."""
-    require_choice("vis_mode", vis_mode, caller, ("unrolled", "rolled"))
-    require_choice("vis_direction", direction, caller, st.DIRECTIONS)
-    check_arguments(caller, options)  # vis_nesting_depth, progress, show_gradients: the shared rules
-    require_bool("inline_single_op_modules", options.get("inline_single_op_modules", True), caller)
-    for name in ("graph_attrs", "node_attrs", "edge_attrs", "module_attrs"):
-        attrs = options.get(name)
-        if attrs is not None and not (
-            isinstance(attrs, Mapping)
-            and all(
-                isinstance(k, str) and (v is None or callable(v) or isinstance(v, (str, int, float)))
-                for k, v in attrs.items()
-            )
-        ):
-            raise refuse_type(
-                caller, name, attrs, "a dict of graphviz attribute name -> str (or a function giving one)"
-            )
-    edges = options.get("extra_edges")
-    if edges is not None and not (
-        isinstance(edges, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 3 for e in edges)
-    ):
-        raise refuse_type(caller, "extra_edges", edges, "a list of (tail label, head label, attributes dict)")
-
-
 def build_dot(
     history: "ModelHistory",
-    vis_mode: str = "unrolled",
-    vis_nesting_depth: Optional[int] = None,
-    vis_direction: Optional[str] = None,
-    graph_attrs: AttrOverrides = None,
-    node_attrs: AttrOverrides = None,
-    edge_attrs: AttrOverrides = None,
-    module_attrs: AttrOverrides = None,
-    extra_edges: Optional[Iterable[ExtraEdge]] = None,
-    progress: Optional[bool] = None,
-    inline_single_op_modules: bool = True,
-    show_gradients: Optional[bool] = None,
-    **old_names: Any,
+    draw: Optional[DrawOptions] = None,
+    style: Optional[GraphStyle] = None,
+    **options: Any,
 ) -> graphviz.Digraph:
     """The graph of ``history`` as a ``graphviz.Digraph`` (DOT source only; ``dot`` is not run).
 
     Args:
         history: a ``ModelHistory``.
-        vis_mode: ``'unrolled'``: one node per pass of each layer; ``'rolled'``: one node per
-            layer, edges labelled with the passes they belong to when not all.
-        vis_nesting_depth: ``None`` draws every module box; ``N`` keeps the boxes of modules
-            at most ``N`` levels deep and collapses each module one level deeper into a single
-            node (``0``: each top-level module is one node).
-        vis_direction: ``'bottomup'`` (default), ``'topdown'`` or ``'leftright'``. The older
-            name ``direction=`` is accepted too (not both).
-        graph_attrs, node_attrs, edge_attrs, module_attrs: graphviz attributes that override the
-            defaults. Values are strings or callables: ``node_attrs`` callables receive the
-            node's ``TensorLogEntry`` / ``RolledLayer`` / ``CollapsedModule`` / ``TensorGroup``; ``edge_attrs``
-            callables receive ``(parent, child)`` (the same kinds); ``module_attrs`` callables
-            receive the module address; ``graph_attrs`` callables receive the history. A
-            callable returning None keeps the default.
-        extra_edges: ``(tail label, head label, attributes)`` drawn in addition to the data
-            edges (the hook for e.g. backward edges).
-        progress: show a tqdm progress bar while building (and, in ``render_graph`` and
-            ``svg_of``, the elapsed time while ``dot`` lays the graph out); default: when > 500 nodes.
-        inline_single_op_modules: draw no box for a module that holds a single operation (its
-            output, plus buffers it reads, e.g. a ``Conv2d`` or ``BatchNorm2d``); the node
-            names the module in italics instead. False: a box for every module.
-        show_gradients: draw the backward path (edges along which a gradient was saved, see
-            ``save_gradients``) as separate blue edges; default: when gradients were saved.
+        draw: a ``torchlens.DrawOptions``; of it ``build_dot`` uses ``mode``, ``nesting_depth``
+            and ``direction`` (it writes no file). Or, instead, the keywords ``vis_mode``
+            (``'unrolled'``: one node per pass of each layer; ``'rolled'``: one node per layer),
+            ``vis_nesting_depth`` and ``vis_direction`` (the older name ``direction=`` too).
+        style: a ``GraphStyle`` (graphviz attribute overrides, extra edges, module boxes,
+            gradients, progress); or, instead, its fields as keywords: ``graph_attrs``,
+            ``node_attrs``, ``edge_attrs``, ``module_attrs``, ``extra_edges``, ``progress``,
+            ``inline_single_op_modules``, ``show_gradients`` (see ``GraphStyle``).
 
     Example:
         >>> import torch, torchlens as tl
@@ -344,39 +271,31 @@ def build_dot(
         >>> 'fillcolor=pink' in dot.source
         True
     """
-    direction = resolve_names("build_dot", old_names, vis_direction=vis_direction)["vis_direction"]
+    draw, style = read_options("build_dot", draw, style, options, vis_names=DOT_VIS_NAMES)
     require_instance("history", history, "build_dot", ModelHistory, takes="a ModelHistory")
-    check_options(
-        "build_dot",
-        vis_mode,
-        direction,
-        vis_nesting_depth=vis_nesting_depth,
-        graph_attrs=graph_attrs,
-        node_attrs=node_attrs,
-        edge_attrs=edge_attrs,
-        module_attrs=module_attrs,
-        extra_edges=extra_edges,
-        progress=progress,
-        inline_single_op_modules=inline_single_op_modules,
-        show_gradients=show_gradients,
-    )
+    return _dot(history, draw, style)
+
+
+def _dot(history: "ModelHistory", draw: DrawOptions, style: GraphStyle) -> graphviz.Digraph:
+    """``build_dot`` of checked options."""
+    extra_edges = style.extra_edges
+    show_gradients = style.show_gradients
     if show_gradients is None:
         show_gradients = any(getattr(e, "gradient", None) is not None for e in history.layer_list)
     if show_gradients:
         extra_edges = list(extra_edges or ()) + backward_edges(history)
-    count = len(history.rolled_layers) if vis_mode == "rolled" else len(history.layer_list)
-    show_progress = progress if progress is not None else count > PROGRESS_THRESHOLD
-    wrapper = _progress_bar if show_progress else None
+    count = len(history.rolled_layers) if draw.mode == "rolled" else len(history.layer_list)
+    show_progress = style.progress if style.progress is not None else count > PROGRESS_THRESHOLD
     structure = build_structure(
         history,
-        vis_mode,
-        vis_nesting_depth,
+        draw.mode,
+        draw.nesting_depth,
         extra_edges,
-        progress=wrapper,
-        inline_single_op_modules=inline_single_op_modules,
+        progress=_progress_bar if show_progress else None,
+        inline_single_op_modules=style.inline_single_op_modules,
     )
-    graph_defaults = dict(st.GRAPH_DEFAULTS, rankdir=st.DIRECTIONS[direction], label=_title(history, structure))
-    graph_defaults.update(_overrides(graph_attrs, history))
+    graph_defaults = dict(st.GRAPH_DEFAULTS, rankdir=st.DIRECTIONS[draw.direction], label=_title(history, structure))
+    graph_defaults.update(_overrides(style.graph_attrs, history))
     dot = graphviz.Digraph(
         name=str(history.model_name),
         graph_attr=graph_defaults,
@@ -384,10 +303,10 @@ def build_dot(
         edge_attr=dict(st.EDGE_DEFAULTS),
     )
     opts = {
-        "node_attrs": node_attrs,
-        "edge_attrs": edge_attrs,
-        "module_attrs": module_attrs,
-        "labelloc": "b" if direction == "bottomup" else "t",
+        "node_attrs": style.node_attrs,
+        "edge_attrs": style.edge_attrs,
+        "module_attrs": style.module_attrs,
+        "labelloc": "b" if draw.direction == "bottomup" else "t",
     }
     _emit(structure, structure.clusters[()], dot, opts)
     # names from a loaded history may hold control characters: dot rejects some, none is meant
@@ -496,7 +415,9 @@ def display_svg(svg: str) -> None:
     display(SVG(svg))
 
 
-def svg_of(history: "ModelHistory", **options: Any) -> str:
+def svg_of(
+    history: "ModelHistory", draw: Optional[DrawOptions] = None, style: Optional[GraphStyle] = None, **options: Any
+) -> str:
     """The drawing as SVG text (for ``_repr_svg_`` in notebooks); options as for ``build_dot``.
 
     Example:
@@ -505,35 +426,27 @@ def svg_of(history: "ModelHistory", **options: Any) -> str:
         >>> svg_of(h, vis_mode="rolled").lstrip().startswith("<?xml")
         True
     """
-    return run_dot(build_dot(history, **options), "svg", options.get("progress")).decode("utf-8")
+    draw, style = read_options("svg_of", draw, style, options, vis_names=DOT_VIS_NAMES)
+    require_instance("history", history, "svg_of", ModelHistory, takes="a ModelHistory")
+    return run_dot(_dot(history, draw, style), "svg", style.progress).decode("utf-8")
 
 
 def render_graph(
     history: "ModelHistory",
-    vis_mode: str = "unrolled",
-    vis_nesting_depth: Optional[int] = None,
-    vis_direction: Optional[str] = None,
-    vis_outpath: Optional[str] = None,
-    vis_fileformat: Optional[str] = None,
-    vis_save_only: Optional[bool] = None,
-    graph_attrs: AttrOverrides = None,
-    node_attrs: AttrOverrides = None,
-    edge_attrs: AttrOverrides = None,
-    module_attrs: AttrOverrides = None,
-    extra_edges: Optional[Iterable[ExtraEdge]] = None,
-    progress: Optional[bool] = None,
-    inline_single_op_modules: bool = True,
-    show_gradients: Optional[bool] = None,
-    **old_names: Any,
+    draw: Optional[DrawOptions] = None,
+    style: Optional[GraphStyle] = None,
+    **options: Any,
 ) -> graphviz.Digraph:
-    """Draw ``history`` to ``vis_outpath + '.' + vis_fileformat`` and return the ``graphviz.Digraph``.
+    """Draw ``history`` to ``draw.outpath + '.' + draw.fileformat``; returns the ``graphviz.Digraph``.
 
-    Options are those of ``build_dot``, plus ``vis_outpath`` (no extension; default ``'graph'``),
-    ``vis_fileformat`` (``'pdf'`` (default), ``'png'``, ``'svg'`` or another format ``dot`` knows)
-    and ``vis_save_only``: when False (default) the drawing is shown too -- inline in a notebook,
-    otherwise in the system viewer if there is one (no viewer is not an error). The names are
-    those of ``log_forward_pass``; the older ``outpath``, ``fileformat``, ``save_only`` and
-    ``direction`` are accepted too (a ``TypeError`` if both spellings are given).
+    ``draw`` is a ``torchlens.DrawOptions`` (mode, nesting depth, direction, file path without
+    extension (default ``'graph'``), format (``'pdf'`` (default), ``'png'``, ``'svg'``, ...), and
+    ``save_only``: when False (default) the drawing is shown too -- inline in a notebook,
+    otherwise in the system viewer if there is one (no viewer is not an error)). Instead of
+    ``draw`` the keywords of ``log_forward_pass`` work too: ``vis_mode``, ``vis_nesting_depth``,
+    ``vis_direction``, ``vis_outpath``, ``vis_fileformat``, ``vis_save_only`` (and the older
+    ``outpath``, ``fileformat``, ``save_only``, ``direction``; a ``TypeError`` if both spellings
+    are given). ``style`` (or its keywords) is as for ``build_dot``.
 
     Example:
         >>> import os, tempfile, torch, torchlens as tl
@@ -542,46 +455,32 @@ def render_graph(
         >>> _ = render_graph(h, vis_outpath=out, vis_fileformat="svg", vis_save_only=True)
         >>> os.path.exists(out + ".svg")
         True
+        >>> _ = render_graph(h, draw=tl.DrawOptions(outpath=out, fileformat="png", save_only=True))
+        >>> os.path.exists(out + ".png")
+        True
     """
-    names = resolve_names(
-        "render_graph",
-        old_names,
-        vis_direction=vis_direction,
-        vis_outpath=vis_outpath,
-        vis_fileformat=vis_fileformat,
-        vis_save_only=vis_save_only,
-    )
-    direction, outpath = names["vis_direction"], names["vis_outpath"]
-    fileformat, save_only = names["vis_fileformat"], names["vis_save_only"]
+    draw, style = read_options("render_graph", draw, style, options)
     require_instance("history", history, "render_graph", ModelHistory, takes="a ModelHistory")
-    check("render_graph", vis_outpath=outpath, vis_fileformat=fileformat, vis_save_only=save_only)
-    dot = build_dot(
-        history,
-        vis_mode,
-        vis_nesting_depth,
-        direction,
-        graph_attrs=graph_attrs,
-        node_attrs=node_attrs,
-        edge_attrs=edge_attrs,
-        module_attrs=module_attrs,
-        extra_edges=extra_edges,
-        progress=progress,
-        inline_single_op_modules=inline_single_op_modules,
-        show_gradients=show_gradients,
-    )
-    data = run_dot(dot, fileformat, progress)
-    path = f"{outpath}.{fileformat}"
+    dot = _dot(history, draw, style)
+    data = run_dot(dot, draw.fileformat, style.progress)
+    path = f"{draw.outpath}.{draw.fileformat}"
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(path, "wb") as handle:
         handle.write(data)
-    if not save_only:
-        if in_notebook():
-            display_svg(data.decode("utf-8") if fileformat == "svg" else run_dot(dot, "svg").decode("utf-8"))
-        else:
-            try:
-                graphviz.view(path, quiet=True)
-            except Exception:  # no viewer (headless machine): the file is written, that is enough
-                pass
+    if not draw.save_only:
+        _show(dot, path, data if draw.fileformat == "svg" else None)
     return dot
+
+
+def _show(dot: graphviz.Digraph, path: str, svg: Optional[bytes]) -> None:
+    """Show the drawing written to ``path``: inline in a notebook (``svg``: its SVG when the file
+    is one), otherwise in the system viewer."""
+    if in_notebook():
+        display_svg((svg if svg is not None else run_dot(dot, "svg")).decode("utf-8"))
+        return
+    try:
+        graphviz.view(path, quiet=True)
+    except Exception:  # no viewer (headless machine): the file is written, that is enough
+        pass
