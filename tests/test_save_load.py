@@ -327,13 +327,13 @@ def test_corrupted_tensor_header(saved):
 # ----- saves a killed process did not finish; a full disk (issue 41) ---------------------------
 _KILLED_SAVE = """
 import os, sys, torch, torchlens as tl
-from torchlens.trace.storage import save as save_module
+from torchlens.trace.storage import save as save_module, stream as stream_module
 h = tl.log_forward_pass(torch.nn.Linear(64, 64), torch.rand(4, 64))
 real = save_module.write_index
 def killed(folder, *args, **kwargs):
     print(folder, flush=True)
     os.kill(os.getpid(), 9)  # as kill -9 does, in the middle of the save
-save_module.write_index = killed
+save_module.write_index = stream_module.write_index = killed
 if sys.argv[2] == "save":
     h.save(sys.argv[1])
 else:

@@ -19,7 +19,7 @@ from .history.model_history import ModelHistory
 from .layer_request import entries_for_key
 from .records.meta import is_meta_history, refuse_meta
 from .records.tensor_log import TensorLogEntry
-from .storage.codec import UnavailableFunction, Unsaved
+from .storage import UnavailableFunction, Unsaved
 
 Change = Union[torch.Tensor, Callable[[torch.Tensor, TensorLogEntry], torch.Tensor]]
 

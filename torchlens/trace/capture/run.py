@@ -50,7 +50,7 @@ class PassResult:
     output: Any = None  # what the model returned (the pass's caller decides whether to keep it)
 
     @classmethod
-    def of(cls, tracer: Tracer, model_name: str, random_seed: int, elapsed: float, output: Any) -> "PassResult":
+    def of(cls, tracer: Tracer, *, model_name: str, random_seed: int, elapsed: float, output: Any) -> "PassResult":
         return cls(
             records=tracer.entries,
             parent_refs=tracer.parent_placeholders,
@@ -165,10 +165,10 @@ def run_pass(
     if stale:
         plan.copy_at_once = True
         return _rerun_copying(
-            model, (args, kwargs), plan, stale, versions, random_seed=random_seed, hooks=hooks, session=session
+            model, (args, kwargs), plan, stale, versions=versions, random_seed=random_seed, hooks=hooks, session=session
         )
     seed = random_seed if isinstance(random_seed, int) else -1  # -1: it started from given generator states
-    return PassResult.of(tracer, type(model).__name__, seed, elapsed, output)
+    return PassResult.of(tracer, model_name=type(model).__name__, random_seed=seed, elapsed=elapsed, output=output)
 
 
 @contextlib.contextmanager
@@ -364,8 +364,8 @@ def _rerun_copying(
     inputs: Tuple[tuple, dict],
     plan: SavePlan,
     stale: List[TensorLogEntry],
-    versions: Any,
     *,
+    versions: Any,
     random_seed: Union[int, RngState],
     hooks: Sequence[PassHook],
     session: Optional["PassSession"],

@@ -178,7 +178,7 @@ class GenerateHistory:
     @classmethod
     def load(cls, path: str) -> "GenerateHistory":
         """Open a folder written by ``save`` or ``log_generate(save_to=)``; steps are read lazily."""
-        from ..storage.load import load_history
+        from ..storage import load_history
 
         path = os.fspath(path)
         try:

@@ -186,7 +186,7 @@ class _Steps:
     def _stream(self, index: int) -> Any:
         if self.save_to is None:
             return None
-        from ..storage.stream import StreamedSave  # storage loads on first use
+        from ..storage import StreamedSave  # storage loads on first use
 
         return StreamedSave(os.path.join(self.save_to, STEP_FOLDER.format(index)))
 

@@ -16,9 +16,11 @@ from typing import Union
 from ...arguments import require_path
 from ..history.extensions import provide
 from ..history.model_history import ModelHistory
+from .codec import UnavailableFunction, Unsaved
 from .errors import HistoryFileError
 from .load import load_history
 from .save import FORMAT_VERSION, UnsavedValuesWarning, save_history
+from .stream import StreamedSave
 
 provide("save", save_history)
 
@@ -44,4 +46,13 @@ def load(path: Union[str, "os.PathLike[str]"]) -> ModelHistory:
     return load_history(require_path("path", path, "tl.load", exists=True))
 
 
-__all__ = ["load", "HistoryFileError", "UnsavedValuesWarning", "FORMAT_VERSION"]
+__all__ = [
+    "load",
+    "load_history",
+    "HistoryFileError",
+    "UnsavedValuesWarning",
+    "FORMAT_VERSION",
+    "StreamedSave",
+    "UnavailableFunction",
+    "Unsaved",
+]
