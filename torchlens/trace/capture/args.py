@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Iterable, List, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-Position = Union[int, str, Tuple[Union[int, str], ...]]
+from ..records.position import Position
+
+_Path = Tuple[Any, ...]  # keys on the way down: ints, strings, a user's dict keys
+Located = List[Tuple[Position, torch.Tensor]]
 
 _Tensor = torch.Tensor
 _MAX_DEPTH = 6
 
 
-def _walk(value: Any, path: tuple, out: list, depth: int) -> None:
+def _walk(value: Any, path: _Path, out: Located, depth: int) -> None:
     if isinstance(value, _Tensor):
         out.append((path[0] if len(path) == 1 else path, value))
     elif depth < _MAX_DEPTH:
@@ -43,9 +46,9 @@ def _walk(value: Any, path: tuple, out: list, depth: int) -> None:
                 _walk(item, path + (i,), out, depth + 1)
 
 
-def tensors_in_call(args: tuple, kwargs: dict) -> List[Tuple[Position, torch.Tensor]]:
+def tensors_in_call(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Located:
     """Every tensor in ``args``/``kwargs`` with its position. Flat arguments take a fast path."""
-    found: List[Tuple[Position, torch.Tensor]] = []
+    found: Located = []
     for i, a in enumerate(args):
         if isinstance(a, _Tensor):
             found.append((i, a))
@@ -60,7 +63,7 @@ def tensors_in_call(args: tuple, kwargs: dict) -> List[Tuple[Position, torch.Ten
     return found
 
 
-def tensors_in(value: Any) -> List[Tuple[Position, torch.Tensor]]:
+def tensors_in(value: Any) -> Located:
     """Every tensor in a (possibly nested) value, also inside objects that hold tensors (see the
     module docstring); a bare tensor has position ``()``.
 
@@ -77,7 +80,7 @@ def tensors_in(value: Any) -> List[Tuple[Position, torch.Tensor]]:
     """
     if isinstance(value, _Tensor):
         return [((), value)]
-    found: List[Tuple[Position, torch.Tensor]] = []
+    found: Located = []
     if type(value) in _SCALARS:
         return found
     _ObjectWalk(found).walk(value, (), 0)
@@ -91,12 +94,12 @@ _OPAQUE = (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinF
 
 
 class _ObjectWalk:
-    def __init__(self, found: list) -> None:
+    def __init__(self, found: Located) -> None:
         self.found = found
-        self.seen: set = set()
+        self.seen: Set[int] = set()
         self.visits = _MAX_VISITS
 
-    def walk(self, value: Any, path: tuple, depth: int, from_object: bool = False) -> None:
+    def walk(self, value: Any, path: _Path, depth: int, from_object: bool = False) -> None:
         if isinstance(value, _Tensor):
             if not (from_object and isinstance(value, nn.Parameter)):
                 self.found.append((path[0] if len(path) == 1 else path, value))
@@ -169,7 +172,7 @@ def position_text(position: Position) -> str:
     return str(head) + "".join(f"[{p!r}]" for p in rest)
 
 
-def replace_tensors(value: Any, replace, depth: int = 0) -> Any:
+def replace_tensors(value: Any, replace: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
     """Copy of a nested value with each tensor ``t`` replaced by ``replace(t)``."""
     if isinstance(value, _Tensor):
         return replace(value)
@@ -185,9 +188,9 @@ def replace_tensors(value: Any, replace, depth: int = 0) -> Any:
     return value
 
 
-def nested_shape(tensor: torch.Tensor) -> tuple:
+def nested_shape(tensor: torch.Tensor) -> Tuple[Optional[int], ...]:
     """The shape of a nested tensor, ``None`` for its ragged dimensions: ``(2, None, 16)``."""
-    shape = []
+    shape: List[Optional[int]] = []
     for dim in range(tensor.dim()):
         try:
             size = tensor.size(dim)

@@ -6,7 +6,9 @@ import ctypes
 import gc
 import sys
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+Namespace = Dict[str, Any]  # a module's or a class's real attribute dict
 
 
 class ClassDict:
@@ -25,30 +27,32 @@ class ClassDict:
     ``Tensor.__add__`` is now; ``__getitem__`` is a slot wrapper, so it needs ``setattr``.
     """
 
-    def __init__(self, cls: type, namespace: dict) -> None:
+    def __init__(self, cls: type, namespace: Namespace, modified: Callable[[type], None]) -> None:
         self.cls = cls
         self.namespace = namespace
+        self._modified = modified  # TYPE_MODIFIED (``of`` makes none where it is None)
 
     @classmethod
-    def of(cls, owner: Any) -> Optional["ClassDict"]:
-        if TYPE_MODIFIED is None or not isinstance(owner, type):
+    def of(cls, owner: object) -> Optional["ClassDict"]:
+        modified = TYPE_MODIFIED
+        if modified is None or not isinstance(owner, type):
             return None
         referents = gc.get_referents(owner.__dict__)
         if len(referents) != 1 or type(referents[0]) is not dict:
             return None
-        return cls(owner, referents[0])
+        return cls(owner, referents[0], modified)
 
     # The interpreter's method cache holds borrowed references, valid until the class is marked
     # modified: so mark it whatever happens, and let no replaced value die before that (``held``:
     # a value the model itself put there during the pass may have no other reference).
-    def update(self, values: dict) -> None:
+    def update(self, values: Namespace) -> None:
         """Put ``values`` in (what they replace is held by the wrapper table: see is_current)."""
         try:
             self.namespace.update(values)
         finally:
-            TYPE_MODIFIED(self.cls)
+            self._modified(self.cls)
 
-    def restore(self, originals: dict, shadowed: list, replacements: dict) -> None:
+    def restore(self, originals: Namespace, shadowed: List[str], replacements: Namespace) -> None:
         # the model may have put its own values over the wrappers during the pass
         held = None if replacements.items() <= self.namespace.items() else dict(self.namespace)
         try:
@@ -56,11 +60,11 @@ class ClassDict:
             for name in shadowed:
                 self.namespace.pop(name, None)
         finally:
-            TYPE_MODIFIED(self.cls)
+            self._modified(self.cls)
         del held
 
 
-def has_own_slot(original: Any) -> bool:
+def has_own_slot(original: object) -> bool:
     """The attribute is a C slot's wrapper: the class calls the slot's C function directly."""
     return type(original) is types.WrapperDescriptorType
 
@@ -128,30 +132,40 @@ class CallSlot:
     ``usable`` is False on an interpreter whose type layout is not the one checked above.
     """
 
-    def __init__(self, meta: type, function: Callable) -> None:
+    def __init__(self, meta: type, function: Callable[..., Any]) -> None:
         self.meta = meta
         self.function = function
-        self.namespace = ClassDict.of(meta)
-        self.usable = _SLOT_CALL is not None and self.namespace is not None and "__call__" not in vars(meta)
-        self.slot = _word(meta, _TP_CALL) if self.usable else None  # made once: a few us each
+        namespace = ClassDict.of(meta)
+        # the slot's word (made once: a few us each) and the metaclass's dict, where usable
+        self._parts: Optional[Tuple[ctypes.c_void_p, ClassDict]] = None
+        if _SLOT_CALL is not None and namespace is not None and "__call__" not in vars(meta):
+            self._parts = (_word(meta, _TP_CALL), namespace)
         self.saved: Optional[int] = None
 
+    @property
+    def usable(self) -> bool:
+        return self._parts is not None
+
     def install(self) -> None:
-        if not self.usable or self.saved is not None:
+        parts = self._parts
+        if parts is None or self.saved is not None:
             return
-        self.saved = self.slot.value
-        self.namespace.update({"__call__": self.function})
-        self.slot.value = _SLOT_CALL
+        slot, namespace = parts
+        self.saved = slot.value
+        namespace.update({"__call__": self.function})
+        slot.value = _SLOT_CALL
 
     def uninstall(self) -> None:
-        if self.saved is None:
+        parts = self._parts
+        if parts is None or self.saved is None:  # saved is None whenever parts is
             return
-        self.slot.value = self.saved
+        slot, namespace = parts
+        slot.value = self.saved
         self.saved = None
-        self.namespace.restore({}, ["__call__"], {"__call__": self.function})
+        namespace.restore({}, ["__call__"], {"__call__": self.function})
 
 
-def namespace_of(owner: Any) -> dict:
+def namespace_of(owner: object) -> Namespace:
     """The dict that holds ``owner``'s attributes (a class's real dict, not its proxy)."""
     if isinstance(owner, type):
         class_dict = ClassDict.of(owner)

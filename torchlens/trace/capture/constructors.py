@@ -32,7 +32,7 @@ from .ops import ACTIVE, OpInfo
 from .ops import layer_type as _layer_type
 
 _get_ident = threading.get_ident
-_type_call = type.__call__  # builds an instance without going through the metaclass's slot
+_type_call: Callable[..., torch.Tensor] = type.__call__  # an instance, not through the metaclass's slot
 
 # torch.Tensor, then the typed classes (torch.FloatTensor, torch.cuda.LongTensor, torch.sparse...)
 CLASSES: List[type] = [torch.Tensor] + sorted(
@@ -41,7 +41,7 @@ CLASSES: List[type] = [torch.Tensor] + sorted(
 METACLASSES: List[type] = list(dict.fromkeys(type(cls) for cls in CLASSES))
 
 
-def _constructor(cls: type) -> Tuple[str, Callable]:
+def _constructor(cls: type) -> Tuple[str, Callable[..., torch.Tensor]]:
     def construct(*args: Any, **kwargs: Any) -> torch.Tensor:
         return _type_call(cls, *args, **kwargs)
 
@@ -52,14 +52,14 @@ def _constructor(cls: type) -> Tuple[str, Callable]:
     return name, construct
 
 
-CONSTRUCTORS: Dict[type, Callable] = {}
+CONSTRUCTORS: Dict[type, Callable[..., torch.Tensor]] = {}
 for _cls in CLASSES:
     _name, CONSTRUCTORS[_cls] = _constructor(_cls)
     globals()[_name] = CONSTRUCTORS[_cls]
 del _cls, _name
 
 # recorded name and layer type: "Tensor"/"tensor", "FloatTensor"/"floattensor"
-_INFOS: Dict[type, Tuple[Callable, OpInfo]] = {
+_INFOS: Dict[type, Tuple[Callable[..., torch.Tensor], OpInfo]] = {
     cls: (construct, OpInfo(cls.__name__, _layer_type(cls.__name__), False)) for cls, construct in CONSTRUCTORS.items()
 }
 

@@ -19,7 +19,7 @@ name) and tensors sharing memory with parameters or buffers are always copied at
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
@@ -65,7 +65,7 @@ class SharedActivations:
         self.by_storage.setdefault(key, []).append((entry, version))
         return tensor.detach() if detach else tensor
 
-    def before_write(self, tensor: Any) -> None:
+    def before_write(self, tensor: object) -> None:
         """``tensor`` is about to be written: the activations sharing its memory get their copy."""
         if not isinstance(tensor, _Tensor):
             return

@@ -28,7 +28,7 @@ What "the same" means, measured on torch 2.14 (tests/test_decompose_attention.py
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, FrozenSet, Iterable, Optional, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Tuple, Union
 
 import torch
 
@@ -84,7 +84,9 @@ class Decompositions(PassHook):
     def __init__(self, names: FrozenSet[str]) -> None:
         self.before_calls = frozenset([_SDPA_NAME]) if "sdpa" in names else frozenset()
 
-    def before_call(self, name: str, func: Callable, args: tuple, kwargs: dict) -> Callable:
+    def before_call(
+        self, name: str, func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Callable[..., Any]:
         return choose_sdpa(func, args, kwargs)
 
 
@@ -96,7 +98,7 @@ def decompositions(names: FrozenSet[str]) -> Optional[Decompositions]:
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
-def choose_sdpa(original: Callable, args: tuple, kwargs: dict) -> Callable:
+def choose_sdpa(original: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Callable[..., Any]:
     """``sdpa_math`` for dense tensors; the original call where torch would refuse the arguments
     (then it raises its own error) or the tensors are of a kind the math is not written for."""
     call = dict(zip(_SDPA_PARAMS, args), **kwargs)
@@ -104,9 +106,9 @@ def choose_sdpa(original: Callable, args: tuple, kwargs: dict) -> Callable:
     plain = all(
         t is None or (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested) for t in tensors
     )
-    if not plain or any(t is None for t in tensors[:3]) or (call.get("is_causal") and tensors[3] is not None):
+    query, key, value, mask = tensors
+    if not plain or query is None or key is None or value is None or (call.get("is_causal") and mask is not None):
         return original
-    query, key, value = tensors[:3]
     if min(query.dim(), key.dim(), value.dim()) >= 3 and not _heads_fit(
         query.size(-3), key.size(-3), value.size(-3), bool(call.get("enable_gqa"))
     ):

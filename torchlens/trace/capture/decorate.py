@@ -18,15 +18,15 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.overrides
 
-from .class_dict import ClassDict, has_own_slot, namespace_of
+from .class_dict import ClassDict, Namespace, has_own_slot, namespace_of
 from .constructors import CONSTRUCTORS, call_slots
 from .opaque import opaque_patches
-from .ops import ACTIVE, OpInfo, Patch
+from .ops import ACTIVE, ClassGroup, NamespaceGroup, OpInfo, Patch
 from .ops import is_inplace_name as _is_inplace_name
 from .ops import layer_type as _layer_type
 
@@ -66,8 +66,8 @@ _NOT_FACTORY_PREFIXES = ("_", "is_", "get_", "set_", "use_", "are_", "sym_")
 _TENSOR_PROPERTIES = ("T", "H", "mT", "mH", "real", "imag", "data")
 
 
-def _make_wrapper(orig: Callable, info: OpInfo) -> Callable:
-    def torchlens_wrapper(*args, **kwargs):
+def _make_wrapper(orig: Callable[..., Any], info: OpInfo) -> Callable[..., Any]:
+    def torchlens_wrapper(*args: Any, **kwargs: Any) -> Any:
         tracer = ACTIVE.tracer
         if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
             return orig(*args, **kwargs)
@@ -80,11 +80,11 @@ def _make_wrapper(orig: Callable, info: OpInfo) -> Callable:
     return torchlens_wrapper
 
 
-def _make_bool_observer(orig: Callable) -> Callable:
+def _make_bool_observer(orig: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], bool]:
     """``Tensor.__bool__``: not an operation, but the moment a tensor steers Python control flow
     (``if x.mean() > 0:``). The tracer notes it; the conversion itself is unchanged."""
 
-    def torchlens_bool(tensor):
+    def torchlens_bool(tensor: torch.Tensor) -> bool:
         tracer = ACTIVE.tracer
         if tracer is not None and not tracer.paused and tracer.thread_id == _get_ident():
             tracer.on_bool(tensor)
@@ -94,8 +94,8 @@ def _make_bool_observer(orig: Callable) -> Callable:
     return torchlens_bool
 
 
-def _property_getter(descriptor: Any) -> Callable:
-    def get(tensor):
+def _property_getter(descriptor: Any) -> Callable[[torch.Tensor], Any]:
+    def get(tensor: torch.Tensor) -> Any:
         return descriptor.__get__(tensor, type(tensor))
 
     return get
@@ -127,7 +127,7 @@ def _whole_namespaces() -> List[Any]:
 _NAMESPACE_HELPERS = frozenset({"as_sparse_gradcheck"})  # returns a function, not a tensor
 
 
-def aten_operator_names() -> frozenset:
+def aten_operator_names() -> FrozenSet[str]:
     """Names of the aten operators (``'_weight_norm'``, ``'add'``): a private torch function or
     ``Tensor`` method of one of these names is a computation, not a utility of torch's own."""
     return frozenset(
@@ -137,7 +137,7 @@ def aten_operator_names() -> frozenset:
     )
 
 
-def _is_private_operator(name: str, orig: Any, aten: frozenset) -> bool:
+def _is_private_operator(name: str, orig: object, aten: FrozenSet[str]) -> bool:
     return (
         name.startswith("_") and not name.startswith("__") and name in aten and type(orig) is types.BuiltinFunctionType
     )
@@ -151,7 +151,7 @@ class _WrappedVariableFunctions:
     through the wrappers, instead of shadowing hundreds of names one by one.
     """
 
-    def __init__(self, real: Any, by_original: Dict[int, Callable]) -> None:
+    def __init__(self, real: object, by_original: Dict[int, Callable[..., Any]]) -> None:
         self._real = real
         self._by_original = by_original
 
@@ -164,7 +164,7 @@ class WrapperTable:
     """All wrappers for torch as it is: ``patches`` to install, and original->wrapper."""
 
     def __init__(self, previous: Optional["WrapperTable"] = None) -> None:
-        self.by_original: Dict[int, Callable] = {}
+        self.by_original: Dict[int, Callable[..., Any]] = {}
         self.originals: Dict[int, Any] = {}  # id -> original, keeps ids stable
         self.patches: List[Patch] = []
         self._build()
@@ -176,7 +176,7 @@ class WrapperTable:
         # dict (capture/class_dict.py; a Python loop of 1,900 writes cost more than a small
         # model's forward). Only methods a C slot calls directly need setattr (type_patches).
         # Groups: (namespace, name -> wrapper, name -> original, names shadowed then removed).
-        by_namespace: Dict[int, Tuple[Any, dict, dict, list]] = {}
+        by_namespace: Dict[int, Tuple[Any, Namespace, Namespace, List[str]]] = {}
         self.type_patches: List[Patch] = []
         for p in self.patches:
             if isinstance(p.owner, types.ModuleType):
@@ -193,15 +193,15 @@ class WrapperTable:
             else:
                 group[3].append(p.name)
         groups = list(by_namespace.values())
-        self.namespace_groups = [g for g in groups if isinstance(g[0], dict)]
-        self.class_groups: List[Tuple[ClassDict, dict, dict, list]] = [g for g in groups if isinstance(g[0], ClassDict)]
+        self.namespace_groups: List[NamespaceGroup] = [g for g in groups if isinstance(g[0], dict)]
+        self.class_groups: List[ClassGroup] = [g for g in groups if isinstance(g[0], ClassDict)]
         # (see is_current) what each namespace must still hold, and names an earlier table
         # wrapped that this one leaves alone (a mock was there): (namespace, name, value then)
         self.expected = [(d, originals, frozenset(shadowed)) for d, _, originals, shadowed in self.namespace_groups]
         self.expected += [
             (c.namespace, originals, frozenset(shadowed)) for c, _, originals, shadowed in self.class_groups
         ]
-        self.watched: List[Tuple[dict, str, Any]] = []
+        self.watched: List[Tuple[Namespace, str, Any]] = []
         if previous is not None:
             patched = {(id(namespace_of(p.owner)), p.name) for p in self.patches}
             earlier = [(namespace_of(p.owner), p.name) for p in previous.patches]
@@ -332,15 +332,15 @@ class WrapperTable:
         self.patches.append(Patch(owner, name, wrapper, orig, had_own=had_own))
 
 
-def _inplace_parameter(func: Any) -> int:
+def _inplace_parameter(func: object) -> int:
     """The position of a Python function's ``inplace`` parameter, or -1."""
-    code = getattr(func, "__code__", None)
+    code: Optional[types.CodeType] = getattr(func, "__code__", None)
     if code is None or "inplace" not in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
         return -1
     return code.co_varnames.index("inplace")
 
 
-def writes_in_place(info: OpInfo, args: tuple, kwargs: dict) -> bool:
+def writes_in_place(info: OpInfo, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
     """Whether this call writes into its first argument."""
     if info.is_inplace:
         return True
@@ -378,8 +378,9 @@ def current_wrapper_table() -> WrapperTable:
     callable was replaced since they were made; the table in place, while one is held from pass
     to pass (``run.HeldWrappers``). Only outside a pass."""
     global _TABLE
-    if ACTIVE.installed is not None:
-        return ACTIVE.installed
+    installed = ACTIVE.installed
+    if isinstance(installed, WrapperTable):  # the only kind of table installed
+        return installed
     table = wrapper_table()
     if not table.is_current():
         _TABLE = table = WrapperTable(previous=table)

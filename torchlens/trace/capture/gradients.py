@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import weakref
+from typing import Optional
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ..records.tensor_log import TensorLogEntry
 
@@ -19,9 +21,9 @@ def record_gradient(tensor: torch.Tensor, e: TensorLogEntry) -> None:
     the history (and so ``e``) is gone, the hook is removed, so tensors that outlive the pass
     (inputs, parameters) do not collect dead hooks trace after trace.
     """
-    handle = None
+    handle: Optional[RemovableHandle] = None
 
-    def forget(_ref: weakref.ref) -> None:
+    def forget(_ref: weakref.ref[TensorLogEntry]) -> None:
         if handle is not None:
             handle.remove()
 

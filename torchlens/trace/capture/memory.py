@@ -20,7 +20,7 @@ CPU and ``torch.cuda.mem_get_info`` for a CUDA device; where neither is known, n
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
 from .hooks import PassHook, PassRecords
 from .modules import model_tensors
+from .save_plan import SavePlan
 
 
 class ActivationMemoryWarning(UserWarning):
@@ -82,7 +83,13 @@ class MemoryCheck(PassHook):
         self.warned = False
 
     @classmethod
-    def for_pass(cls, model: nn.Module, args: tuple, kwargs: dict, output_device: Any) -> "MemoryCheck":
+    def for_pass(
+        cls,
+        model: nn.Module,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        output_device: Union[None, str, torch.device],
+    ) -> "MemoryCheck":
         """A check for a pass of ``model`` on these inputs: on the devices its activations can be on."""
         if output_device not in (None, "same"):
             return cls([torch.device(output_device)])
@@ -90,7 +97,7 @@ class MemoryCheck(PassHook):
         devices |= {t.device for _, t in tensors_in_call(args, kwargs)}
         return cls(devices | {torch.device("cpu")})
 
-    def check_plan(self, entries: List[TensorLogEntry], plan: Any) -> None:
+    def check_plan(self, entries: List[TensorLogEntry], plan: SavePlan) -> None:
         """Before the saving pass of a two-pass call: ``entries`` are the first pass's records,
         ``plan`` the ``SavePlan`` of the second. Checked when every tensor of the model and its
         inputs is on one device (else the device of each activation is not known beforehand)."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import linecache
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
 
 from ...arguments import ArgumentValueError
 from ..records.meta import META_NOTE, MetaDeviceError, is_meta_history, refuse_meta
+from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -32,7 +33,7 @@ _TORCHLENS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath
 _NO_VALUES = ("meta tensor", "no data", "data-dependent", "register_meta", "meta device", "on meta")
 
 
-def is_meta_pass(model: nn.Module, args: tuple, kwargs: dict) -> bool:
+def is_meta_pass(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
     """Whether any parameter, buffer or input tensor of the pass is on the meta device."""
     for tensor in _model_tensors(model):
         if tensor.is_meta:
@@ -40,7 +41,7 @@ def is_meta_pass(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     return any(t.is_meta for _, t in tensors_in_call(args, kwargs))
 
 
-def _model_tensors(model: nn.Module):
+def _model_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
     for module in model.modules():
         yield from (p for p in module._parameters.values() if p is not None)
         yield from (b for b in module._buffers.values() if b is not None)
@@ -124,7 +125,8 @@ class MetaCopies:
         copies: Dict[int, Any] = {}
         try:
             for module in self.model.modules():
-                for table in (module._parameters, module._buffers):
+                tables: Tuple[Dict[str, Any], ...] = (module._parameters, module._buffers)
+                for table in tables:
                     for name, tensor in list(table.items()):
                         if tensor is None or tensor.is_meta:
                             continue
@@ -151,7 +153,7 @@ def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
     return meta
 
 
-def inputs_on(device: str, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+def inputs_on(device: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """``args`` and ``kwargs`` with every tensor (in lists, tuples and dicts) moved to ``device``;
     a tensor passed twice is moved once, so the pass sees one input as before."""
     moved: Dict[int, torch.Tensor] = {}
@@ -192,7 +194,7 @@ def active_modes() -> List[str]:
     return names
 
 
-def lost_op_notes(modes: List[str], records: List[Any]) -> List[str]:
+def lost_op_notes(modes: List[str], records: List[TensorLogEntry]) -> List[str]:
     """Notes for a pass that may have lost operations: a mode intercepted torch calls, or the
     outputs depend on no input (the operations between them ran where torchlens could not see)."""
     notes = []
@@ -212,8 +214,8 @@ def lost_op_notes(modes: List[str], records: List[Any]) -> List[str]:
     return notes
 
 
-def _reaches_input(outputs: List[Any]) -> bool:
-    seen = set()
+def _reaches_input(outputs: List[TensorLogEntry]) -> bool:
+    seen: Set[int] = set()
     todo = list(outputs)
     while todo:
         e = todo.pop()

@@ -34,17 +34,17 @@ from .ops import layer_type as _layer_type
 _get_ident = threading.get_ident
 
 
-def operator_info(op: Any) -> OpInfo:
+def operator_info(op: object) -> OpInfo:
     """``torch.ops.aten.add_.Tensor`` -> name ``add_`` (in place), layer type ``add``."""
     packet = getattr(op, "_overloadpacket", op)  # an overload's packet, or the packet itself
     name = getattr(packet, "__name__", None) or str(op)
     return OpInfo(name, _layer_type(name), _is_inplace_name(name), opaque=True)
 
 
-def _operator_call_wrapper(orig_call: Callable) -> Callable:
-    infos: Dict[int, Tuple[Any, OpInfo]] = {}  # id(op) -> (op, info); ops live as long as torch
+def _operator_call_wrapper(orig_call: Callable[..., Any]) -> Callable[..., Any]:
+    infos: Dict[int, Tuple[object, OpInfo]] = {}  # id(op) -> (op, info); ops live as long as torch
 
-    def torchlens_operator_call(op, /, *args, **kwargs):
+    def torchlens_operator_call(op: Any, /, *args: Any, **kwargs: Any) -> Any:
         tracer = ACTIVE.tracer
         if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
             return orig_call(op, *args, **kwargs)
@@ -64,7 +64,7 @@ class TransformCall:
 
     __slots__ = ("impl", "head", "keywords", "packed")
 
-    def __init__(self, impl: Callable, head: tuple, keywords: Dict[str, Any], packed: bool) -> None:
+    def __init__(self, impl: Callable[..., Any], head: Tuple[Any, ...], keywords: Dict[str, Any], packed: bool) -> None:
         self.impl, self.head, self.keywords, self.packed = impl, head, keywords, packed
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,9 +90,9 @@ TRANSFORM_NAMES = frozenset(name for name, _, _, _ in _TRANSFORMS.values()) | {"
 
 
 def _transform_wrapper(
-    orig: Callable, info: OpInfo, head_count: int, keyword_names: Tuple[str, ...], packed: bool
-) -> Callable:
-    def torchlens_transform(*args, **kwargs):
+    orig: Callable[..., Any], info: OpInfo, head_count: int, keyword_names: Tuple[str, ...], packed: bool
+) -> Callable[..., Any]:
+    def torchlens_transform(*args: Any, **kwargs: Any) -> Any:
         tracer = ACTIVE.tracer
         if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
             return orig(*args, **kwargs)
@@ -136,9 +136,9 @@ def _load_jvp_decompositions() -> None:
 _VJP_FN = OpInfo("vjp_fn", "vjpfn", False, opaque=True)
 
 
-def _opaque_function(function: Callable, info: OpInfo) -> Callable:
+def _opaque_function(function: Callable[..., Any], info: OpInfo) -> Callable[..., Any]:
     @functools.wraps(function)
-    def torchlens_opaque_function(*args, **kwargs):
+    def torchlens_opaque_function(*args: Any, **kwargs: Any) -> Any:
         tracer = ACTIVE.tracer
         if tracer is None or tracer.paused or tracer.thread_id != _get_ident():
             return function(*args, **kwargs)

@@ -8,7 +8,11 @@ as one node. Both build on this module, which imports neither.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+from .class_dict import ClassDict, Namespace
 
 # Reflected operators compute the same function as their plain form.
 _REFLECTED = frozenset("add sub mul matmul truediv div floordiv pow mod and or xor lshift rshift".split())
@@ -59,11 +63,62 @@ def is_inplace_name(name: str) -> bool:
     return name.endswith("_")
 
 
+class ActiveTracer(Protocol):
+    """What the wrappers read of the tracer of the pass in progress (``capture/tracer.Tracer``)."""
+
+    paused: bool  # calls made while True run unlogged (the tracer's own work, torch's kernels)
+    thread_id: int  # only the calls of the thread that runs the pass are logged
+
+    def on_call(
+        self, func: Callable[..., Any], info: OpInfo, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Any: ...  # what ``func`` returned (the user's values)
+
+    def on_bool(self, tensor: torch.Tensor) -> None: ...
+
+
+@dataclass
+class Patch:
+    owner: Any  # a module, a class or an object of torch's: whatever holds the attribute
+    name: str
+    replacement: Any
+    original: Any  # what ``getattr`` gave before
+    had_own: bool  # whether the name was in ``owner.__dict__`` (else we shadow and delete)
+
+
+class CallPatch(Protocol):
+    """A patch of a metaclass's call slot (``class_dict.CallSlot``)."""
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+
+# (namespace, name -> wrapper, name -> original, names shadowed then removed)
+NamespaceGroup = Tuple[Namespace, Namespace, Namespace, List[str]]
+ClassGroup = Tuple[ClassDict, Namespace, Namespace, List[str]]
+
+
+class PatchTable(Protocol):
+    """What installing reads of a table of wrappers (``decorate.WrapperTable``)."""
+
+    @property
+    def namespace_groups(self) -> Sequence[NamespaceGroup]: ...
+
+    @property
+    def class_groups(self) -> Sequence[ClassGroup]: ...
+
+    @property
+    def type_patches(self) -> Sequence[Patch]: ...
+
+    @property
+    def call_slots(self) -> Sequence[CallPatch]: ...
+
+
 class _Active:
     """The tracer of the pass in progress (``None`` outside a pass). One per process."""
 
-    tracer: Any = None
-    installed: Any = None  # the wrapper table in place, if any
+    tracer: Optional[ActiveTracer] = None
+    installed: Optional[PatchTable] = None  # the wrapper table in place, if any
     # how many installs of it are not undone yet: a pass inside wrappers held from pass to pass
     # (capture/run.py's HeldWrappers) installs and uninstalls without writing anything
     holders = 0
@@ -72,16 +127,7 @@ class _Active:
 ACTIVE = _Active()
 
 
-@dataclass
-class Patch:
-    owner: Any
-    name: str
-    replacement: Any
-    original: Any  # what ``getattr`` gave before
-    had_own: bool  # whether the name was in ``owner.__dict__`` (else we shadow and delete)
-
-
-def install(table: "Any") -> None:
+def install(table: PatchTable) -> None:
     """Put every wrapper of ``table`` (a ``decorate.WrapperTable``) in place. Must be paired with
     ``uninstall``; installed already, only counted."""
     if ACTIVE.installed is table:
@@ -98,7 +144,7 @@ def install(table: "Any") -> None:
         slot.install()
 
 
-def uninstall(table: "Any") -> None:
+def uninstall(table: PatchTable) -> None:
     """Restore every patched attribute to the exact original object (never raises half-way),
     when the last install of ``table`` is undone."""
     if ACTIVE.installed is table and ACTIVE.holders > 1:
@@ -128,7 +174,7 @@ def uninstall(table: "Any") -> None:
         raise RuntimeError("torchlens could not restore some torch attributes: " + "; ".join(failed))
 
 
-def set_aside(table: "Any") -> int:
+def set_aside(table: PatchTable) -> int:
     """Restore torch while ``table`` is installed, however many times; ``put_back`` undoes it."""
     holders = ACTIVE.holders if ACTIVE.installed is table else 0
     if holders:
@@ -137,7 +183,7 @@ def set_aside(table: "Any") -> int:
     return holders
 
 
-def put_back(table: "Any", holders: int) -> None:
+def put_back(table: PatchTable, holders: int) -> None:
     """Install ``table`` again as ``set_aside`` found it."""
     for _ in range(holders):
         install(table)
@@ -146,7 +192,10 @@ def put_back(table: "Any", holders: int) -> None:
 __all__ = [
     "OpInfo",
     "ACTIVE",
+    "ActiveTracer",
+    "CallPatch",
     "Patch",
+    "PatchTable",
     "install",
     "uninstall",
     "set_aside",

@@ -52,10 +52,10 @@ class PassStart:
 
     def __init__(self) -> None:
         self._callback: Optional[Callable[[str, Dict[str, Any]], None]] = None
-        self._notes: Optional[Dict[int, weakref.ref]] = None
+        self._notes: Optional[Dict[int, weakref.ref[object]]] = None
         # tensors of the pass moved out of the youngest generation by a collection, by id
         # (weakly: the pass must not keep alive what the model drops)
-        self._moved_on: Dict[int, weakref.ref] = {}
+        self._moved_on: Dict[int, weakref.ref[object]] = {}
         if not _generations_kept():
             self._notes = {id(o): weakref.ref(o) for o in gc.get_objects() if _is_tensor(o)}
             return

@@ -16,10 +16,11 @@ lookup by the caller's file name per call.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..records.position import OpRngState
 from .ops import ACTIVE
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -34,7 +35,7 @@ _KERNEL_PARTS = (
 )  # not _ops.py, _library, _higher_order_ops: the model's own calls of custom operators pass there
 
 
-class _KernelFiles(dict):
+class _KernelFiles(Dict[str, bool]):
     """file name -> whether it is torch's kernel code; filled on first sight of each file."""
 
     def __missing__(self, filename: str) -> bool:
@@ -46,9 +47,11 @@ class _KernelFiles(dict):
 KERNEL_FILES = _KernelFiles()
 
 
-def run_kernel_call(func: Callable, args: tuple, kwargs: dict) -> Any:
+def run_kernel_call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """Run a call made by torch's kernel code with logging paused (its inner calls too)."""
     tracer = ACTIVE.tracer
+    if tracer is None:  # no pass in progress (the tracer calls this during one): nothing to pause
+        return func(*args, **kwargs)
     tracer.paused = True
     try:
         return func(*args, **kwargs)
@@ -56,7 +59,7 @@ def run_kernel_call(func: Callable, args: tuple, kwargs: dict) -> Any:
         tracer.paused = False
 
 
-def grad_fn_of(tensor: torch.Tensor) -> Any:
+def grad_fn_of(tensor: torch.Tensor) -> Optional[torch.autograd.graph.Node]:
     """``tensor.grad_fn``, or None where torch refuses to give it: reading it raises for a view
     made under ``no_grad`` whose base was then written in place (``w[:, 0].mul_(2)``)."""
     try:
@@ -65,7 +68,7 @@ def grad_fn_of(tensor: torch.Tensor) -> Any:
         return None
 
 
-def rng_state() -> tuple:
+def rng_state() -> OpRngState:
     """The random number generators' state, so a random operation can be replayed exactly."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda

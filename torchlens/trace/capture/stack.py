@@ -21,68 +21,74 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Optional, Tuple
+import types
+from typing import Dict, FrozenSet, Optional, Tuple
 
 from torch import nn
+
+Site = Tuple[types.CodeType, int, int]  # (code, line, bytecode offset): one call site's record
+Sites = Dict[int, Site]  # a code's call sites seen so far, by bytecode offset
 
 # Frames of torch's module-call machinery are not part of any func_call_stack.
 _MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
 # a frame of these codes can be resumed from different callers: its f_back is not fixed
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+# the sites of a code that is never part of a stack (a wrapper, torch's module call): never written
+_SKIPPED: Sites = {}
 
 
 class StackWalker:
     """Walks frames up to ``stop_code``'s, skipping the codes whose ids are in ``skip_code_ids``;
     one per pass (its caches hold the codes they know, so no id is reused while it lives)."""
 
-    def __init__(self, stop_code: Any, skip_code_ids: frozenset) -> None:
+    def __init__(self, stop_code: Optional[types.CodeType], skip_code_ids: FrozenSet[int]) -> None:
         self.stop_code = stop_code
         self.skip_code_ids = skip_code_ids
-        # id(code) -> (code, its call sites (bytecode offset -> record), or None when skipped)
-        self.code_sites: Dict[int, Tuple[Any, Optional[dict]]] = {}
+        # id(code) -> (code, its call sites, or _SKIPPED for a code never part of a stack)
+        self.code_sites: Dict[int, Tuple[types.CodeType, Sites]] = {}
         # the last walk's first frame and the records above it: consecutive calls from one frame
         # (a forward making op after op) share their callers, so only the first record changes
-        self.last_frame: Any = None
-        self.last_outer: tuple = ()
+        self.last_frame: Optional[types.FrameType] = None
+        self.last_outer: Tuple[Site, ...] = ()
 
-    def sites_of(self, code: Any) -> Optional[dict]:
-        """``code``'s call sites seen so far, or None for a code that is never part of a stack."""
+    def sites_of(self, code: types.CodeType) -> Sites:
+        """``code``'s call sites seen so far, or ``_SKIPPED`` for a code never part of a stack."""
         known = self.code_sites.get(id(code))
         if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
             keep = id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE
-            known = self.code_sites[id(code)] = (code, {} if keep else None)
+            known = self.code_sites[id(code)] = (code, {} if keep else _SKIPPED)
         return known[1]
 
-    def walk(self, frame: Any) -> tuple:
+    def walk(self, frame: types.FrameType) -> Tuple[Site, ...]:
         """The records of ``frame`` and its callers up to the stop, outermost first."""
         if frame is self.last_frame:  # still running (held here, so not a new frame at its address)
             return self.last_outer + (self._site(frame),)
-        first = frame
+        at: Optional[types.FrameType] = frame
         found = []
         fixed = True  # no frame above can be resumed from elsewhere: the callers stay as they are
-        stop, code_sites = self.stop_code, self.code_sites
-        while frame is not None:
-            code = frame.f_code
+        stop, code_sites, skipped = self.stop_code, self.code_sites, _SKIPPED
+        while at is not None:
+            code = at.f_code
             if code is stop:
                 break
             if code.co_flags & _RESUMABLE:
                 fixed = False
             known = code_sites.get(id(code))
             sites = known[1] if known is not None else self.sites_of(code)
-            if sites is not None:
-                lasti = frame.f_lasti
+            if sites is not skipped:
+                lasti = at.f_lasti
                 site = sites.get(lasti)
                 if site is None:
-                    site = sites[lasti] = (code, frame.f_lineno, lasti)
+                    site = sites[lasti] = (code, at.f_lineno, lasti)
                 found.append(site)
-            frame = frame.f_back
+            at = at.f_back
         found.reverse()
         records = tuple(found)
-        if fixed and found and first is not None and found[-1][0] is first.f_code:
-            self.last_frame, self.last_outer = first, records[:-1]
+        if fixed and found and found[-1][0] is frame.f_code:
+            self.last_frame, self.last_outer = frame, records[:-1]
         return records
 
-    def _site(self, frame: Any) -> tuple:
+    def _site(self, frame: types.FrameType) -> Site:
         code, lasti = frame.f_code, frame.f_lasti
         sites = self.code_sites[id(code)][1]
         site = sites.get(lasti)
@@ -94,16 +100,16 @@ class StackWalker:
         """Let go of the last frame (a finished one keeps its locals alive while held)."""
         self.last_frame, self.last_outer = None, ()
 
-    def count(self, frame: Any) -> int:
+    def count(self, frame: Optional[types.FrameType]) -> int:
         """``len(self.walk(frame))``, without building the records."""
         count = 0
-        stop, code_sites = self.stop_code, self.code_sites
+        stop, code_sites, skipped = self.stop_code, self.code_sites, _SKIPPED
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
             known = code_sites.get(id(code))
-            if (known[1] if known is not None else self.sites_of(code)) is not None:
+            if (known[1] if known is not None else self.sites_of(code)) is not skipped:
                 count += 1
             frame = frame.f_back
         return count

@@ -17,12 +17,14 @@ import sys
 import threading
 import types
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
 
 from ...errors import TorchlensError
+from ..records.position import Position
+from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in
 from .modules import is_compiled, traced_modules
 
@@ -129,7 +131,9 @@ def _dynamo_stance() -> Any:
 _EAGER = _EagerSwitch()
 
 
-def scripted_output(module: nn.Module, args: Any, entry_of: Callable[[torch.Tensor], Any]) -> Tuple[list, str]:
+def scripted_output(
+    module: nn.Module, args: Any, entry_of: Callable[[torch.Tensor], Optional[TensorLogEntry]]
+) -> Tuple[List[Tuple[TensorLogEntry, Position]], str]:
     """(parents, reason) for an untraced tensor that ``module`` returned: a TorchScript module's
     whole forward is out of sight, so its output comes from what it was given (the records of
     its tensor arguments, at their positions); of any other module nothing is known."""
@@ -152,7 +156,7 @@ _HOW_COMPILED_CODE_RAN = (
 )
 
 
-def compiled_function_notes(entries: List[Any]) -> List[str]:
+def compiled_function_notes(entries: List[TensorLogEntry]) -> List[str]:
     """A note naming the ``torch.compile``d functions (not modules) whose operations the pass
     logged: found in the entries' call stacks, as the frame that torch.compile's wrapper called
     (other Dynamo wrappers, such as ``torch._disable_dynamo`` around ``torch.utils.checkpoint``,
@@ -162,7 +166,7 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
         return []
     wrappers, module_calls = _dynamo_codes(eval_frame)
     found: Dict[str, None] = {}
-    seen = set()
+    seen: Set[int] = set()
     for e in entries:
         frames = e.call_frames
         if not frames or id(frames) in seen:
@@ -184,10 +188,10 @@ def compiled_function_notes(entries: List[Any]) -> List[str]:
 
 
 _first = operator.itemgetter(0)
-_CODES: Dict[int, Tuple[Any, Tuple[frozenset, frozenset]]] = {}
+_CODES: Dict[int, Tuple[types.ModuleType, Tuple[FrozenSet[int], FrozenSet[int]]]] = {}
 
 
-def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[frozenset, frozenset]:
+def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[FrozenSet[int], FrozenSet[int]]:
     """Ids of the code of the wrapper ``torch.compile`` puts around a function (the functions
     nested in ``_TorchDynamoContext.__call__``), and of ``OptimizedModule.__call__``. By id:
     hashing a code object hashes its bytecode. They live as long as the module."""
@@ -195,7 +199,7 @@ def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[frozenset, frozenset]:
     if cached is not None and cached[0] is eval_frame:
         return cached[1]
     pending = [_code(eval_frame, "_TorchDynamoContext")]
-    wrappers: Set[Any] = set()
+    wrappers: Set[int] = set()
     while pending:
         code = pending.pop()
         if code is not None:
@@ -207,7 +211,7 @@ def _dynamo_codes(eval_frame: types.ModuleType) -> Tuple[frozenset, frozenset]:
     return _CODES[id(eval_frame)][1]
 
 
-def _code(module: types.ModuleType, class_name: str) -> Any:
+def _code(module: types.ModuleType, class_name: str) -> Optional[types.CodeType]:
     """The code of ``module.<class_name>.__call__`` as defined there, or None."""
     cls = vars(module).get(class_name)
     function = vars(cls).get("__call__") if isinstance(cls, type) else None
