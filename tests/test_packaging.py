@@ -60,6 +60,14 @@ def test_the_wheel_holds_the_licence_metadata_and_page_assets(wheel):
 
 
 @pytest.mark.slow
+def test_the_wheel_ships_its_type_hints(wheel):
+    """PEP 561: ``py.typed`` in the package tells type checkers to read torchlens's own hints."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "torchlens/py.typed" in names, "py.typed is missing from the wheel"
+    assert (ROOT / "torchlens" / "py.typed").is_file()
+
+
+@pytest.mark.slow
 def test_the_installed_command_draws_a_self_contained_graph_page(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run(
