@@ -14,7 +14,7 @@ from torch.nn import functional as F
 import torchlens as tl
 from torchlens.errors import TorchlensError
 from torchlens.trace.answers import CompareError, NothingInCommonError
-from torchlens.trace.answers.difference import difference
+from torchlens.trace.answers.comparison.difference import difference
 from torchlens.trace.records.tensor_log import TensorLogEntry
 
 
@@ -394,9 +394,9 @@ def test_import_torchlens_does_not_load_compare():
 
     probe = (
         "import sys, torchlens as tl\n"
-        "print('torchlens.trace.answers.compare' in sys.modules)\n"
+        "print('torchlens.trace.answers.comparison' in sys.modules)\n"
         "tl.compare, tl.compare_precision\n"
-        "print('torchlens.trace.answers.compare' in sys.modules)\n"
+        "print('torchlens.trace.answers.comparison' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
     assert out.splitlines() == ["False", "True"]

@@ -386,7 +386,7 @@ def test_parameter_writes_are_undone():
 
 
 def test_a_write_torchlens_cannot_see_is_named():
-    from torchlens.trace.answers.snapshot import ModelSnapshot
+    from torchlens.trace.answers.nonfinite.snapshot import ModelSnapshot
 
     model = WritesItsParameters()
     snapshot = ModelSnapshot(model)

@@ -7,7 +7,7 @@ patched, and its counterpart found in the source.
 * ``'<module address>@input'``: the tensor entering that module call, in both runs (``sites.py``).
 * A layer label (``'add_12_204'``, ``'tanh_1_6:3'``): the source's layer with that label when it
   is the same kind of op in the same module; otherwise the layer the compare feature matches to
-  it (by module, layer type and place, ``answers/matching.py``), when that is in the same module.
+  it (by module, layer type and place, ``answers/comparison/matching.py``), when that is in the same module.
 
 A key the source lacks, or a layer without a counterpart, is a ``PatchError`` naming what the
 source has instead.
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..answers.matching import Matching, match_histories
+from ..answers import Matching, match_histories
 from ..history.index import Ambiguous
 from ..history.model_history import ModelHistory
 from ..layer_request import entries_for_key

@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...errors import TorchlensError
-from ..records.func_call import FuncCallLocation
-from .display import answer_html
+from ....errors import TorchlensError
+from ...records.func_call import FuncCallLocation
+from ..display import answer_html
 
 
 class CompareError(TorchlensError, ValueError):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Sequence, Tuple, Union
 
 import torch
 
-from ...arguments import ArgumentValueError
+from ....arguments import ArgumentValueError
 
 # state tensors per parameter (each of the parameter's shape), from a param group's options
 PER_PARAMETER: Dict[str, Callable[[Dict[str, Any]], int]] = {

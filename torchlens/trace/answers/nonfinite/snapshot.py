@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ..capture import BufferSnapshot, PassHook, storage_key
+from ...capture import BufferSnapshot, PassHook, storage_key
 
 
 class ModelSnapshot(PassHook):

@@ -16,8 +16,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..capture import SavePlan
-from ..records.tensor_log import TensorLogEntry
+from ...capture import SavePlan
+from ...records.tensor_log import TensorLogEntry
 
 # kinds of records whose tensor is made during the pass (hooks on these vanish with the graph)
 _MADE_IN_PASS = ("op", "untraced")

@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
-from ...arguments import ArgumentTypeError, check
-from ..api import log_forward_pass
-from ..input_copy import as_args, as_kwargs, require_model
-from .compare import compare_histories
-from .comparison import ComparedOp, Comparison
+from ....arguments import ArgumentTypeError, check
+from ...api import log_forward_pass
+from ...input_copy import as_args, as_kwargs, require_model
+from .compare_passes import compare_histories
+from .report import ComparedOp, Comparison
 
 # torch.testing.assert_close's default tolerances per dtype (rtol, atol)
 _TOLERANCES = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..history.model_history import ModelHistory
-from ..records.func_call import FuncCallLocation
-from ..records.tensor_log import TensorLogEntry
+from ...history.model_history import ModelHistory
+from ...records.tensor_log import TensorLogEntry
+from ..source import source_of
 from .flags import as_finite, as_nan_free, finite_flag, read_flags
 from .report import NonfiniteReport, NonfiniteReportError, nonfinite_kind, parent_stats
 
@@ -93,13 +93,6 @@ def _finite_consumers(
     ]
 
 
-def source_of(e: Optional[TensorLogEntry]) -> Optional[FuncCallLocation]:
-    """The line that called the operation (the last frame of its call stack)."""
-    if e is None or not e.call_frames:
-        return None
-    return e.func_call_stack[-1]
-
-
 def first_nonfinite(history: ModelHistory) -> NonfiniteReport:
     """``ModelHistory.first_nonfinite``: the forward answer of ``find_nonfinite`` from the
     activations saved in ``history`` (layers without a saved activation count as unknown)."""
@@ -151,4 +144,4 @@ def describe(
     return report
 
 
-__all__ = ["forward_producer", "backward_producer", "downstream", "source_of", "first_nonfinite", "describe"]
+__all__ = ["forward_producer", "backward_producer", "downstream", "first_nonfinite", "describe"]

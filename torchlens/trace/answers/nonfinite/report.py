@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ...errors import TorchlensError
-from ..records.func_call import FuncCallLocation
-from .display import answer_html
+from ....errors import TorchlensError
+from ...records.func_call import FuncCallLocation
+from ..display import answer_html
 
 PHASES = ("input", "parameter", "forward", "loss", "backward")
 # the graph page's colours (worst first: a closed module shows the worst inside)

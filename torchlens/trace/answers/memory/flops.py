@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..capture import PassRecords
+from ...capture import PassRecords
 
 
 class OpFlops(TorchDispatchMode):

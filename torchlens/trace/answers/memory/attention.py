@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..capture import PassRecords
+from ...capture import PassRecords
 
 
 class FusedAttention(TorchFunctionMode):

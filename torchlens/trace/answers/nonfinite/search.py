@@ -20,17 +20,18 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ...arguments import check
-from ..capture import RngState, add_note, eager_only, tensors_in, tensors_in_call, traceable_model
-from ..history.model_history import ModelHistory
-from ..input_copy import as_args, as_kwargs, require_model
-from ..records.meta import is_meta_history, refuse_meta
-from ..records.tensor_log import TensorLogEntry
-from ..traced_pass import traced_pass
+from ....arguments import check
+from ...capture import RngState, add_note, eager_only, tensors_in, tensors_in_call, traceable_model
+from ...history.model_history import ModelHistory
+from ...input_copy import as_args, as_kwargs, require_model
+from ...records.meta import is_meta_history, refuse_meta
+from ...records.tensor_log import TensorLogEntry
+from ...traced_pass import traced_pass
+from ..source import source_of
 from .flags import FlagPlan, FocusPlan, as_finite, as_nan_free, finite_flag, read_flags
 from .report import NonfiniteReport, nonfinite_kind, parent_stats
 from .snapshot import ModelSnapshot
-from .walk import backward_producer, describe, downstream, forward_producer, source_of
+from .walk import backward_producer, describe, downstream, forward_producer
 
 LossFn = Callable[[Any], torch.Tensor]
 

@@ -14,17 +14,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ...arguments import ArgumentTypeError, check, require_float
-from ..api import log_forward_pass
-from ..history.model_history import ModelHistory
-from ..input_copy import as_args, as_kwargs, copy_inputs, require_model
-from ..records.func_call import FuncCallLocation
-from ..records.meta import is_meta_history, refuse_meta
-from ..records.tensor_log import TensorLogEntry
-from .comparison import ComparedOp, CompareError, Comparison, NothingInCommonError
+from ....arguments import ArgumentTypeError, check, require_float
+from ...api import log_forward_pass
+from ...history.model_history import ModelHistory
+from ...input_copy import as_args, as_kwargs, copy_inputs, require_model
+from ...records.func_call import FuncCallLocation
+from ...records.meta import is_meta_history, refuse_meta
+from ...records.tensor_log import TensorLogEntry
+from ..source import source_of
 from .difference import Difference, difference
 from .matching import Matching, match_histories
-from .walk import source_of
+from .report import ComparedOp, CompareError, Comparison, NothingInCommonError
 
 Side = Union[ModelHistory, Sequence[Any]]
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..history.model_history import ModelHistory
-from ..records.tensor_log import TensorLogEntry
+from ...history.model_history import ModelHistory
+from ...records.tensor_log import TensorLogEntry
 
 Call = Tuple[str, int]  # (module address, pass); ('', 1) is the model's own forward
 _ROOT: Call = ("", 1)
