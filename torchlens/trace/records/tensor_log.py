@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol,
 
 import torch
 
+from .entry_row import EntryRow
 from .format import human_bytes, tensor_preview
 from .func_call import CodeLike, FuncCallLocation
 from .position import OpRngState, Position
@@ -397,7 +398,7 @@ class TensorLogEntry:
             importlib.import_module(_CARD_PROVIDER)  # registers the card
         return _CARD[0](self)
 
-    def to_row(self) -> Dict[str, Any]:
+    def to_row(self) -> EntryRow:
         """One flat dict of the entry's metadata (what ``ModelHistory.to_pandas`` tabulates)."""
         return {
             "label": self.label,
