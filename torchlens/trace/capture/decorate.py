@@ -143,6 +143,33 @@ def _is_private_operator(name: str, orig: object, aten: FrozenSet[str]) -> bool:
     )
 
 
+def _wanted_functions() -> Dict[int, Tuple[Any, str]]:
+    """id -> (function, recorded name) of the callables ``torch.overrides`` lists that compute:
+    the overridable ones (not utilities) and the ignored ones that are tensor factories."""
+    wanted: Dict[int, Tuple[Any, str]] = {}
+    for funcs in torch.overrides.get_overridable_functions().values():
+        for f in funcs:
+            name = getattr(f, "__name__", None)
+            if (
+                name
+                and name not in _NOT_OPERATIONS
+                and not name.startswith("sym_")
+                and not (name.startswith("_") and not name.startswith("__"))
+            ):
+                wanted[id(f)] = (f, name)
+    for f in torch.overrides.get_ignored_functions():
+        name = getattr(f, "__name__", None)
+        if (
+            name
+            and not isinstance(f, type)
+            and name not in _IGNORED_NOT_FACTORIES
+            and name not in _NOT_OPERATIONS
+            and not name.startswith(_NOT_FACTORY_PREFIXES)
+        ):
+            wanted[id(f)] = (f, name)
+    return wanted
+
+
 class _WrappedVariableFunctions:
     """Stands in for ``torch._C._VariableFunctions`` behind ``torch._VF`` during a pass.
 
@@ -230,30 +257,14 @@ class WrapperTable:
         return True
 
     def _build(self) -> None:
-        overridable = torch.overrides.get_overridable_functions()
-        wanted: Dict[int, Tuple[Any, str]] = {}
-        for funcs in overridable.values():
-            for f in funcs:
-                name = getattr(f, "__name__", None)
-                if (
-                    name
-                    and name not in _NOT_OPERATIONS
-                    and not name.startswith("sym_")
-                    and not (name.startswith("_") and not name.startswith("__"))
-                ):
-                    wanted[id(f)] = (f, name)
-        for f in torch.overrides.get_ignored_functions():
-            name = getattr(f, "__name__", None)
-            if (
-                name
-                and not isinstance(f, type)
-                and name not in _IGNORED_NOT_FACTORIES
-                and name not in _NOT_OPERATIONS
-                and not name.startswith(_NOT_FACTORY_PREFIXES)
-            ):
-                wanted[id(f)] = (f, name)
-
+        wanted = _wanted_functions()
         aten = aten_operator_names()
+        self._add_namespaces(wanted, aten)
+        self._add_tensor_methods(wanted, aten)
+        self._add_special_patches()
+
+    def _add_namespaces(self, wanted: Dict[int, Tuple[Any, str]], aten: FrozenSet[str]) -> None:
+        """The functions of torch's namespaces (``torch``, ``F``, ``torch.linalg``, ...)."""
         for owner, names in _namespaces():
             own = vars(owner)
             for name in names:
@@ -280,6 +291,8 @@ class WrapperTable:
                 # the function's own name: torch.sparse.mm is "_sparse_mm", not torch.mm's "mm"
                 self._add(owner, name, orig, getattr(orig, "__name__", name), had_own=True)
 
+    def _add_tensor_methods(self, wanted: Dict[int, Tuple[Any, str]], aten: FrozenSet[str]) -> None:
+        """The methods of ``torch.Tensor`` that compute (``x.add``, ``x.new_zeros``, ``x._values``)."""
         tensor_dict = vars(torch.Tensor)
         for name in dir(torch.Tensor):
             if name in _NOT_OPERATIONS or name in _TENSOR_PROPERTIES:
@@ -297,6 +310,11 @@ class WrapperTable:
             if key not in wanted and not name.startswith("new_") and not private:
                 continue
             self._add(torch.Tensor, name, orig, name, had_own=name in tensor_dict)
+
+    def _add_special_patches(self) -> None:
+        """``torch._VF``, ``torch.ops`` and the functorch transforms, ``Tensor.__bool__`` and the
+        tensor properties that compute (``x.T``, ``x.real``)."""
+        tensor_dict = vars(torch.Tensor)
         vf_module = sys.modules.get("torch._VF")
         if vf_module is not None and "vf" in vars(vf_module):
             real = vars(vf_module)["vf"]
