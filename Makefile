@@ -4,7 +4,7 @@
 #   make test       full test suite, slow model-zoo tests included (what CI runs)
 #   make test-fast  test suite without the slow model-zoo tests
 #   make lint       ruff (lint and format check) and mypy over the package (CI runs it before the tests)
-#   make demo       run the demo module (python -m torchlens.examples.demo)
+#   make demo       run the demo module (python -m examples.demo)
 #   make docs       build the documentation site into site/ (mkdocs --strict: warnings and broken links fail)
 #   make docs-serve preview the documentation at http://127.0.0.1:8000
 #   make images     draw the README's example graphs and explorer screenshots into images/
@@ -92,15 +92,15 @@ format: venv
 	"$(VENV_PY)" -m ruff format .
 
 demo: venv
-	"$(VENV_PY)" -m torchlens.examples.demo
+	"$(VENV_PY)" -m examples.demo
 
 images: venv
-	"$(VENV_PY)" -m torchlens.examples.make_images images
-	"$(VENV_PY)" -m torchlens.examples.explorer_images images
-	"$(VENV_PY)" -m torchlens.examples.graph_page_images images
-	"$(VENV_PY)" -m torchlens.examples.notebook_images images
-	"$(VENV_PY)" -m torchlens.examples.health_images images
-	"$(VENV_PY)" -m torchlens.examples.tworuns_images images
+	"$(VENV_PY)" -m examples.make_images images
+	"$(VENV_PY)" -m examples.explorer_images images
+	"$(VENV_PY)" -m examples.graph_page_images images
+	"$(VENV_PY)" -m examples.notebook_images images
+	"$(VENV_PY)" -m examples.health_images images
+	"$(VENV_PY)" -m examples.tworuns_images images
 
 docs: venv
 	NO_MKDOCS_2_WARNING=1 "$(VENV_PY)" -m mkdocs build --strict

@@ -19,14 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 
 import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.browser import launch
 from torchlens.train.serve import explore
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's examples/
+from examples.browser import launch  # noqa: E402
 
 TARGETS_MS = {"first paint": 2000, "drill transformer:1": 200, "drill transformer.h.5:1": 200, "long strip": 500}
 FIRST_NODE_JS = """(() => {

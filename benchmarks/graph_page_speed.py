@@ -22,7 +22,9 @@ import time
 import torch
 
 import torchlens as tl
-from torchlens.examples.browser import launch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's examples/
+from examples.browser import launch  # noqa: E402
 
 
 def build(name: str):

@@ -20,7 +20,7 @@ def pytest_addoption(parser):
 def browser():
     """Headless Chromium for the browser tests (skipped when there is none to launch)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need the playwright package")
-    from torchlens.examples.browser import find_chromium, launch
+    from examples.browser import find_chromium, launch
 
     playwright = sync_api.sync_playwright().start()
     try:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchlens.examples import demo
+from examples import demo
 
 
 @pytest.mark.slow

@@ -189,7 +189,7 @@ def test_no_overlay_no_legend(page_of):
 
 # ----- without a browser ------------------------------------------------------------------------
 def test_rolled_layer_takes_the_worst_of_its_passes():
-    from torchlens.examples.models import SimpleRecurrent
+    from examples.models import SimpleRecurrent
 
     history = tl.log_forward_pass(SimpleRecurrent(), torch.rand(6, 5), random_seed=0)
     entry = next(e for e in history.layer_list if e.num_passes > 1)

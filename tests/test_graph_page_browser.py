@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent
+from examples.models import SimpleRecurrent
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need the playwright package")
 

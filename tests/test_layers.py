@@ -120,7 +120,6 @@ ALLOWED: Dict[str, Set[str]] = {
     "train": {"trace.observe", "trace.history", "trace.answers", "web", "errors", "version"},
     "cli": {"machine", "face", "trace.api", "trace.render", "train", "errors"},
     "__main__": {"cli"},
-    "examples": {"face", "trace.render", "train"},
     "face": set(),  # filled below: the face may import everything
 }
 # the argument checks (arguments.py) stand on errors, a floor every part above them may use;
@@ -130,7 +129,7 @@ ALLOWED["files"] = set()
 for _part_name, _row in ALLOWED.items():
     if _part_name not in ("version", "errors", "machine", "arguments", "files"):
         _row.update(("arguments", "files"))
-ALLOWED["face"] = set(ALLOWED) - {"face", "cli", "examples", "__main__"}
+ALLOWED["face"] = set(ALLOWED) - {"face", "cli", "__main__"}
 
 
 def _part(module: str) -> str:

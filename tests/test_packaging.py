@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,9 +32,15 @@ class Net(nn.Module):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a clean copy of what the package is made of, as from a fresh clone: a build/
+    # folder left in this checkout can hold files of modules since moved or removed
+    source = tmp_path_factory.mktemp("source")
+    shutil.copytree(ROOT / "torchlens", source / "torchlens", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
     # no build isolation: the build uses this environment's setuptools (no network needed)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
         check=True,
         timeout=300,
     )
@@ -57,6 +64,15 @@ def test_the_wheel_holds_the_licence_metadata_and_page_assets(wheel):
         "torchlens = torchlens.cli:main"
         in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     )
+
+
+@pytest.mark.slow
+def test_the_wheel_leaves_the_examples_out(wheel):
+    """The demo and the scripts that draw the README's pictures (they launch Chromium) stay in the
+    repository's examples/ folder: nothing of them is installed."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("torchlens/examples/", "examples/"))]
+    assert (ROOT / "examples" / "demo.py").is_file() and not (ROOT / "torchlens" / "examples").exists()
 
 
 @pytest.mark.slow

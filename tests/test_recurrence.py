@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent as SpecRecurrent
+from examples.models import SimpleRecurrent as SpecRecurrent
 
 
 class NestedLoops(nn.Module):

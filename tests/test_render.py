@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from examples.models import SimpleRecurrent
 from torchlens import show_model_graph
-from torchlens.examples.models import SimpleRecurrent
 from torchlens.trace.history.model_history import ModelHistory, ModuleInfo
 from torchlens.trace.records.tensor_log import TensorLogEntry
 from torchlens.trace.render import GraphvizNotFoundError, build_dot, render_graph, style, svg_of

@@ -5,7 +5,7 @@ import torch
 import torchvision
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent
+from examples.models import SimpleRecurrent
 
 ALEXNET_LABELS = (
     "input_1_0 conv2d_1_1 relu_1_2 maxpool2d_1_3 conv2d_2_4 relu_2_5 maxpool2d_2_6 conv2d_3_7 "

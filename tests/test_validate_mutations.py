@@ -38,7 +38,7 @@ from models import LoopWeighted, ResidualBlock
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent
+from examples.models import SimpleRecurrent
 from torchlens.trace.history.model_history import ModelHistory
 from torchlens.trace.records.tensor_log import ParentRef
 from torchlens.trace.validate import validate_history

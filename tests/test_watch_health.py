@@ -457,7 +457,7 @@ def test_the_rerun_copy_carries_no_probe_of_a_saturating_activation(tmp_path):
 # ----- the page ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sick(tmp_path_factory):
-    from torchlens.examples.health_images import train_run
+    from examples.health_images import train_run
     from torchlens.train.serve import explore
 
     run_dir = str(tmp_path_factory.mktemp("sick") / "run")
@@ -469,7 +469,7 @@ def sick(tmp_path_factory):
 
 def test_the_page_shows_the_health_panel_badges_and_opens_a_finding(browser, sick):
     sick_url = sick.url
-    from torchlens.examples.health_images import NAN_STEP
+    from examples.health_images import NAN_STEP
 
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(15_000)

@@ -2,7 +2,7 @@
 (ResNet-18's history as the last expression of a cell, `layer1` opened, then an entry's card) is
 executed with nbclient, converted to HTML with nbconvert and photographed.
 
-Run with ``python -m torchlens.examples.notebook_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.notebook_images [outdir]`` (default ``images/``). Needs
 torchvision, nbclient, nbconvert, ipykernel, Playwright and ``/usr/bin/chromium``. Writes
 ``notebook_inline.png``.
 """

@@ -1,6 +1,6 @@
 """Screenshots of the explorer page for the README, taken in Debian's Chromium.
 
-Run with ``python -m torchlens.examples.explorer_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.explorer_images [outdir]`` (default ``images/``). Needs
 torchvision, Playwright (``pip install playwright``) and ``/usr/bin/chromium``. It trains a
 ResNet-18 for 30 small steps under ``tl.watch`` and writes:
 
@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.browser import launch
 from torchlens.train.serve import explore
+
+from .browser import launch
 
 
 def train_run(run_dir: str, steps: int = 30) -> None:

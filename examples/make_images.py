@@ -1,6 +1,6 @@
 """Draw the README's example graphs into a folder (PNG and SVG).
 
-Run with ``python -m torchlens.examples.make_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.make_images [outdir]`` (default ``images/``). Needs
 torchvision and Graphviz's ``dot`` program. Writes:
 
 - ``recurrent_unrolled`` / ``recurrent_rolled``: a linear layer applied in a loop of four passes;
@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent
 from torchlens.trace.render import render_graph
+
+from .models import SimpleRecurrent
 
 PNG_DPI = "110"
 

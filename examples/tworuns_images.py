@@ -1,6 +1,6 @@
 """Screenshot of two runs side by side on the explorer page, for the README (Debian's Chromium).
 
-Run with ``python -m torchlens.examples.tworuns_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.tworuns_images [outdir]`` (default ``images/``). Needs
 Playwright (``pip install playwright``) and ``/usr/bin/chromium``. It trains the same small MLP
 twice under ``tl.watch``, with learning rates 0.02 and 0.5 (the second with a dropout layer
 the first has not), serves them as ``torchlens explore RUN_A RUN_B`` does, pins ``out`` and
@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.browser import launch
 from torchlens.train.serve import explore
+
+from .browser import launch
 
 
 class MLP(nn.Module):

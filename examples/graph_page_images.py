@@ -1,7 +1,7 @@
 """Screenshots of the interactive graph page (``history.to_html``) for the README, in Debian's
 Chromium.
 
-Run with ``python -m torchlens.examples.graph_page_images [outdir]`` (default ``images/``).
+Run with ``python -m examples.graph_page_images [outdir]`` (default ``images/``).
 Needs torchvision, Playwright and ``/usr/bin/chromium``. Writes:
 
 - ``graph_page_resnet18``: ResNet-18 with ``layer1`` open (its two BasicBlocks unfolded, the

@@ -1,6 +1,6 @@
 """Screenshots of exported histories in the tools that read them, for the documentation.
 
-Run with ``python -m torchlens.examples.export_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.export_images [outdir]`` (default ``images/``). Needs
 Playwright, ``/usr/bin/chromium``, ``onnx`` and Netron (``pip install netron``; it is not a
 dependency of torchlens). It traces a ResNet-18 (metadata only), exports it with
 ``history.export("resnet18.onnx")`` and once with ``weights=model``, opens both in Netron's own
@@ -17,7 +17,8 @@ import tempfile
 import torch
 
 import torchlens as tl
-from torchlens.examples.browser import launch
+
+from .browser import launch
 
 
 def _shoot(netron, model_path: str, png: str, port: int) -> None:

@@ -2,7 +2,7 @@
 write their drawings into ``demo_out/``; then watch a short training run of the ResNet and
 write its explorer page (``demo_out/explorer.html``).
 
-Run with ``make demo`` or ``python -m torchlens.examples.demo [output folder]``.
+Run with ``make demo`` or ``python -m examples.demo [output folder]``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.models import SimpleRecurrent
+
+from .models import SimpleRecurrent
 
 
 def _banner(title: str) -> None:

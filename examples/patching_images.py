@@ -1,6 +1,6 @@
 """The README's activation-patching example, and its pictures.
 
-Run with ``python -m torchlens.examples.patching_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.patching_images [outdir]`` (default ``images/``). Needs
 transformers (the model is built from a config, random weights, no download); the graph page
 screenshot also needs Playwright and ``/usr/bin/chromium``. Writes:
 

@@ -1,6 +1,6 @@
 """Screenshot of the explorer's Health panel for the README, taken in Debian's Chromium.
 
-Run with ``python -m torchlens.examples.health_images [outdir]`` (default ``images/``). Needs
+Run with ``python -m examples.health_images [outdir]`` (default ``images/``). Needs
 Playwright (``pip install playwright``) and ``/usr/bin/chromium``. It trains ``SickNet`` (a small
 model that goes wrong on purpose) under ``tl.watch(on_nonfinite="trace")`` and writes
 ``explorer_health.png``: the Health panel, the status line, the badges, and the finding's call
@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.examples.browser import launch
 from torchlens.train.serve import explore
+
+from .browser import launch
 
 NAN_STEP = 12
 
