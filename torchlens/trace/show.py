@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 from ..arguments import check
 from .api import get_model_metadata, require_model
 from .draw_options import OLD_NAMES, move_old_names, resolve_draw
-from .render.graphviz import display_svg, in_notebook, render_graph, svg_of
+from .render import display_svg, in_notebook, render_graph, svg_of
 
 
 def show_model_graph(
@@ -73,7 +73,7 @@ def show_model_graph(
 
 
 def _html_page(history: Any, outpath: Optional[str], save_only: bool) -> None:
-    from .render.graph_page import iframe_html, to_html
+    from .render import iframe_html, to_html
 
     page = to_html(history, f"{outpath or 'graph'}.html")
     if in_notebook() and not save_only:

@@ -20,9 +20,8 @@ Example:
 
 from ..history.extensions import provide
 from . import cards  # noqa: F401  (registers the notebook card of an entry)
-from .graph_page import show, to_html
-from .graph_page.inline import inline_svg, mimebundle, notebook_html
-from .graphviz import GraphvizNotFoundError, build_dot, render_graph, svg_of
+from .graph_page import iframe_html, inline_svg, mimebundle, notebook_html, show, to_html
+from .graphviz import GraphvizNotFoundError, build_dot, display_svg, in_notebook, render_graph, svg_of
 from .options import GraphStyle
 from .structure import CollapsedModule, build_structure
 
@@ -40,4 +39,8 @@ __all__ = [
     "GraphvizNotFoundError",
     "CollapsedModule",
     "build_structure",
+    "to_html",
+    "iframe_html",
+    "in_notebook",
+    "display_svg",
 ]

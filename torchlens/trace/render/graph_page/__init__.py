@@ -11,7 +11,7 @@ Example:
 
 from ....web.stats import tensor_stats
 from .data import page_data
-from .inline import mimebundle, notebook_html, show
+from .inline import inline_svg, mimebundle, notebook_html, show
 from .overlay import Overlay, OverlayError
 from .page import iframe_html, to_html
 
@@ -25,4 +25,5 @@ __all__ = [
     "iframe_html",
     "notebook_html",
     "mimebundle",
+    "inline_svg",
 ]
