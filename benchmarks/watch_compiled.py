@@ -8,7 +8,7 @@ interleaved (plain, not logged, logged, plain, ...):
 * ``compiled``    -- ``torch.compile(model)`` without watch;
 * ``not logged``  -- watched with ``log_freq=1000``: the compiled code runs untouched;
 * ``logged``      -- watched with ``log_freq=1``: every step is logged, so it runs eagerly
-                     (``set_stance("force_eager")``, see torchlens/train/compiled.py) with the hooks;
+                     (``set_stance("force_eager")``, see torchlens/train/model/compiled.py) with the hooks;
 * ``eager``       -- the eager model without watch, for scale.
 
 Ratios are medians of per-step times over the median compiled step. Dynamo's counts (graphs,
@@ -31,7 +31,7 @@ import torchvision
 from torch import nn
 
 import torchlens as tl
-from torchlens.train.compiled import dynamo_counts
+from torchlens.train.model.compiled import dynamo_counts
 
 
 def main() -> None:

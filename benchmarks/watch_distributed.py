@@ -5,7 +5,7 @@
 Each rank trains three DDP copies on the same batches, steps interleaved (plain, not logged,
 logged, ...): ``plain`` (no watch), ``not logged`` (``log_freq=1000``: no collective runs) and
 ``logged`` (``log_freq=1``, all four kinds: every step's series are agreed, reduced and
-written by rank 0 -- 3 collectives per step written, see torchlens/train/distributed.py).
+written by rank 0 -- 3 collectives per step written, see torchlens/train/measure/distributed.py).
 Rank 0 prints the medians and ratios.
 
     .venv/bin/python benchmarks/watch_distributed.py [--steps 30]

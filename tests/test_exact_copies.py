@@ -7,7 +7,8 @@ import gc
 
 import torch
 
-from torchlens.web.exact import SMALL, CopyPool, LazySummary, exact_summary, measure
+from torchlens.train.measure.exact import SMALL, CopyPool, LazySummary, measure
+from torchlens.web.exact import exact_summary
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

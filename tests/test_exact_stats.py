@@ -1,4 +1,4 @@
-"""The exact summary of a CPU tensor (``torchlens.web.exact``): the same counts and extremes as
+"""The exact summary of a CPU tensor (``torchlens.web.exact``; batched and deferred: ``torchlens.train.measure.exact``): the same counts and extremes as
 torch's float64 reductions, mean and spread to float64 rounding, whatever its dtype, layout or
 non-finite values; and the sampler's draws from the values themselves."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchlens.web import exact
-from torchlens.web.exact import EXACT_FIELDS, SMALL, exact_summary, measure
+from torchlens.train.measure import exact
+from torchlens.train.measure.exact import SMALL, measure
+from torchlens.web.exact import EXACT_FIELDS, exact_summary
 
 
 def _reference(x: torch.Tensor) -> dict:
@@ -111,7 +112,7 @@ def test_a_tensor_subclass_is_measured_by_torch():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_sample_is_drawn_uniformly_from_the_values_themselves(dtype: torch.dtype):
-    from torchlens.train.sampling import Sampler
+    from torchlens.train.record.sampling import Sampler
 
     values = torch.arange(50_000, dtype=dtype)
     sampler = Sampler(100)
@@ -126,7 +127,7 @@ def test_a_sample_is_drawn_uniformly_from_the_values_themselves(dtype: torch.dty
 
 
 def test_a_difference_is_sampled_at_the_same_positions_of_both_tensors():
-    from torchlens.train.sampling import Sampler
+    from torchlens.train.record.sampling import Sampler
 
     before = torch.randn(30_000)
     after = before + torch.arange(30_000.0) * 1e-3  # the change tells each position
@@ -136,7 +137,7 @@ def test_a_difference_is_sampled_at_the_same_positions_of_both_tensors():
 
 
 def test_a_strided_tensor_is_sampled_from_its_own_values():
-    from torchlens.train.sampling import Sampler
+    from torchlens.train.record.sampling import Sampler
 
     grid = torch.arange(200_000.0).reshape(400, 500)
     got = Sampler(100).values(grid[:, ::2])  # only even numbers belong to the view

@@ -1,4 +1,4 @@
-"""A watch's explorer inline in Jupyter, live (torchlens/train/notebook.py): the feed of new steps,
+"""A watch's explorer inline in Jupyter, live (torchlens/train/backends/notebook.py): the feed of new steps,
 a real kernel pushing them over the widget's comm while cells train, the static snapshot kept
 beside the widget for nbconvert, and a real JupyterLab in Chromium whose inline explorer gains
 the new columns of a second training cell without a reload."""
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import torchlens as tl
-from torchlens.train.notebook import LiveFeed
+from torchlens.train.backends.notebook import LiveFeed
 from torchlens.web.stats import NUM_BINS
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

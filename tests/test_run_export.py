@@ -13,8 +13,8 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.cli import main
-from torchlens.train.run_export import RunExportError, RunExportExistsError
-from torchlens.train.run_query import list_runs, query_runs, runs_main
+from torchlens.train.store.export import RunExportError, RunExportExistsError
+from torchlens.train.store.query import list_runs, query_runs, runs_main
 
 pq = pytest.importorskip("pyarrow.parquet")
 

@@ -148,7 +148,7 @@ def test_damaged_meta_is_a_run_error(tmp_path, key, value):
 
 
 def _run_error():
-    from torchlens.train.reader import RunError
+    from torchlens.train.store.reader import RunError
 
     return RunError
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torchlens as tl
-from torchlens.train.run_export import RunExportError, RunExportExistsError
-from torchlens.train.run_trace import NO_TIMELINE
-from torchlens.train.timeline import read_timeline
+from torchlens.train.store import read_timeline
+from torchlens.train.store.chrome_trace import NO_TIMELINE
+from torchlens.train.store.export import RunExportError, RunExportExistsError
 
 STEPS = 4
 

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
 
 import torchlens as tl  # noqa: E402
-from torchlens.train.hf import TorchlensCallback  # noqa: E402
+from torchlens.train.callbacks.hf import TorchlensCallback  # noqa: E402
 
 
 class Tokens(torch.utils.data.Dataset):

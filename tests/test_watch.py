@@ -605,7 +605,7 @@ def test_default_run_dir_is_printed_once(tmp_path, monkeypatch, capsys):
 
 
 def test_inplace_gradient_error_names_the_call_and_both_remedies(tmp_path):
-    from torchlens.train.recorder import InplaceGradientError
+    from torchlens.train.record.recorder import InplaceGradientError
 
     class Probe(nn.Module):
         def forward(self, x):

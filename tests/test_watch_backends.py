@@ -229,7 +229,7 @@ def test_missing_backend_package_gives_an_install_hint(tmp_path, monkeypatch):
 # ----- Lightning -----------------------------------------------------------------------------------
 def test_lightning_fit(tmp_path):
     L = pytest.importorskip("lightning")
-    from torchlens.train.lightning import TorchlensCallback
+    from torchlens.train.callbacks.lightning import TorchlensCallback
 
     class Regressor(L.LightningModule):
         def __init__(self):

@@ -1,5 +1,5 @@
 """tl.watch on compiled models: torch.compile(model), model.compile() after watching, compiled
-submodules, fullgraph=True (torchlens/train/compiled.py).
+submodules, fullgraph=True (torchlens/train/model/compiled.py).
 
 The tests compile with the ``aot_eager`` backend: Dynamo (graph capture, guards, graph breaks,
 recompiles, the hooks' fate) behaves as with inductor, without inductor's slow C++ builds.
@@ -17,7 +17,7 @@ from torch import nn
 import torchlens as tl
 
 dynamo = pytest.importorskip("torch._dynamo")
-from torchlens.train.compiled import dynamo_counts  # noqa: E402
+from torchlens.train.model.compiled import dynamo_counts  # noqa: E402
 
 BACKEND = "aot_eager"
 

@@ -1,5 +1,5 @@
 """tl.watch under torch.distributed: the ranks' series add up to the global batch's
-(torchlens/train/distributed.py). Two gloo ranks on loopback, started by the test, each bounded
+(torchlens/train/measure/distributed.py). Two gloo ranks on loopback, started by the test, each bounded
 in time (a short process-group timeout: a bug shows as an error, not a hang)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchlens.train.distributed import RankGroup, RankMismatchError
+from torchlens.train.measure.distributed import RankGroup, RankMismatchError
 from torchlens.web.exact import exact_summary
 from torchlens.web.stats import histograms
 

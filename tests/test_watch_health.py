@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.train.sentinel import EVENTS_FILE, DivergenceWarning, NonfiniteWarning
+from torchlens.train.health.sentinel import EVENTS_FILE, DivergenceWarning, NonfiniteWarning
 
 BAD_STEP = 5
 

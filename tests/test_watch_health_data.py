@@ -426,7 +426,7 @@ def test_compare_finds_the_first_step_where_two_runs_differ_and_not_sampling_noi
 
 def test_lightning_runs_get_updates(tmp_path):
     L = pytest.importorskip("lightning")
-    from torchlens.train.lightning import TorchlensCallback
+    from torchlens.train.callbacks.lightning import TorchlensCallback
 
     class Regressor(L.LightningModule):
         def __init__(self):

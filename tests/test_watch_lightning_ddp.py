@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     """
     import sys, torch, lightning as L
     from torch import nn
-    from torchlens.train.lightning import TorchlensCallback
+    from torchlens.train.callbacks.lightning import TorchlensCallback
 
     class Regressor(L.LightningModule):
         def __init__(self):

@@ -252,7 +252,7 @@ def test_sigkill_of_the_writer_leaves_a_readable_run(tmp_path, printed):
 
 _IDLE_CHILD = """
     import torchlens as tl
-    import torchlens.train.store as store
+    import torchlens.train.store.database as store
     store.HEARTBEAT_S = 0.2  # the timer's period (10 s by default), short for the test
     run_dir = sys.argv[1]
     model = torch.nn.Linear(4, 2)
@@ -304,7 +304,7 @@ def _edit_meta(run_dir, **values):
 
 
 def test_a_run_of_another_host_is_stopped_when_its_heartbeat_is_old(tmp_path):
-    from torchlens.train.reader import STALE_AFTER_S
+    from torchlens.train.store.reader import STALE_AFTER_S
 
     run_dir = str(tmp_path / "run")
     model = torch.nn.Linear(4, 2)
@@ -510,7 +510,7 @@ def test_fresh_process_trains_identically_with_and_without_watch(tmp_path):
 def test_a_fork_waits_for_the_writes_under_way(tmp_path, monkeypatch):
     """A DataLoader forks its workers while training runs: the writer thread must not be caught
     in the middle of a write (the child would inherit the locks it held)."""
-    from torchlens.train.step_writer import StepWriter
+    from torchlens.train.step.writer import StepWriter
 
     write = StepWriter._write
 

@@ -68,7 +68,7 @@ _LAZY = {
     **{name: "torchlens.train" for name in ("watch", "unwatch", "attach", "setup", "open_run")},
     **{name: "torchlens.train" for name in ("Run", "RunError", "Series", "Watch")},
     **{name: "torchlens.train" for name in ("NonfiniteError", "NonfiniteWarning", "DivergenceWarning")},
-    "RankMismatchError": "torchlens.train.distributed",
+    "RankMismatchError": "torchlens.train",
 }
 
 if TYPE_CHECKING:
@@ -91,9 +91,21 @@ if TYPE_CHECKING:
     from .trace.show import show_model_graph
     from .trace.storage import HistoryFileError, UnsavedValuesWarning, load
     from .trace.validate import validate_history
-    from .train import Run, RunError, Series, Watch, attach, open_run, setup, unwatch, watch
-    from .train.distributed import RankMismatchError
-    from .train.sentinel import DivergenceWarning, NonfiniteError, NonfiniteWarning
+    from .train import (
+        DivergenceWarning,
+        NonfiniteError,
+        NonfiniteWarning,
+        RankMismatchError,
+        Run,
+        RunError,
+        Series,
+        Watch,
+        attach,
+        open_run,
+        setup,
+        unwatch,
+        watch,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -398,7 +398,7 @@ examples:
 def _pick_run(root: str, name: str) -> str:
     """The run id (a folder relative to ``root``) that ``name`` means: an id, or the last part of
     exactly one id."""
-    from .train.serve.data import Catalog
+    from .train import Catalog
 
     catalog = Catalog(root)
     ids = catalog.run_ids()
@@ -418,9 +418,7 @@ def _pick_run(root: str, name: str) -> str:
 
 def explore_main(argv: Sequence[str]) -> int:
     """``torchlens explore RUN_DIR [RUN_B] [--port N] [--host H] [--token T] [--export FILE [--run NAME]]``."""
-    from .train.reader import RunError
-    from .train.serve import PortInUseError, explore, export_html
-    from .train.serve.data import NotFound
+    from .train import NotFound, PortInUseError, RunError, explore, export_html
 
     parser = argparse.ArgumentParser(
         prog="torchlens explore",
@@ -482,7 +480,7 @@ def explore_main(argv: Sequence[str]) -> int:
 
 
 def _print_exported(path: str, root: str, run_id: Optional[str]) -> None:
-    from .train.serve.data import Catalog
+    from .train import Catalog
 
     if run_id is None:
         catalog = Catalog(root)
@@ -501,7 +499,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "explore":
         return explore_main(argv[1:])
     if argv and argv[0] == "runs":
-        from .train.run_query import runs_main
+        from .train import runs_main
 
         return runs_main(argv[1:])
     args = build_parser().parse_args(argv)

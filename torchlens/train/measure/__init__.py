@@ -1,4 +1,8 @@
-"""Measuring a logged step's tensors together: the exact statistics (``EXACT_FIELDS``) and the
+"""The numbers of a logged step: the exact statistics (``EXACT_FIELDS``) of its tensors, batched
+and deferred (``exact``), and the global batch's histograms under ``torch.distributed``
+(``distributed``).
+
+Measuring a logged step's tensors together: the exact statistics and the
 histogram samples of all tensors of a phase (a forward's inputs and outputs and parameters, the
 parameters' gradients, the optimizer's updates) in a number of kernels that does not grow with
 the number of tensors, queued on the device without a host sync, and moved to the host once
@@ -16,15 +20,34 @@ Example:
 """
 
 from .batch import Batch, measurable, measure_batch
-from .layout import BLOCK, CHUNK, LayoutCache, flat_view, signature
+from .distributed import RankGroup, RankMismatchError, active_group, local_shard, rank_group, step_histograms
+from .exact import SMALL, CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
+from .layout import BLOCK, CHUNK, LayoutCache, flat_view, signature, tensor_key
+from .phase import Measured, PhaseMeasure
 from .rows import COMPILED, ROW_COLUMNS, merge_rows, row_stats, row_stats_eager
 
 __all__ = [
+    "SMALL",
+    "CopyPool",
+    "LazySummary",
+    "measure",
+    "row_summaries",
+    "summary_norm",
+    "combine_summaries",
+    "RankGroup",
+    "RankMismatchError",
+    "active_group",
+    "local_shard",
+    "rank_group",
+    "step_histograms",
     "Batch",
     "measure_batch",
     "measurable",
     "LayoutCache",
     "signature",
+    "tensor_key",
+    "Measured",
+    "PhaseMeasure",
     "BLOCK",
     "CHUNK",
     "flat_view",

@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
-from ...web.exact import LazySummary
 from .batch import Batch, measure_batch
+from .exact import LazySummary
 from .layout import LayoutCache, tensor_key
 
 Place = Hashable  # where a tensor was seen (the recorder's series key)

@@ -3,7 +3,9 @@
 
 from typing import Optional
 
-from .export import export_html
+from .data import Catalog, NotFound
+from .export import export_html, notebook_html, page_data, show_inline
+from .process import ServingProcess
 from .server import PortInUseError, RunServer
 
 
@@ -34,4 +36,15 @@ def explore(
     return server.start()
 
 
-__all__ = ["explore", "export_html", "RunServer", "PortInUseError"]
+__all__ = [
+    "explore",
+    "export_html",
+    "notebook_html",
+    "show_inline",
+    "page_data",
+    "Catalog",
+    "NotFound",
+    "RunServer",
+    "ServingProcess",
+    "PortInUseError",
+]

@@ -11,8 +11,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import TorchlensError
-from ..reader import Run, RunError
-from ..store import DB_NAME, EXACT_COLUMNS
+from ..store import EXACT_COLUMNS, Run, RunError, find_runs
 from .layout import layout
 
 
@@ -38,18 +37,7 @@ class Catalog:
         self._in_flight: Dict[Tuple[str, str, int], threading.Lock] = {}
 
     def run_ids(self) -> List[str]:
-        if os.path.isfile(os.path.join(self.root, DB_NAME)):
-            return ["."]
-        found = []
-        base_depth = self.root.rstrip(os.sep).count(os.sep)
-        for folder, subfolders, files in os.walk(self.root):
-            if DB_NAME in files:
-                found.append(os.path.relpath(folder, self.root))
-                subfolders[:] = []
-            elif folder.count(os.sep) - base_depth >= 3:
-                subfolders[:] = []
-            subfolders.sort()
-        return sorted(found)
+        return find_runs(self.root)
 
     def run(self, run_id: Optional[str]) -> Run:
         ids = self.run_ids()

@@ -9,11 +9,11 @@ import sys
 from typing import Any, Optional
 
 from ...web.embed import inline_page, packed_page, srcdoc_frame
-from ..reader import RunError
+from ..store import RunError
 from .data import Catalog, NotFound
 
 
-def _run_data(catalog: Catalog, run_id: str) -> dict:
+def page_data(catalog: Catalog, run_id: str) -> dict:
     """What the page asks of one run: its summary, the layout of every call with children, the
     series of every call, and its health findings."""
     summary = catalog.summary_json(run_id)
@@ -47,13 +47,13 @@ def export_page(run_dir: str, run_id: Optional[str] = None, packed: bool = False
                 f"no torchlens run under {run_dir} (a run folder holds run.db; tl.watch(run_dir=...) writes one)"
             )
         if len(ids) == 1:
-            data = _run_data(catalog, ids[0])
+            data = page_data(catalog, ids[0])
         else:
             runs = catalog.runs_json()["runs"]
             run_data = {}
             for run in runs:
                 try:
-                    run_data[run["id"]] = _run_data(catalog, run["id"])
+                    run_data[run["id"]] = page_data(catalog, run["id"])
                 except (RunError, OSError) as error:  # listed as unreadable, as the server does
                     run.setdefault("error", str(error).replace(catalog.root + os.sep, ""))
             data = {"runs": runs, "run_data": run_data}
@@ -120,4 +120,4 @@ def show_inline(run_dir: str, height: int = 640) -> Any:
     return shown
 
 
-__all__ = ["export_html", "export_page", "notebook_html", "show_inline"]
+__all__ = ["export_html", "export_page", "notebook_html", "page_data", "show_inline"]

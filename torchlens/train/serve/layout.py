@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Tuple
 
-from ..calls import Call
+from ..model import Call
 
 _POINTS = 72.0
 # More tensors than this in one container are one node, as on the graph page (trace/render/groups.py)

@@ -12,8 +12,7 @@ import os
 import threading
 from typing import Dict, List, Optional, Sequence
 
-from ..compare import TOLERANCE, compare_runs
-from ..store import DB_NAME
+from ..store import DB_NAME, TOLERANCE, compare_runs
 from .data import Catalog, NotFound
 
 

@@ -46,8 +46,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 from ...errors import TorchlensError
 from ...web.embed import ASSETS_DIR
-from ..compare import TOLERANCE
-from ..reader import RunError
+from ..store import TOLERANCE, RunError
 from .data import Catalog, NotFound
 from .pair import PairCatalog, pair_json
 

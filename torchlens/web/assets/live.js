@@ -1,6 +1,6 @@
 /* torchlens explorer in a notebook, live: the page's data (window.TORCHLENS_EXPORT, one run)
  * is kept up to date by the notebook widget around the page's iframe, which relays what the
- * kernel pushes (torchlens/train/notebook.py) with postMessage. explorer.js polls this data as
+ * kernel pushes (torchlens/train/backends/notebook.py) with postMessage. explorer.js polls this data as
  * it polls a server, so the live view draws with the same code as the served page.
  * Every update is applied idempotently: the widget replays all it has seen to a page that
  * unpacks late (a notebook unpacks a page only once it is on screen). */

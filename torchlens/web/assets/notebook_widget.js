@@ -1,5 +1,5 @@
 /* torchlens: the front end of a watch's live explorer in Jupyter (an anywidget module; its
- * kernel side is torchlens/train/notebook.py). Each view is the explorer page in a sandboxed
+ * kernel side is torchlens/train/backends/notebook.py). Each view is the explorer page in a sandboxed
  * iframe (isolated from the notebook's CSS, JS and ids, as the static snapshot is); the kernel
  * pushes new steps through the widget's comm, and this module relays them into the page
  * (live.js applies them). No network: the page and every update travel over the comm. */

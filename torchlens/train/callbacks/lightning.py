@@ -2,13 +2,13 @@
 
 Example (needs ``pip install lightning``)::
 
-    from torchlens.train.lightning import TorchlensCallback
+    from torchlens.train.callbacks.lightning import TorchlensCallback
     trainer = lightning.Trainer(callbacks=[TorchlensCallback(log_freq=50, backend="tensorboard")])
     trainer.fit(module, loader)
 
 The watch starts at ``on_fit_start`` and closes at ``on_fit_end`` (also when fitting fails).
 Under ``strategy="ddp"`` every process watches its replica and rank 0 writes one run with the
-series of the global batch (``torchlens.train.distributed``). Only training steps are logged (validation runs in eval mode without gradients), and
+series of the global batch (``torchlens.train.measure.distributed``). Only training steps are logged (validation runs in eval mode without gradients), and
 ``log_freq`` counts optimizer steps (``trainer.global_step``): with gradient accumulation, the
 forward passes of one optimizer step are overlaid as one step. Every module call in
 ``training_step`` is recorded; the data-flow edges of the module graph come from a trace of the
@@ -26,10 +26,10 @@ except ImportError:  # the older package name
         from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     except ImportError:
         raise ImportError(
-            "torchlens.train.lightning needs Lightning: pip install 'torchlens[lightning]' (or pip install lightning)."
+            "torchlens.train.callbacks.lightning needs Lightning: pip install 'torchlens[lightning]' (or pip install lightning)."
         ) from None
 
-from .session import watch
+from ..step import watch
 
 
 class TorchlensCallback(Callback):

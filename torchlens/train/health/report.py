@@ -21,7 +21,7 @@ One finding per (call, series, signal), worst first. The signals and their thres
   grew 1e6x within 2 steps, or went past what its dtype can square, before anything was NaN.
 - ``dead``: at least ``DEAD_FRACTION`` (90%) of an output's values are exactly 0 (dead ReLUs).
 - ``saturated``: at least ``SATURATED_FRACTION`` (90%) of a Tanh / Sigmoid / Hardtanh /
-  Hardsigmoid output lies within 1e-3 of its bounds (``saturation.py`` counts all values).
+  Hardsigmoid output lies within 1e-3 of its bounds (``record/saturation.py`` counts all values).
 - ``update_ratio``: with ``log=(..., "updates")``, a weight's ``||dw|| / ||w||`` per step
   outside [1e-4, 1e-2] (about 1e-3 is healthy). Only weights of two or more dimensions: a bias
   or a normalisation parameter starts at 0 or 1, where the ratio says nothing of the step size.
@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import saturation
+from ..record import SATURATION_EPS, read_saturation
 from .sentinel import EVENTS_FILE
 
 FAR = 1e3
@@ -388,7 +388,7 @@ def _dead(outputs: Dict[Tuple[str, str, str], Any]) -> List[Dict[str, Any]]:
 
 
 def _saturated(run_dir: str, calls: Dict[str, Any]) -> List[Dict[str, Any]]:
-    lines = saturation.read(run_dir)
+    lines = read_saturation(run_dir)
     first: Dict[str, int] = {}
     last: Dict[str, Tuple[int, float]] = {}
     for line in lines:
@@ -412,7 +412,7 @@ def _saturated(run_dir: str, calls: Dict[str, Any]) -> List[Dict[str, Any]]:
                 "latest_value": fraction,
                 "active": when == latest and fraction >= SATURATED_FRACTION,
                 "explanation": f"{fraction:.0%} of this {cls}'s outputs are within "
-                f"{saturation.SATURATION_EPS:g} of its bounds, where its gradient is ~0",
+                f"{SATURATION_EPS:g} of its bounds, where its gradient is ~0",
             }
         )
     return rows

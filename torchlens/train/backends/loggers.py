@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ..web.stats import Histograms
+from ...web.stats import Histograms
 
 Key = Tuple[str, str, str]
 
@@ -96,7 +96,7 @@ class WandbBackend:
         self._log(data)
 
     def _page(self, run_dir: str) -> Any:
-        from .serve.export import export_html
+        from ..serve import export_html
 
         with tempfile.TemporaryDirectory() as folder:
             path = export_html(run_dir, os.path.join(folder, "explorer.html"))
@@ -130,7 +130,7 @@ class TensorboardBackend:
     def _write_graph(self, run_dir: str) -> None:
         from tensorboard.compat.proto import event_pb2
 
-        from .reader import open_run
+        from ..store import open_run
         from .tensorboard_graph import graph_def
 
         with open_run(run_dir) as run:

@@ -24,9 +24,9 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
 
-from ..web.stats import histograms
-from .distributed import step_histograms
-from .step_data import StepData
+from ...web.stats import histograms
+from ..measure import step_histograms
+from ..record import StepData
 
 
 class StepWriter:

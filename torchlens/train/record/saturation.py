@@ -14,8 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .calls import call_id
-from .compiled import hookable_modules
+from ..model import call_id, hookable_modules
 from .recorder import ModelHook
 
 SATURATION_EPS = 1e-3
@@ -103,7 +102,7 @@ class SaturationProbe:
         self.step, self.counts = None, []
 
 
-def read(run_dir: str) -> List[dict]:
+def read_saturation(run_dir: str) -> List[dict]:
     """The lines of ``saturation.jsonl`` (none for runs without bounded activations); a line
     being written is skipped."""
     path = os.path.join(run_dir, FILE)
@@ -119,4 +118,4 @@ def read(run_dir: str) -> List[dict]:
     return rows
 
 
-__all__ = ["SaturationProbe", "bounds", "read", "SATURATION_EPS", "FILE"]
+__all__ = ["SaturationProbe", "bounds", "read_saturation", "SATURATION_EPS", "FILE"]

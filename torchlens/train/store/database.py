@@ -7,7 +7,7 @@ call), ``series`` (one row per (call, kind, name), with the ``reason`` a gradien
 values while it has none; runs written before have no such column), ``columns`` (one histogram per series and
 column, and the statistics over all values of its tensors, ``EXACT_COLUMNS``: runs written before
 have none), ``steps`` (the logged training steps) and ``timeline`` (when each logged step's
-forward, backward and optimizer step ran, and the watch's own work: ``timeline.py``; runs written
+forward, backward and optimizer step ran, and the watch's own work: ``step/timeline.py``; runs written
 before have no such table).
 
 A step is written when its backward pass ends; a later backward pass of the same step (or its
@@ -31,13 +31,13 @@ import socket
 import sqlite3
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..arguments import PathNotWritableError
-from ..web.stats import merge
-from .calls import Call
+from ...arguments import PathNotWritableError
+from ...web.stats import merge
+from ..model import Call
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
@@ -47,6 +47,18 @@ EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf"
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
 TIMELINE_STEPS = 10_000  # logged steps whose timeline is kept (the newest; older ones are dropped)
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
+
+
+class TimelineRow(NamedTuple):
+    """One row of the run's ``timeline`` table (see ``torchlens/train/step/timeline.py``)."""
+
+    step: int
+    thread: str  # 'training' or 'writer'
+    phase: str  # forward, backward, optimizer, watch, hooks, write
+    start_ns: int
+    end_ns: int
+    busy_ns: Optional[int] = None  # hooks: their summed time; otherwise None (the span itself)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -384,4 +396,14 @@ def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
     return run_dir
 
 
-__all__ = ["new_run_dir", "RunWriter", "connect", "DB_NAME", "FORMAT", "KINDS", "EXACT_COLUMNS", "HEARTBEAT_S"]
+__all__ = [
+    "new_run_dir",
+    "RunWriter",
+    "TimelineRow",
+    "connect",
+    "DB_NAME",
+    "FORMAT",
+    "KINDS",
+    "EXACT_COLUMNS",
+    "HEARTBEAT_S",
+]

@@ -16,7 +16,7 @@ transaction of their own), each ``(step, thread, phase, start_ns, end_ns, busy_n
 
 Example:
     >>> import tempfile, torch, torchlens as tl
-    >>> from torchlens.train.timeline import read_timeline
+    >>> from torchlens.train.store import read_timeline
     >>> model, folder = torch.nn.Linear(3, 2), tempfile.mkdtemp()
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with tl.watch(model, run_dir=folder, backend=(), verbose=False):
@@ -30,18 +30,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, Optional
+
+from ..store import TimelineRow
 
 _now = time.perf_counter_ns
-
-
-class TimelineRow(NamedTuple):
-    step: int
-    thread: str  # 'training' or 'writer'
-    phase: str  # forward, backward, optimizer, watch, hooks, write
-    start_ns: int
-    end_ns: int
-    busy_ns: Optional[int] = None  # hooks: their summed time; otherwise None (the span itself)
 
 
 class StepTimeline:
@@ -186,22 +179,4 @@ def optimizer_hooks(optimizers: List[Any], pre: Optional[Callable] = None, post:
     return handles
 
 
-def read_timeline(run: Any) -> Optional[List[TimelineRow]]:
-    """The timeline rows of a run (a ``tl.open_run`` object), by step and start; None for a
-    run written before torchlens recorded timelines (it has no such table)."""
-    found = run._query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'timeline'")
-    if not found:
-        return None
-    rows = run._query(
-        "SELECT step, thread, phase, start_ns, end_ns, busy_ns FROM timeline ORDER BY step, start_ns, end_ns DESC"
-    )
-    with run._damaged("the step timeline"):
-        return [
-            TimelineRow(
-                int(s), str(t), str(p), start_ns=int(a), end_ns=int(b), busy_ns=None if busy is None else int(busy)
-            )
-            for s, t, p, a, b, busy in rows
-        ]
-
-
-__all__ = ["StepTimeline", "TimelineRow", "optimizer_hooks", "read_timeline"]
+__all__ = ["StepTimeline", "optimizer_hooks"]

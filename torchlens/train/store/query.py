@@ -9,7 +9,7 @@ DuckDB (``pip install 'torchlens[sql]'``), with two tables:
 
 Example:
     >>> import tempfile, torch, torchlens as tl
-    >>> from torchlens.train.run_query import list_runs
+    >>> from torchlens.train.store.query import list_runs
     >>> root = tempfile.mkdtemp()
     >>> model = torch.nn.Linear(3, 2)
     >>> with tl.watch(model, run_dir=root + "/a", backend=(), verbose=False, log=("params",)):
@@ -26,10 +26,9 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import TorchlensError
-from .reader import Run, RunError
-from .run_export import run_table
-from .serve.data import Catalog
+from ...errors import TorchlensError
+from .export import run_table
+from .reader import Run, RunError, find_runs
 
 
 class RunQueryError(TorchlensError, ValueError):
@@ -51,13 +50,8 @@ def list_runs(root: str) -> List[Dict[str, Any]]:
     cannot be read has ``status`` ``'unreadable: ...'``."""
     if not os.path.isdir(root):
         raise RunQueryError(f"no such folder: {root}")
-    catalog = Catalog(root)
-    try:
-        ids = catalog.run_ids()
-    finally:
-        catalog.close()
     rows = []
-    for run_id in ids:
+    for run_id in find_runs(root):
         folder = os.path.join(os.path.abspath(root), run_id)
         name = run_id if run_id != "." else os.path.basename(os.path.abspath(root))
         row: Dict[str, Any] = {"run": name, "model": None, "steps": None, "series": None, "status": None}

@@ -24,8 +24,8 @@ import importlib
 import os
 from typing import Any, Dict, List, Optional
 
-from ..errors import TorchlensError
-from ..files import write_atomically
+from ...errors import TorchlensError
+from ...files import write_atomically
 
 # the exact statistics as columns of the table: (column, Series attribute)
 _STATS = (
@@ -134,7 +134,7 @@ def export_run(run: Any, path: str, format: Optional[str] = None, overwrite: boo
     if os.path.exists(path) and not overwrite:
         raise RunExportExistsError(f"{path} exists; pass overwrite=True to replace it.")
     if fmt == "chrome_trace":
-        from .run_trace import write_run_trace
+        from .chrome_trace import write_run_trace
 
         return write_atomically(path, lambda staging: write_run_trace(run, staging))
     _pyarrow()  # the message that names the extra, before anything is written

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ..web.exact import LazySummary, combine_summaries, row_summaries
+from ..measure import LazySummary, combine_summaries, row_summaries
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
 # one tensor's contribution to a series: its sample (or the LazySummary that draws it from a

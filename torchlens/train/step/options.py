@@ -17,7 +17,7 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from ..arguments import (
+from ...arguments import (
     check_arguments,
     refuse_type,
     require_choice,
@@ -27,7 +27,7 @@ from ..arguments import (
     require_path,
     require_str,
 )
-from .sentinel import MODES
+from ..health import MODES
 
 CALLER = "tl.watch"
 INT64 = 2**63 - 1  # counts are stored in the run database as 64-bit integers

@@ -3,7 +3,7 @@
 Example (needs ``pip install 'torchlens[hf]'``: transformers and accelerate)::
 
     from transformers import Trainer
-    from torchlens.train.hf import TorchlensCallback
+    from torchlens.train.callbacks.hf import TorchlensCallback
     trainer = Trainer(model=model, args=args, train_dataset=data,
                       callbacks=[TorchlensCallback(log_freq=50, log=("io", "params_grad"))])
     trainer.train()   # the run is written under args.output_dir/torchlens_runs/
@@ -29,10 +29,10 @@ try:
     from transformers import TrainerCallback
 except ImportError:
     raise ImportError(
-        "torchlens.train.hf needs transformers: pip install 'torchlens[hf]' (or pip install transformers accelerate)."
+        "torchlens.train.callbacks.hf needs transformers: pip install 'torchlens[hf]' (or pip install transformers accelerate)."
     ) from None
 
-from .session import watch
+from ..step import watch
 
 RUNS_FOLDER = "torchlens_runs"  # under the Trainer's output_dir
 

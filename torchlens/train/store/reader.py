@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..arguments import (
+from ...arguments import (
     MissingPathError,
     require_bool,
     require_choice,
@@ -26,10 +26,10 @@ from ..arguments import (
     require_path,
     require_str,
 )
-from ..errors import TorchlensError
-from ..web.stats import bin_edges
-from .calls import Call
-from .store import DB_NAME, EXACT_COLUMNS, FORMAT, KINDS, connect
+from ...errors import TorchlensError
+from ...web.stats import bin_edges
+from ..model import Call
+from .database import DB_NAME, EXACT_COLUMNS, FORMAT, KINDS, connect
 
 NO_EXACT = "no exact statistics: this run was written before torchlens recorded them (the histograms are there)"
 # what the line under each kind's strip shows
@@ -332,17 +332,17 @@ class Run:
     def health(self) -> Any:
         """What looks wrong (NaN, exploding/vanishing gradients, dead or saturated units, update
         sizes), one row per (call, series, signal), worst first: a pandas DataFrame
-        (``torchlens.train.health``, where the signals and thresholds are described)."""
-        from .health import health
+        (``torchlens.train.health.report``, where the signals and thresholds are described)."""
+        from ..health import health
 
         return health(self)
 
     def export(self, path: str, format: Optional[str] = None, overwrite: bool = False) -> str:
         """Write this run's series as one long table (``format="parquet"``, the default for a
         ``.parquet`` path): a row per series and column, with step, call, kind, name, the exact
-        statistics and the histogram (``torchlens.train.run_export``). Needs pyarrow. An
+        statistics and the histogram (``torchlens.train.store.export``). Needs pyarrow. An
         existing file is replaced only with ``overwrite=True``. Returns ``path``."""
-        from .run_export import export_run
+        from .export import export_run
 
         path = require_path("path", path, "run.export", new=True)
         require_str("format", format, "run.export", optional=True)  # known formats: export_run says
@@ -351,7 +351,7 @@ class Run:
 
     def compare(self, other: "Run", tolerance: float = 0.1) -> list:
         """Per series, the first logged step where this run's distribution and ``other``'s
-        differ: a list of ``SeriesComparison`` (``torchlens.train.compare``, where the distance
+        differ: a list of ``SeriesComparison`` (``torchlens.train.store.compare``, where the distance
         and the tolerance are described): their exact statistics differ beyond float rounding,
         or their histograms by more than ``tolerance``; series only one run has say which.
 
@@ -414,6 +414,24 @@ def _writer_gone(meta: dict) -> bool:
         return False
 
 
+def find_runs(root: str) -> List[str]:
+    """The runs under ``root``, as paths relative to it: ``['.']`` when ``root`` is a run, else
+    every folder below it (to three levels) that holds a run database, in name order."""
+    root = os.path.abspath(root)
+    if os.path.isfile(os.path.join(root, DB_NAME)):
+        return ["."]
+    found = []
+    base_depth = root.rstrip(os.sep).count(os.sep)
+    for folder, subfolders, files in os.walk(root):
+        if DB_NAME in files:
+            found.append(os.path.relpath(folder, root))
+            subfolders[:] = []
+        elif folder.count(os.sep) - base_depth >= 3:
+            subfolders[:] = []
+        subfolders.sort()
+    return sorted(found)
+
+
 def open_run(run_dir: str) -> Run:
     """Open a run folder written by ``tl.watch`` (also while training still writes it).
 
@@ -423,4 +441,4 @@ def open_run(run_dir: str) -> Run:
     return Run(run_dir)
 
 
-__all__ = ["open_run", "Run", "Series", "RunError"]
+__all__ = ["open_run", "find_runs", "Run", "Series", "RunError"]

@@ -1,5 +1,5 @@
 """``run.export("steps.json", format="chrome_trace")``: the step timeline of a watched run
-(``timeline.py``) as a trace for Perfetto (ui.perfetto.dev) and ``chrome://tracing``, the Trace
+(``torchlens/train/step/timeline.py`` records it) as a trace for Perfetto (ui.perfetto.dev) and ``chrome://tracing``, the Trace
 Event Format's JSON object.
 
 The process is the run (named by its folder). Track 1 is the training thread: a ``step N``
@@ -29,15 +29,33 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from .timeline import TimelineRow, read_timeline
+from .database import TimelineRow
 
 PID = 1
 TRAINING, WRITER = 1, 2
 NO_TIMELINE = "no step timeline: this run was written before torchlens recorded one (its histograms are there)"
 NO_STEPS = "no logged step has a timeline yet"
 _CATEGORY = {"forward": "phase", "backward": "phase", "optimizer": "phase", "watch": "watch", "write": "watch"}
+
+
+def read_timeline(run: Any) -> Optional[List[TimelineRow]]:
+    """The timeline rows of a run (a ``tl.open_run`` object), by step and start; None for a
+    run written before torchlens recorded timelines (it has no such table)."""
+    found = run._query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'timeline'")
+    if not found:
+        return None
+    rows = run._query(
+        "SELECT step, thread, phase, start_ns, end_ns, busy_ns FROM timeline ORDER BY step, start_ns, end_ns DESC"
+    )
+    with run._damaged("the step timeline"):
+        return [
+            TimelineRow(
+                int(s), str(t), str(p), start_ns=int(a), end_ns=int(b), busy_ns=None if busy is None else int(busy)
+            )
+            for s, t, p, a, b, busy in rows
+        ]
 
 
 def _us(ns: int) -> float:
@@ -101,4 +119,4 @@ def write_run_trace(run: Any, path: str) -> None:
         json.dump(trace_events(run), f)
 
 
-__all__ = ["trace_events", "write_run_trace", "NO_TIMELINE", "NO_STEPS"]
+__all__ = ["read_timeline", "trace_events", "write_run_trace", "NO_TIMELINE", "NO_STEPS"]

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import TorchlensError
-from ..web.stats import NUM_BINS, Histograms, histograms, reject_outliers
-from .compiled import named_modules
+from ...errors import TorchlensError
+from ...web.stats import NUM_BINS, Histograms, histograms, reject_outliers
+from ..model import named_modules
 
 REPLICATED = ("params", "params_grad", "updates")  # the same on every rank under DDP
 

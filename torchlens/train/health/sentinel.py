@@ -40,9 +40,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import TorchlensError
-from .calls import call_id, input_tensors, output_tensors
-from .saturation import SaturationProbe
+from ...errors import TorchlensError
+from ..model import call_id, input_tensors, output_tensors
+from ..record import SaturationProbe
 
 MODES = ("warn", "raise", "trace")
 EVENTS_FILE = "nonfinite.json"  # in the run folder: what the sentinel found, read by health and the page
@@ -87,13 +87,13 @@ def _floating(t: torch.Tensor) -> bool:
 class Sentinel:
     """Checks each training step of a watch; ``watch`` is the ``Watch`` (its run folder, its
     ``flush``). The watch calls ``forward_started``, ``step_started``, ``forward_ended``. With
-    ``mode`` None it only counts saturated activations on logged steps (``saturation.py``)."""
+    ``mode`` None it only counts saturated activations on logged steps (``record/saturation.py``)."""
 
     def __init__(self, watch: Any, mode: Optional[str]) -> None:
         self.watch, self.mode, self.model = watch, mode, watch.model
         self._rng_state: Any = None
         if mode is not None:
-            from ..trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
+            from ...trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
 
             self._rng_state = RngState
         self.probe: Optional[SaturationProbe] = None  # made at the first step, when the run folder exists
@@ -323,7 +323,7 @@ class Sentinel:
 
     def _trace(self, event: Dict[str, Any]) -> None:
         """The op-level answer: find_nonfinite's engine on a copy, from the step's generator states."""
-        from ..trace.answers import find_nonfinite
+        from ...trace.answers import find_nonfinite
 
         if self.inputs is None or (self.watch._ranks is not None and self.watch._ranks.sharded):
             return

@@ -16,8 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from ..web.exact import LazySummary, summary_norm
-from .measure import measurable
+from ..measure import LazySummary, measurable, summary_norm
 from .recorder import StepRecorder
 
 

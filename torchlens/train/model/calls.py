@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..trace.observe import PassObserver, PassRecords, observe_pass, tensors_in, tensors_in_call
+from ...trace.observe import PassObserver, PassRecords, observe_pass, tensors_in, tensors_in_call
 from .compiled import named_modules
 
 
@@ -56,7 +56,7 @@ def call_id(address: str, n: int) -> str:
     return f"{address}:{n}" if address else ""
 
 
-def _dotted(position: Any) -> str:
+def position_name(position: Any) -> str:
     if isinstance(position, tuple):
         return ".".join(map(str, position))
     return str(position)
@@ -64,12 +64,12 @@ def _dotted(position: Any) -> str:
 
 def input_tensors(args: tuple, kwargs: dict) -> List[Tuple[str, torch.Tensor]]:
     """``[('input 0', t), ('input attention_mask', m), ('input 1.0', nested)]``."""
-    return [(f"input {_dotted(p)}", t) for p, t in tensors_in_call(args, kwargs)]
+    return [(f"input {position_name(p)}", t) for p, t in tensors_in_call(args, kwargs)]
 
 
 def output_tensors(output: Any) -> List[Tuple[str, torch.Tensor]]:
     """``[('output 0', t)]`` for one tensor; tuple, list and dict outputs by position or key."""
-    return [(f"output {_dotted(p) if p != () else 0}", t) for p, t in tensors_in(output)]
+    return [(f"output {position_name(p) if p != () else 0}", t) for p, t in tensors_in(output)]
 
 
 def split_top_level(text: str) -> List[str]:
@@ -308,4 +308,4 @@ def _connect(rec: _CallRecorder) -> None:
         call.edges = list(edges)
 
 
-__all__ = ["Call", "call_id", "input_tensors", "output_tensors", "trace_calls", "module_info"]
+__all__ = ["Call", "call_id", "input_tensors", "output_tensors", "position_name", "trace_calls", "module_info"]

@@ -33,14 +33,20 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import TorchlensError
-from ..trace.observe import tensors_in_call
-from ..web.exact import SMALL, CopyPool, LazySummary, measure, summary_norm
-from .calls import Call, _dotted, call_id, module_info, output_tensors
-from .compiled import named_modules
-from .distributed import local_shard
-from .measure.layout import tensor_key
-from .measure.phase import Measured, PhaseMeasure
+from ...errors import TorchlensError
+from ...trace.observe import tensors_in_call
+from ..measure import (
+    SMALL,
+    CopyPool,
+    LazySummary,
+    Measured,
+    PhaseMeasure,
+    local_shard,
+    measure,
+    summary_norm,
+    tensor_key,
+)
+from ..model import Call, call_id, module_info, named_modules, output_tensors, position_name
 from .sampling import Sampler
 from .step_data import Key, Part, StepData
 
@@ -346,7 +352,7 @@ class StepRecorder:
         self.stack.append(cid)
         frame: List[_Alias] = []
         self.frames.append(frame)
-        found = [(f"input {_dotted(p)}", p, t) for p, t in tensors_in_call(args, kwargs)]
+        found = [(f"input {position_name(p)}", p, t) for p, t in tensors_in_call(args, kwargs)]
         if "io" in self.kinds:
             for name, _, t in found:
                 self._add((cid, "io", name), self._values(t, (cid, "io", name)))

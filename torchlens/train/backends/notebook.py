@@ -26,9 +26,8 @@ import time
 import uuid
 from typing import Any, Dict, Optional
 
-from ..web.embed import packed_page, read_asset, srcdoc_frame
-from .serve.data import Catalog
-from .serve.export import _run_data
+from ...web.embed import packed_page, read_asset, srcdoc_frame
+from ..serve import Catalog, page_data
 
 PUSH_EVERY_S = 0.5  # how often the kernel looks for new steps (a few small queries)
 _CLASS: Dict[str, Any] = {}
@@ -80,7 +79,7 @@ class LiveFeed:
 
     def page_data(self) -> dict:
         """The page's data now (a snapshot), marked live; later updates start from it."""
-        data = _run_data(self.catalog, ".")
+        data = page_data(self.catalog, ".")
         summary = data["summary"]
         self.last_step = summary["steps"][-1] if summary["steps"] else -1
         self.stride, self.status, self.num_calls = summary["stride"], summary["status"], len(summary["calls"])
@@ -102,7 +101,7 @@ class LiveFeed:
         if restart:
             update["restart"] = True
         if fresh_calls or restart or since < self.last_step:
-            data = _run_data(self.catalog, ".")  # the calls, their layouts: only when calls appear
+            data = page_data(self.catalog, ".")  # the calls, their layouts: only when calls appear
             update.update(summary=data["summary"], layouts=data["layouts"])
             series_ids = list(data["summary"]["series"])
         else:
@@ -190,7 +189,7 @@ class LiveView:
         whose kernel is gone shows an error in JupyterLab ("model not found"); a snapshot shows."""
         from IPython.display import update_display
 
-        from .serve.export import notebook_html
+        from ..serve import notebook_html
 
         final = {"text/html": notebook_html(self.watch.run_dir, self.height), "text/plain": repr(self.watch)}
         update_display(final, raw=True, display_id=self.display_id)
@@ -247,7 +246,7 @@ def mimebundle(watch: Any, height: int = 640) -> Dict[str, str]:
         live_view(watch, height).display()
         text = repr(watch)  # as HTML too: else Jupyter would add the snapshot (_repr_html_) below the view
         return {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
-    from .serve.export import notebook_html
+    from ..serve import notebook_html
 
     return {"text/html": notebook_html(watch.run_dir, height), "text/plain": repr(watch)}
 
@@ -264,7 +263,7 @@ def show(watch: Any, height: int = 640) -> Any:
     """Display the explorer of ``watch`` in the running Jupyter kernel: live where it can be (see
     ``mimebundle``), else the static snapshot. Outside a kernel, raise ``RuntimeError``."""
     if not in_kernel():
-        from .serve.export import show_inline
+        from ..serve import show_inline
 
         return show_inline(watch.run_dir, height)  # raises, naming the alternatives
     if live_available() and not watch.closed and watch.run_dir is not None:

@@ -19,18 +19,16 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..arguments import ArgumentValueError, require_choices, require_instance, require_str
-from ..web.stats import NUM_BINS
-from .calls import trace_calls
-from .compiled import CompileSwitch, unwrap
-from .distributed import active_group, rank_group
-from .recorder import ModelHook, StepRecorder
-from .sampling import Sampler
-from .sentinel import Sentinel, check_mode
-from .step_writer import StepWriter
-from .store import KINDS, RunWriter, new_run_dir
+from ...arguments import ArgumentValueError, require_choices, require_instance, require_str
+from ...web.stats import NUM_BINS
+from ..health import Sentinel, check_mode
+from ..measure import active_group, rank_group
+from ..model import CompileSwitch, trace_calls, unwrap
+from ..record import ModelHook, Sampler, StepRecorder
+from ..store import KINDS, RunWriter, new_run_dir
+from .options import check_watch_arguments
 from .timeline import StepTimeline, optimizer_hooks
-from .watch_arguments import check_watch_arguments
+from .writer import StepWriter
 
 BACKENDS = ("standalone", "wandb", "tensorboard")
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
@@ -128,7 +126,7 @@ class Watch:
         pre = functools.partial(self._optimizer_pre, True)
         self._root_hooks += optimizer_hooks(self._optimizers, pre, lambda *_: self._timeline.optimizer_post_inner())
         if "updates" in self.kinds:
-            from .updates import UpdateHooks
+            from ..record import UpdateHooks
 
             logged = lambda: self._step if self._logging and self._tracing is None else None  # noqa: E731
             self._updates = UpdateHooks(
@@ -146,11 +144,11 @@ class Watch:
         }
         try:
             if "standalone" in backends:
-                from .serve.process import ServingProcess
+                from ..serve import ServingProcess
 
                 self._server = ServingProcess(host=host, port=port)  # bind first: a busy port fails early
             if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
-                from .backends import WandbBackend
+                from ..backends import WandbBackend
 
                 self.backends.append(WandbBackend(html_every=wandb_html_every))
             if self._ranks is None or self._ranks.rank == 0:
@@ -158,7 +156,7 @@ class Watch:
                 self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
                 self._timeline.origin, self._timeline.enabled = self._writer.timeline_origin, True
             if "tensorboard" in backends:
-                from .backends import TensorboardBackend
+                from ..backends import TensorboardBackend
 
                 self.backends.append(TensorboardBackend(self.run_dir, tensorboard_writer))
             if self._server is not None:
@@ -230,20 +228,20 @@ class Watch:
 
     def _repr_html_(self) -> str:
         """Jupyter shows a watch as its explorer, inline (see ``show``)."""
-        from .serve.export import notebook_html
+        from ..serve import notebook_html
 
         self._steps.wait()  # the steps handed to the writer thread are in the snapshot
         return notebook_html(self.run_dir)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from .notebook import mimebundle  # live where anywidget is installed, else the snapshot
+        from ..backends import mimebundle  # live where anywidget is installed, else the snapshot
 
         self._steps.wait()
         return mimebundle(self)
 
     def show(self, height: int = 640) -> Any:
         """Show the explorer inline in Jupyter, ``height`` pixels tall: live while the watch is open
-        (``torchlens.train.notebook``), else a snapshot of the steps written so far (``notebook_html``).
+        (``torchlens.train.backends.notebook``), else a snapshot of the steps written so far (``notebook_html``).
 
         Example:
             >>> import tempfile, torch, torchlens as tl
@@ -252,7 +250,7 @@ class Watch:
             ...     model(torch.ones(1, 2)).sum().backward()
             >>> w.show(height=500)  # doctest: +SKIP
         """
-        from .notebook import show
+        from ..backends import show
 
         self._steps.wait()
         return show(self, height)
@@ -399,7 +397,7 @@ class Watch:
     def _mark_backward(self, output: Any) -> None:
         """Hooks on the model's outputs, where a backward pass enters the model: they tell a
         step with several forwards that its backward has come, and start waiting for its end."""
-        from .calls import output_tensors
+        from ..model import output_tensors
 
         for _, t in output_tensors(output):
             if t.requires_grad:
@@ -580,7 +578,7 @@ def watch(
             input's total gradient, which also holds what its other consumers, e.g. a skip, send
             back); of an output, the gradient that arrives at it. ``updates`` (not in the
             default): each parameter's change across ``optimizer.step()``, with the ratio
-            ``||dw|| / ||w||`` as its line (``torchlens.train.updates``). A series without
+            ``||dw|| / ||w||`` as its line (``torchlens.train.record.updates``). A series without
             values says why (``Series.reason``).
         backend: one name or several: ``'standalone'`` serves the explorer page at
             ``http://localhost:port`` from a process of its own (page loads cost training
@@ -615,7 +613,7 @@ def watch(
             whose step changes a watched parameter, found by torch's global step hooks). Given,
             they also delimit the steps: a step is everything up to an optimizer step.
         on_nonfinite: ``None``, ``'warn'``, ``'raise'`` or ``'trace'``: check every step for NaN/Inf
-            in the outputs and gradients (``torchlens.train.sentinel``); warn once naming the step
+            in the outputs and gradients (``torchlens.train.health.sentinel``); warn once naming the step
             and call, raise ``tl.NonfiniteError`` from ``backward()``, or also name the operation.
 
     Example:

@@ -10,7 +10,7 @@ Shapes from the first logged pass are on the edges, ``extra_repr()`` on the node
 
 Example:
     >>> import torch, tempfile, torchlens as tl
-    >>> from torchlens.train.tensorboard_graph import graph_def
+    >>> from torchlens.train.backends.tensorboard_graph import graph_def
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
     >>> with tl.watch(model, backend=None, run_dir=tempfile.mkdtemp(), verbose=False) as w:
     ...     model(torch.rand(2, 3)).sum().backward()
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from .calls import Call
+from ..model import Call
 
 
 def _scope_names(calls: Dict[str, Call]) -> Dict[str, str]:
