@@ -38,7 +38,8 @@ from .capture import (
 )
 from .draw_options import DrawOptions, log_draw
 from .history.model_history import ModelHistory
-from .input_copy import as_args, as_kwargs, copy_inputs, require_model
+from .input_copy import as_args, as_kwargs, copy_inputs
+from .input_copy import require_model as require_model  # show_model_graph checks its model with it too
 from .intervene import check_applied, check_intervene, plan_interventions
 from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import drop_unsaved
@@ -48,12 +49,12 @@ from .traced_pass import traced_pass
 
 def _streamed_save(path: Any, save_gradients: bool) -> Any:
     """``save_to=``: activations written to a folder as they are made (storage loads on first use)."""
-    from .storage.stream import StreamedSave
+    from .storage import StreamedSave
 
     return StreamedSave(path, save_gradients)
 
 
-def _check_meta_model(model: nn.Module, args: tuple, kwargs: dict) -> None:
+def _check_meta_model(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
     """A model on ``meta`` called with real inputs: say so, naming both devices, instead of
     torch's "Tensor on device meta is not on the expected device cpu!" from inside the pass."""
     on_meta = next((address for address, t in model_tensors(model) if t.is_meta), None)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from ...web.embed import inline_page, inline_script, read_asset
 from ...web.stats import tensor_stats
-from ..render.graph_page import page_data
+from ..render import page_data
 
 
 def _step_values(history: Any, labels: List[str]) -> List[Optional[List[Any]]]:

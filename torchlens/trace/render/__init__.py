@@ -20,7 +20,7 @@ Example:
 
 from ..history.extensions import provide
 from . import cards  # noqa: F401  (registers the notebook card of an entry)
-from .graph_page import iframe_html, inline_svg, mimebundle, notebook_html, show, to_html
+from .graph_page import iframe_html, inline_svg, mimebundle, notebook_html, page_data, show, to_html
 from .graphviz import GraphvizNotFoundError, build_dot, display_svg, in_notebook, render_graph, svg_of
 from .options import GraphStyle
 from .structure import CollapsedModule, build_structure
@@ -41,6 +41,7 @@ __all__ = [
     "build_structure",
     "to_html",
     "iframe_html",
+    "page_data",
     "in_notebook",
     "display_svg",
 ]
