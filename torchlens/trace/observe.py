@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any, Dict, Tuple
+
 from torch import nn
 
 from .capture import PassHook, PassRecords, SavePlan, tensors_in, tensors_in_call
@@ -28,7 +30,7 @@ from .traced_pass import traced_pass
 PassObserver = PassHook  # what the training wing subscribes with: a hook that only listens
 
 
-def observe_pass(model: nn.Module, args: tuple, kwargs: dict, observer: PassHook) -> None:
+def observe_pass(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], observer: PassHook) -> None:
     """Run ``model(*args, **kwargs)`` once, traced but saving nothing, telling ``observer``."""
     traced_pass(model, args, kwargs, SavePlan(), seed=0, hooks=[observer], fresh_inputs=True, keep_buffers=True)
 

@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -31,7 +31,7 @@ class TracedPass:
     the ``inputs`` the pass ran on, and a note if they could not all be copied."""
 
     result: PassResult
-    inputs: Tuple[tuple, dict]
+    inputs: Tuple[Tuple[Any, ...], Dict[str, Any]]
     copy_note: Optional[str] = None
     _history: Optional[ModelHistory] = field(default=None, repr=False)
 
@@ -48,8 +48,8 @@ class TracedPass:
 
 def traced_pass(
     model: nn.Module,
-    args: tuple,
-    kwargs: dict,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
     plan: SavePlan,
     *,
     seed: Union[int, RngState],

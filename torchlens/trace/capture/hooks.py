@@ -43,13 +43,17 @@ Example (the smallest hook: count the records a pass makes):
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
 from ..records.tensor_log import TensorLogEntry
 
 Call = Callable[..., Any]
+Args = Tuple[Any, ...]  # a call's positional arguments
+Kwargs = Dict[str, Any]  # a call's keyword arguments
+# a hook's before_call: (name, func, args, kwargs) -> the function to run
+Chooser = Callable[[str, Call, Args, Kwargs], Call]
 
 
 class _Writes(Protocol):
@@ -119,7 +123,7 @@ class PassHook:
     def pass_started(self, records: PassRecords) -> None:
         """Called once the pass is set up, before the model runs."""
 
-    def before_call(self, name: str, func: Call, args: tuple, kwargs: dict) -> Call:
+    def before_call(self, name: str, func: Call, args: Args, kwargs: Kwargs) -> Call:
         """The function to run for this call of ``name`` (one of ``before_calls``): ``func`` or another."""
         return func
 
@@ -143,13 +147,13 @@ def overriding(hooks: Sequence[PassHook], method: str) -> List[Any]:
     return [getattr(h, method) for h in hooks if getattr(type(h), method) is not base]
 
 
-def call_choosers(hooks: Sequence[PassHook]) -> Dict[str, List[Any]]:
+def call_choosers(hooks: Sequence[PassHook]) -> Dict[str, List[Chooser]]:
     """Function name -> the ``before_call`` of each hook that asked for it."""
-    choosers: Dict[str, List[Any]] = {}
+    choosers: Dict[str, List[Chooser]] = {}
     for hook in hooks:
         for name in hook.before_calls:
             choosers.setdefault(name, []).append(hook.before_call)
     return choosers
 
 
-__all__ = ["PassHook", "PassRecords", "overriding", "call_choosers"]
+__all__ = ["Args", "Call", "Chooser", "Kwargs", "PassHook", "PassRecords", "overriding", "call_choosers"]

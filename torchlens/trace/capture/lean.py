@@ -26,17 +26,21 @@ Example:
 
 from __future__ import annotations
 
+import types
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..records.tensor_log import TensorLogEntry
-from .hooks import PassHook, overriding
+from .hooks import Call, PassHook, overriding
 from .modules import ModelInventory
 from .ops import OpInfo
+from .outputs import Parents
 from .save_plan import SavePlan
-from .tracer import Tracer
+from .tracer import Frames, Tracer
+
+Signature = Tuple[Any, ...]  # one record's fields that the structure shares (see ``signature``)
 
 
 class LeanRecord:
@@ -84,7 +88,7 @@ class LeanRecord:
         nbytes: int
         grad_fn_name: Optional[str]
 
-    def __init__(self, raw_index: int, func: Callable, parent_refs: list, call_frames: tuple) -> None:
+    def __init__(self, raw_index: int, func: Call, parent_refs: Parents, call_frames: Frames) -> None:
         self.raw_index = raw_index
         self.kind = "op"
         self.func = func
@@ -115,19 +119,19 @@ class LeanTracer(Tracer):
             )
         super().__init__(inventory, plan, hooks)
 
-    def _new_op(self, func: Callable, info: OpInfo, parent_refs: list, frames: tuple) -> TensorLogEntry:
+    def _new_op(self, func: Call, info: OpInfo, parent_refs: Parents, frames: Frames) -> TensorLogEntry:
         e = LeanRecord(len(self.entries), func, parent_refs, frames)
         e.func_name = info.name
         return e  # type: ignore[return-value]  # a LeanRecord stands for a TensorLogEntry here
 
-    def _frames(self) -> tuple:
+    def _frames(self) -> Frames:
         """The innermost frame only (as ``((code, 0, offset),)``: its line is not read), which is
         the last of what ``Tracer`` records; the structure's records hold the whole stacks."""
         if self.frames_cache is None:
             self.frames_cache = self._innermost(self.caller_frame)
         return self.frames_cache
 
-    def _innermost(self, frame: Any) -> tuple:
+    def _innermost(self, frame: Optional[types.FrameType]) -> Frames:
         stop, sites_of, code_sites = self.stack.stop_code, self.stack.sites_of, self.stack.code_sites
         while frame is not None and frame.f_code is not stop:
             code = frame.f_code
@@ -148,7 +152,7 @@ class LeanTracer(Tracer):
         structure has its groups."""
 
 
-def signature(records: List[TensorLogEntry]) -> List[tuple]:
+def signature(records: List[TensorLogEntry]) -> List[Signature]:
     """Per record, what identifies it in the structure (see the module docstring). Read before
     post-processing, which drops the records' parents."""
     return [
@@ -188,7 +192,7 @@ _FIELDS = (
 )
 
 
-def first_difference(lean: List[tuple], traced: List[tuple]) -> Optional[Tuple[int, List[str]]]:
+def first_difference(lean: List[Signature], traced: List[Signature]) -> Optional[Tuple[int, List[str]]]:
     """The first record where two signatures differ and what differs there, or None if equal."""
     if lean == traced:
         return None

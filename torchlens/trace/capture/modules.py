@@ -4,7 +4,7 @@ state that tracing must leave exactly as it found it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ class ModelInventory:
     param_addresses: Dict[int, str]
     param_info: Dict[str, Tuple[torch.Size, int, int]]  # address -> (shape, numel, nbytes)
     buffer_addresses: Dict[int, str]
-    weighted_modules: frozenset = frozenset()  # addresses of modules holding parameters (at any depth)
+    weighted_modules: FrozenSet[str] = frozenset()  # addresses of modules holding parameters (at any depth)
     has_lazy: bool = False  # some parameter is not created yet (nn.LazyLinear before its first forward)
     # tensors held by the modules before the pass (plain attributes, also inside lists, tuples
     # and dicts): id -> tensor. Constants, found cheaply where most are; any other tensor older
@@ -54,7 +54,8 @@ class ModelInventory:
         while stack:  # depth first, children in registration order: named_modules' order
             address, module = stack.pop()
             if "_orig_mod" in module._modules and is_compiled(module):
-                module = module._modules["_orig_mod"]  # torch.compile(sub): the module it wraps, as sub
+                # torch.compile(sub): the module it wraps, as sub (an OptimizedModule always holds one)
+                module = module._modules["_orig_mod"]  # type: ignore[assignment]
             if id(module) in module_addresses:
                 continue
             module_addresses[id(module)] = address
@@ -124,8 +125,8 @@ def traced_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module, bool]]:
     while stack:
         address, module = stack.pop()
         compiled = "_orig_mod" in module._modules and is_compiled(module)
-        if compiled:
-            module = module._modules["_orig_mod"]
+        if compiled:  # an OptimizedModule always holds the module it wraps
+            module = module._modules["_orig_mod"]  # type: ignore[assignment]
         if id(module) in seen:
             continue
         seen.add(id(module))
@@ -153,7 +154,7 @@ def model_tensors(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
                     yield prefix + name, t
 
 
-def traced_addresses(model: nn.Module) -> Tuple[set, set]:
+def traced_addresses(model: nn.Module) -> Tuple[Set[str], Set[str]]:
     """The model's module addresses and buffer addresses, as a pass addresses them."""
     modules = list(traced_modules(model))
     buffers = {
@@ -274,7 +275,7 @@ class ModelState:
     requires_grad: List[Tuple[torch.Tensor, bool]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, model: nn.Module, inventory: "ModelInventory" = None) -> "ModelState":
+    def of(cls, model: nn.Module, inventory: Optional["ModelInventory"] = None) -> "ModelState":
         modules = inventory.modules if inventory is not None else list(model.modules())
         parameters = inventory.parameters if inventory is not None else list(model.parameters())
         return cls([(m, m.training) for m in modules], [(p, p.requires_grad) for p in parameters])
@@ -308,7 +309,7 @@ class BufferSnapshot:
                 # appended after the module's own initialising hook (registered when it was built)
                 self.handles.append(module.register_forward_pre_hook(self._created(lazy)))
 
-    def _created(self, lazy: List[Any]):
+    def _created(self, lazy: List[Any]) -> Callable[[nn.Module, Any], None]:
         def take_values(module: nn.Module, args: Any) -> None:
             if not any(is_lazy(b) for b in lazy):
                 with torch.no_grad():

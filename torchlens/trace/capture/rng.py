@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ class RngState:
         self.python: Any = None
         self.numpy: Any = None
         self.torch: torch.Tensor = torch.empty(0)
-        self.cuda: Optional[list] = None
+        self.cuda: Optional[List[torch.Tensor]] = None
         self.capture()
 
     def capture(self) -> None:

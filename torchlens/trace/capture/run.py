@@ -19,7 +19,7 @@ from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
 from .collector import automatic_collection_paused
-from .hooks import PassHook, PassRecords
+from .hooks import Args, Kwargs, PassHook, PassRecords
 from .lean import LeanTracer
 from .memory import ActivationMemoryWarning
 from .meta import active_modes, data_dependent_error, is_value_error, lost_op_notes, meta_note
@@ -76,7 +76,7 @@ def _forward_signature(forward_function: Any) -> inspect.Signature:
     return signature.replace(parameters=params)
 
 
-def named_inputs(model: nn.Module, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
+def named_inputs(model: nn.Module, args: Args, kwargs: Kwargs) -> List[Tuple[str, Any]]:
     """Input values named after the parameters of ``forward`` (``x``, ``mask``) where possible."""
     try:
         forward = model.forward
@@ -130,8 +130,8 @@ def _check_not_nested() -> None:
 
 def run_pass(
     model: nn.Module,
-    args: tuple,
-    kwargs: dict,
+    args: Args,
+    kwargs: Kwargs,
     plan: SavePlan,
     *,
     random_seed: Union[int, RngState],
@@ -219,7 +219,7 @@ def _installed(
         rng.restore()
 
 
-def _run_model(model: nn.Module, args: tuple, kwargs: dict, tracer: Tracer) -> Tuple[Any, List[TensorLogEntry]]:
+def _run_model(model: nn.Module, args: Args, kwargs: Kwargs, tracer: Tracer) -> Tuple[Any, List[TensorLogEntry]]:
     """The model's forward, traced: its output, and the saved activations written unseen."""
     inventory = tracer.inventory
     modes = active_modes()  # a mode may hide calls from the wrappers: noted after the pass
@@ -265,7 +265,7 @@ class PassSession:
     def __init__(self) -> None:
         self._inventory: Optional[ModelInventory] = None
         self._model: Optional[nn.Module] = None
-        self._fingerprint: List[tuple] = []
+        self._fingerprint: List[Tuple[int, ...]] = []
         self._bound: Optional[BoundReferences] = None
 
     def inventory_of(self, model: nn.Module) -> ModelInventory:
@@ -332,7 +332,7 @@ class HeldWrappers:
                 ops.put_back(self.table, holders)
 
 
-def _fingerprint(modules: List[nn.Module]) -> List[tuple]:
+def _fingerprint(modules: List[nn.Module]) -> List[Tuple[int, ...]]:
     """What the inventory is made of, by identity: each module's submodules, parameters, buffers."""
     return [
         (id(m), *map(id, m._modules.values()), *map(id, m._parameters.values()), *map(id, m._buffers.values()))
@@ -340,10 +340,10 @@ def _fingerprint(modules: List[nn.Module]) -> List[tuple]:
     ]
 
 
-def _held_after(inventory: ModelInventory, args: tuple, kwargs: dict, output: Any) -> List[torch.Tensor]:
+def _held_after(inventory: ModelInventory, args: Args, kwargs: Kwargs, output: Any) -> List[torch.Tensor]:
     """What the caller and the model still hold after the pass: they may write into it later."""
     held = [t for _, t in tensors_in_call(args, kwargs)] + [t for _, t in tensors_in(output)]
-    attributes: dict = {}
+    attributes: Dict[int, torch.Tensor] = {}
     for module in inventory.modules:
         tensors_held(module.__dict__, attributes)
     return held + list(attributes.values())
@@ -361,7 +361,7 @@ def _versions(tensors: List[torch.Tensor]) -> List[int]:
 
 def _rerun_copying(
     model: nn.Module,
-    inputs: Tuple[tuple, dict],
+    inputs: Tuple[Args, Kwargs],
     plan: SavePlan,
     stale: List[TensorLogEntry],
     *,

@@ -42,37 +42,44 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import types
 import weakref
 from time import perf_counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ..records.position import OpRngState, Position
 from ..records.tensor_log import ParentRef, TensorLogEntry
-from .args import nested_shape, replace_tensors, tensors_in, tensors_in_call
+from .args import Located, nested_shape, replace_tensors, tensors_in, tensors_in_call
 from .constructors import CODES as CONSTRUCTOR_CODES
 from .copy_on_write import SharedActivations
 from .decorate import _make_wrapper, writes_in_place
 from .gradients import record_gradient
-from .hooks import PassHook, call_choosers, overriding
+from .hooks import Args, Call, Kwargs, PassHook, call_choosers, overriding
 from .modules import ModelInventory
 from .opaque import WRAPPER_CODES
 from .ops import OpInfo
-from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, dotted, head, is_out_position, matching_parents
+from .outputs import OUTPUT_PARENTS, POSITIONAL_OUTPUTS, Parents, dotted, head, is_out_position, matching_parents
 from .preexisting import PassStart
 from .save_plan import SavePlan
 from .sites import KERNEL_FILES, grad_fn_of, raise_site, run_kernel_call
 from .sites import rng_state as rng_state_now
-from .stack import StackWalker
+from .stack import Site, StackWalker
 from .unwrap import scripted_output
 
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident
 
+Frames = Tuple[Site, ...]  # a record's call_frames: (code, line, bytecode offset), outermost first
+ModuleStack = Tuple[Tuple[str, int], ...]  # ((module address, pass), ...), outermost first
+# a module call in progress: (module, address, pass, entries before it, the module stack outside it)
+ModuleFrame = Tuple[nn.Module, str, int, int, ModuleStack]
+
 
 def write_through_view(
-    base: torch.Tensor, value: torch.Tensor, size: tuple, stride: tuple, offset: int
+    base: torch.Tensor, value: torch.Tensor, size: Tuple[int, ...], stride: Tuple[int, ...], offset: int
 ) -> torch.Tensor:
     """``base`` after ``value`` was written into its view of ``size``/``stride`` at ``offset``
     elements from the base's start (the function of ``viewwrite`` layers)."""
@@ -93,7 +100,7 @@ def identity(x: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _skip_code_ids() -> frozenset:
+def _skip_code_ids() -> FrozenSet[int]:
     """Ids of the code of torchlens's own frames between the model and the tracer: every
     wrapper shares one code object, plus ``on_call`` and the opaque wrappers."""
     wrapper_code = _make_wrapper(identity, OpInfo("x", "x", False)).__code__
@@ -132,22 +139,22 @@ class Tracer:
         if self.shared is not None:
             self.write_watchers.insert(0, self.shared.before_write)
         self.entries: List[TensorLogEntry] = []
-        self.live: Dict[int, Tuple[weakref.ref, TensorLogEntry]] = {}
+        self.live: Dict[int, Tuple[weakref.ref[torch.Tensor], TensorLogEntry]] = {}
         # tensors known to have existed before the pass, id -> tensor: found cheaply at the
         # start (module attributes, globals of the model's files), or by asking pass_start
         # (once per tensor). Only a tensor made during the pass by a call we do not log is a gap.
         self.known: Dict[int, torch.Tensor] = {}
         self.pass_start: Optional[PassStart] = None  # set by run_pass
         self.parent_placeholders: List[ParentRef] = []
-        self.module_stack: Tuple[Tuple[str, int], ...] = ()
-        self.module_frames: List[tuple] = []
+        self.module_stack: ModuleStack = ()
+        self.module_frames: List[ModuleFrame] = []
         self.module_pass_counts: Dict[str, int] = {}
         # (address, pass) -> how many call_frames lie above the module's forward
         self.module_frame_depths: Dict[Tuple[str, int], int] = {}
         # (address, pass) -> [(position in the module's output, record)], for keys like 'lstm:1.0'
         self.module_outputs: Dict[Tuple[str, int], List[Tuple[Any, TensorLogEntry]]] = {}
-        self.caller_frame: Any = None
-        self.frames_cache: Optional[tuple] = None
+        self.caller_frame: Optional[types.FrameType] = None
+        self.frames_cache: Optional[Frames] = None
         self.error_context: Optional[str] = None
         self.notes: List[str] = []  # for history.notes
         self.pending_condition: Optional[TensorLogEntry] = None
@@ -155,12 +162,12 @@ class Tracer:
         self.stack = StackWalker(Tracer.run_model.__code__, _skip_code_ids())
 
     # ----- running the model ----------------------------------------------------------------
-    def run_model(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
+    def run_model(self, model: nn.Module, args: Args, kwargs: Kwargs) -> Any:
         """Call the model. Frames above this one are not part of any ``func_call_stack``."""
         return model(*args, **kwargs)
 
     # ----- the hot path ----------------------------------------------------------------------
-    def on_call(self, func: Callable, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def on_call(self, func: Call, info: OpInfo, args: Args, kwargs: Kwargs) -> Any:
         caller = sys._getframe(2)
         if KERNEL_FILES[caller.f_code.co_filename]:  # part of an operator's kernel (see sites.py)
             return run_kernel_call(func, args, kwargs)
@@ -221,7 +228,16 @@ class Tracer:
         return replace_tensors(out, lambda t: substitutes.get(id(t), t))
 
     def _log_call(
-        self, func, info: OpInfo, args, kwargs, found, out, elapsed: float, n_before: int, rng_state=None
+        self,
+        func: Call,
+        info: OpInfo,
+        args: Args,
+        kwargs: Kwargs,
+        found: Located,
+        out: Any,
+        elapsed: float,
+        n_before: int,
+        rng_state: Optional[OpRngState] = None,
     ) -> None:
         out_arg = kwargs.get("out") if kwargs else None
         if out_arg is not None:
@@ -273,17 +289,17 @@ class Tracer:
         if info.is_inplace and isinstance(target, _Tensor) and target._base is not None:
             self._write_through(target, e, frames)
 
-    def _new_op(self, func: Callable, info: OpInfo, parent_refs: list, frames: tuple) -> TensorLogEntry:
+    def _new_op(self, func: Call, info: OpInfo, parent_refs: Parents, frames: Frames) -> TensorLogEntry:
         """The record of one output of a logged operation (its other fields are set by the caller)."""
         e = TensorLogEntry(len(self.entries), "op", info.layer_type, func, func_name=info.name)
         e.parent_refs = parent_refs
         e.call_frames = frames
         return e
 
-    def _write_through(self, view: torch.Tensor, written: TensorLogEntry, frames: tuple) -> None:
+    def _write_through(self, view: torch.Tensor, written: TensorLogEntry, frames: Frames) -> None:
         """An in-place operation on a view also changed its base tensor: give the base a new
         record, so later readers of the base see the write (``x[0].copy_(y)``; ``x`` changed)."""
-        base = view._base
+        base: torch.Tensor = view._base  # type: ignore[assignment]  # the caller checked it is not None
         old = self.entry_of(base)
         if old is None:
             return
@@ -340,7 +356,7 @@ class Tracer:
             on_save(e, saved)
         return saved
 
-    def _before_write(self, args: tuple, kwargs: dict, inplace: bool) -> None:
+    def _before_write(self, args: Args, kwargs: Kwargs, inplace: bool) -> None:
         """An in-place or ``out=`` call is about to run: saved activations in its target's
         memory get their copies first (and the hooks watching writes are told)."""
         self.paused = True
@@ -372,14 +388,14 @@ class Tracer:
             return found[1]
         return None
 
-    def _made_inside(self, outputs, n_before: int) -> bool:
+    def _made_inside(self, outputs: Sequence[Tuple[Any, torch.Tensor]], n_before: int) -> bool:
         for _, t in outputs:
             e = self.entry_of(t)
             if e is None or e.raw_index < n_before:
                 return False
         return True
 
-    def _register_buffers(self, found) -> None:
+    def _register_buffers(self, found: Located) -> None:
         """Give buffers seen for the first time their buffer layer, holding their value now."""
         buffer_addresses = self.inventory.buffer_addresses
         for _, t in found:
@@ -387,8 +403,8 @@ class Tracer:
             if address is not None and self.entry_of(t) is None:
                 self.add_source(t, "buffer", address)
 
-    def _inputs_of(self, found):
-        parents: List[Tuple[TensorLogEntry, Any]] = []
+    def _inputs_of(self, found: Located) -> Tuple[Parents, Tuple[str, ...]]:
+        parents: Parents = []
         params: List[str] = []
         param_addresses = self.inventory.param_addresses
         for position, t in found:
@@ -408,7 +424,11 @@ class Tracer:
         return parents, tuple(params)
 
     def untraced(
-        self, tensor: torch.Tensor, frames: tuple, parents: Sequence[Any] = (), reason: str = ""
+        self,
+        tensor: torch.Tensor,
+        frames: Frames,
+        parents: Sequence[Tuple[TensorLogEntry, Position]] = (),
+        reason: str = "",
     ) -> TensorLogEntry:
         """A tensor without a record reached a logged operation, a module's output or the
         model's output, and it did not exist before the pass: a call torchlens does not wrap
@@ -448,9 +468,9 @@ class Tracer:
         self.parent_placeholders.append(ref)
         return ref
 
-    def _frames(self) -> tuple:
-        if self.frames_cache is None:
-            self.frames_cache = self.stack.walk(self.caller_frame)
+    def _frames(self) -> Frames:
+        if self.frames_cache is None:  # on_call set caller_frame before any call comes here
+            self.frames_cache = self.stack.walk(self.caller_frame)  # type: ignore[arg-type]
         return self.frames_cache
 
     @staticmethod
@@ -536,15 +556,18 @@ class Tracer:
         """How many call frames lie above this module call (frame 2: module_pre_hook's caller)."""
         self.module_frame_depths[(address, n)] = self.stack.count(sys._getframe(2))
 
-    def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+    def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
+        """None, or the module's output with the tensors a recorder replaced swapped (a forward
+        hook's return value replaces the output)."""
         if self.paused or self.thread_id != _get_ident():
             return
         if not self.module_frames or self.module_frames[-1][0] is not module:
             return
         _, address, n, start, outer_stack = self.module_frames.pop()
         if output is None and self.error_context is None and sys.exc_info()[1] is not None:
-            # an always-called hook during an exception: the module's forward raised
-            self.error_context = f"inside module '{address}'" + raise_site(sys.exc_info()[1])
+            # an always-called hook during an exception: the module's forward raised (the error
+            # is not None: tested above)
+            self.error_context = f"inside module '{address}'" + raise_site(sys.exc_info()[1])  # type: ignore[arg-type]
         self.paused = True
         try:
             for position, tensor in tensors_in(output):
