@@ -260,3 +260,33 @@ def test_a_key_of_one_entry_wins_over_a_module_address_that_spells_it():
     assert lookup["output"] is out
     assert lookup["output:1"] is lin
     assert lin.lookup_keys == [-2, 1, "linear_1_1", "linear_1_1:1", "output:1"]
+
+
+def test_a_dropped_history_is_freed_at_once_not_by_the_cyclic_collector():
+    """An ambiguous key's lazy suggestions refer to the index weakly: a history with recurrent
+    passes is no reference cycle, so dropping it frees it (and its activations) right away
+    instead of at the collector's next slow full pass."""
+    import gc
+
+    import torch
+
+    import torchlens as tl
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.fc(x)))
+
+    model, x = Twice(), torch.ones(1, 3)
+    tl.log_forward_pass(model, x)
+    gc.collect()
+    history = tl.log_forward_pass(model, x)
+    ambiguous = history._lookup["fc"]
+    assert isinstance(ambiguous, Ambiguous) and ambiguous.suggestions == ["fc:1", "fc:2"]  # found in the index
+    other = tl.log_forward_pass(model, x)._lookup["fc"]
+    del history
+    assert gc.collect() == 0
+    assert other.suggestions == ["linear_1_1:1", "linear_1_1:2"]  # its history is gone: the labels

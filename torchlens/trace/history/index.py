@@ -4,6 +4,7 @@ address, ``'lstm:1.0'``, an ordinal), built once when the history is made or loa
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from ..records.position import Position
@@ -52,12 +53,21 @@ def output_key(address: str, pass_num: int, position: Position) -> str:
     return f"{address}:{pass_num}." + ".".join(map(str, path))
 
 
-def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Dict[Key, Found]:
+class Lookup(Dict[Key, Found]):
+    """The key index of a history. A plain dict that can be referred to weakly: an ``Ambiguous``
+    finds its suggestions in it when first asked, without holding it (which would make the whole
+    history a reference cycle, freed only by the garbage collector's slow full passes instead of
+    the moment it is dropped)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -> Lookup:
     """Every key form of every entry -> the entry, or ``Ambiguous`` when a key names several.
 
     Also sets ``lookup_keys`` (what ``print(entry)`` lists); ordinals index ``entries``.
     """
-    lookup: Dict[Key, Found] = {}
+    lookup = Lookup()
     # key -> (what it names, its labels as an ordered set: a module may return a tensor twice)
     shared: Dict[str, Tuple[str, Dict[str, None]]] = {}
     # per entry: the keys it was given, and the keys of its places in module outputs
@@ -115,7 +125,9 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         if len(labels) == 1:
             lookup[shared_key] = by_label[next(iter(labels))]
         else:
-            suggest = functools.partial(_specific_keys, lookup, by_label, key=shared_key, labels=list(labels))
+            suggest = functools.partial(
+                _specific_keys, weakref.ref(lookup), by_label, key=shared_key, labels=list(labels)
+            )
             lookup[shared_key] = Ambiguous(what, list(labels), suggest=suggest)
     get = lookup.get
     for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
@@ -126,8 +138,11 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
 
 
 def _specific_keys(
-    lookup: Dict[Key, Found], by_label: Dict[str, TensorLogEntry], key: Key, labels: List[str]
+    lookup_ref: "weakref.ref[Lookup]", by_label: Dict[str, TensorLogEntry], key: Key, labels: List[str]
 ) -> List[Key]:
+    lookup = lookup_ref()
+    if lookup is None:  # the history is gone: its labels are the specific keys
+        return list(labels)
     return [_specific_key(lookup, by_label[label], key) for label in labels]
 
 
@@ -145,4 +160,4 @@ def _specific_key(lookup: Dict[Key, Found], e: TensorLogEntry, key: Key) -> Key:
     return next(k for k in candidates if lookup.get(k) is e)
 
 
-__all__ = ["Ambiguous", "Found", "Key", "build_lookup", "output_key"]
+__all__ = ["Ambiguous", "Found", "Key", "Lookup", "build_lookup", "output_key"]
