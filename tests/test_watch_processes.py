@@ -510,7 +510,7 @@ def test_fresh_process_trains_identically_with_and_without_watch(tmp_path):
 def test_a_fork_waits_for_the_writes_under_way(tmp_path, monkeypatch):
     """A DataLoader forks its workers while training runs: the writer thread must not be caught
     in the middle of a write (the child would inherit the locks it held)."""
-    from torchlens.train.step.writer import StepWriter
+    from torchlens.train.step import StepWriter
 
     write = StepWriter._write
 

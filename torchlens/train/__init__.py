@@ -22,7 +22,7 @@ from .health import DivergenceWarning, NonfiniteError, NonfiniteWarning
 from .limits import setup
 from .measure import RankMismatchError
 from .serve import Catalog, NotFound, PortInUseError, explore, export_html
-from .step import Watch, attach, unwatch, watch
+from .step import Watch, WatchOptions, attach, unwatch, watch
 from .store import Run, RunError, Series, open_run, runs_main
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "RunError",
     "Series",
     "Watch",
+    "WatchOptions",
     "NonfiniteError",
     "NonfiniteWarning",
     "DivergenceWarning",

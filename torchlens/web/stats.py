@@ -1,4 +1,5 @@
-"""The one rule for statistics and histograms of tensor values, shared by both pages.
+"""The one rule for statistics and histograms of tensor values, shared by both pages, and the
+one packed form of histograms (``pack``/``unpack``: a row of floats per series).
 
 ``NUM_BINS`` equal bins between the smallest and the largest finite value. The explorer's
 logged steps collect many 1-D samples (one per series) and ``histograms`` bins them all with
@@ -9,7 +10,7 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -74,6 +75,48 @@ class Histograms:
         return bin_edges(self.lo[i : i + 1], self.hi[i : i + 1], self.counts.shape[1])[0]
 
 
+# The packed form of histograms: one row of floats per series, its columns the ``bins`` counts,
+# lo, hi, the non-finite count, the sum and the sum of squares of the binned values, then the
+# ``EXACT_FIELDS``. It is what crosses to the host in one transfer (``histograms``) and between
+# the ranks of a distributed run in one collective (train/measure/distributed.py).
+
+
+def pack(
+    counts: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, nonfinite: torch.Tensor, moments: torch.Tensor
+) -> torch.Tensor:
+    """Histograms as one (S, bins + 5 + len(EXACT_FIELDS)) tensor: ``counts`` (S, bins), ``lo``,
+    ``hi`` and ``nonfinite`` (S,), and ``moments`` (S, 2 + len(EXACT_FIELDS)): the sums and sums of
+    squares of the binned values, then the exact statistics; all in ``moments``' dtype.
+
+    Example:
+        >>> packed = pack(torch.ones(1, 2), torch.zeros(1), torch.ones(1), torch.zeros(1),
+        ...               moments=torch.zeros(1, 2 + len(EXACT_FIELDS)))
+        >>> h = unpack(packed.numpy(), bins=2)
+        >>> h.counts.tolist(), h.lo.tolist(), h.hi.tolist(), h.nonfinite.tolist()
+        ([[1.0, 1.0]], [0.0], [1.0], [0])
+    """
+    dtype = moments.dtype
+    parts = [counts.to(dtype), lo.to(dtype)[:, None], hi.to(dtype)[:, None], nonfinite.to(dtype)[:, None], moments]
+    return torch.cat(parts, dim=1)
+
+
+def unpack(packed: np.ndarray, bins: int) -> Histograms:
+    """The ``Histograms`` of a packed (S, columns) array (``pack``); a series without a finite
+    value gets nan as its ``lo`` and ``hi``."""
+    lo, hi = packed[:, bins].copy(), packed[:, bins + 1].copy()
+    empty = ~np.isfinite(lo)
+    lo[empty], hi[empty] = np.nan, np.nan
+    return Histograms(
+        packed[:, :bins].astype(np.float32),
+        lo,
+        hi,
+        packed[:, bins + 2].astype(np.int64),
+        sums=packed[:, bins + 3],
+        sums_of_squares=packed[:, bins + 4],
+        exact=packed[:, bins + 5 :],
+    )
+
+
 def histograms(
     samples: Sequence[torch.Tensor],
     reject_proportion: float,
@@ -95,20 +138,49 @@ def histograms(
         return Histograms(np.zeros((0, bins), np.float32), empty, empty, np.zeros(0, np.int64))
     devices = {s.device for s in samples}
     if len(devices) > 1:  # rare: a model split over devices; one pass per device
-        parts = {d: [i for i, s in enumerate(samples) if s.device == d] for d in devices}
-        result = Histograms(
-            np.zeros((len(samples), bins), np.float32),
-            np.zeros(len(samples)),
-            np.zeros(len(samples)),
-            np.zeros(len(samples), np.int64),
-        )
-        for indices in parts.values():
-            chosen = [summaries[i] for i in indices] if summaries is not None else None
-            part = histograms([samples[i] for i in indices], reject_proportion, bins, summaries=chosen)
-            result.counts[indices], result.lo[indices] = part.counts, part.lo
-            result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
-            result.exact[indices] = part.exact
-        return result
+        return _per_device(samples, reject_proportion, bins, summaries)
+    device = samples[0].device
+    given = list(summaries) if summaries is not None else [None] * len(samples)
+    # summaries already on the host (a GPU step's, moved once per phase) stay there
+    on_host = {} if device.type == "cpu" else {i: v for i, v in enumerate(given) if v is not None and v.is_cpu}
+    counts, lo, hi, nonfinite, sums, squares = _bin(samples, reject_proportion, bins)
+    exact = sums.dtype
+    missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
+    summary_rows = torch.stack(
+        [missing if v is None or i in on_host else v.to(device, exact) for i, v in enumerate(given)]
+    )
+    moments = torch.cat([sums[:, None], squares[:, None], summary_rows], dim=1)
+    packed = pack(counts, lo, hi, nonfinite, moments=moments)
+    packed_host = _to_host(packed).double().numpy()  # the one host transfer
+    for i, v in on_host.items():
+        packed_host[i, bins + 5 :] = v.double().numpy()
+    return unpack(packed_host, bins)
+
+
+def _per_device(
+    samples: Sequence[torch.Tensor],
+    reject_proportion: float,
+    bins: int,
+    summaries: Optional[Sequence[Optional[torch.Tensor]]],
+) -> Histograms:
+    """``histograms`` of samples on several devices: one pass per device."""
+    parts: Dict[torch.device, List[int]] = {}
+    for i, s in enumerate(samples):
+        parts.setdefault(s.device, []).append(i)
+    n = len(samples)
+    result = Histograms(np.zeros((n, bins), np.float32), np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
+    for indices in parts.values():
+        chosen = [summaries[i] for i in indices] if summaries is not None else None
+        part = histograms([samples[i] for i in indices], reject_proportion, bins, summaries=chosen)
+        result.counts[indices], result.lo[indices] = part.counts, part.lo
+        result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
+        result.exact[indices] = part.exact
+    return result
+
+
+def _bin(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int) -> Tuple[torch.Tensor, ...]:
+    """On the samples' device: the counts (S, bins), lo, hi, non-finite counts (before outlier
+    rejection), and the sums and sums of squares of the binned values (S,) of each sample."""
     device = samples[0].device
     n = len(samples)
     # No operation below needs a value on the host (no boolean masks, no bincount, whose output
@@ -135,40 +207,7 @@ def histograms(
     kept = torch.where(finite, values, 0.0).to(exact)
     sums = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept)
     squares = torch.zeros(n, dtype=exact, device=device).scatter_add_(0, segments, kept * kept)
-    missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
-    given = list(summaries) if summaries is not None else [None] * n
-    # summaries already on the host (a GPU step's, moved once per phase) stay there
-    on_host = {} if device.type == "cpu" else {i: v for i, v in enumerate(given) if v is not None and v.is_cpu}
-    summary_rows = torch.stack(
-        [missing if v is None or i in on_host else v.to(device, exact) for i, v in enumerate(given)]
-    )
-    on_device = torch.cat(
-        [
-            counts.to(exact),
-            lo.to(exact)[:, None],
-            hi.to(exact)[:, None],
-            nonfinite.to(exact)[:, None],
-            sums[:, None],
-            squares[:, None],
-            summary_rows,
-        ],
-        dim=1,
-    )
-    packed = _to_host(on_device).double().numpy()  # the one host transfer
-    for i, v in on_host.items():
-        packed[i, bins + 5 :] = v.double().numpy()
-    lo_host, hi_host = packed[:, bins], packed[:, bins + 1]
-    empty = ~np.isfinite(lo_host)
-    lo_host[empty], hi_host[empty] = np.nan, np.nan
-    return Histograms(
-        packed[:, :bins].astype(np.float32),
-        lo_host,
-        hi_host,
-        packed[:, bins + 2].astype(np.int64),
-        sums=packed[:, bins + 3],
-        sums_of_squares=packed[:, bins + 4],
-        exact=packed[:, bins + 5 :],
-    )
+    return counts, lo, hi, nonfinite, sums, squares
 
 
 def _to_host(values: torch.Tensor) -> torch.Tensor:
@@ -285,6 +324,8 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
 
 __all__ = [
     "histograms",
+    "pack",
+    "unpack",
     "reject_outliers",
     "bin_edges",
     "merge",

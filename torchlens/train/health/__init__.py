@@ -9,7 +9,16 @@ Example:
 """
 
 from .report import SIGNALS, findings, health, status_line
-from .sentinel import EVENTS_FILE, MODES, DivergenceWarning, NonfiniteError, NonfiniteWarning, Sentinel, check_mode
+from .sentinel import (
+    EVENTS_FILE,
+    MODES,
+    DivergenceWarning,
+    NonfiniteError,
+    NonfiniteWarning,
+    Sentinel,
+    SentinelLink,
+    check_mode,
+)
 
 __all__ = [
     "health",
@@ -17,6 +26,7 @@ __all__ = [
     "status_line",
     "SIGNALS",
     "Sentinel",
+    "SentinelLink",
     "check_mode",
     "MODES",
     "EVENTS_FILE",

@@ -35,12 +35,14 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ...errors import TorchlensError
+from ..measure import RankGroup
 from ..model import call_id, input_tensors, output_tensors
 from ..record import SaturationProbe
 
@@ -84,16 +86,29 @@ def _floating(t: torch.Tensor) -> bool:
     return (t.is_floating_point() or t.is_complex()) and t.layout == torch.strided and not t.is_meta
 
 
-class Sentinel:
-    """Checks each training step of a watch; ``watch`` is the ``Watch`` (its run folder, its
-    ``flush``). The watch calls ``forward_started``, ``step_started``, ``forward_ended``. With
-    ``mode`` None it only counts saturated activations on logged steps (``record/saturation.py``)."""
+@dataclass(frozen=True)
+class SentinelLink:
+    """What the sentinel needs of the watch whose steps it checks."""
 
-    def __init__(self, watch: Any, mode: Optional[str]) -> None:
-        self.watch, self.mode, self.model = watch, mode, watch.model
+    model: nn.Module
+    run_dir: Optional[str]  # the run folder (None on ranks that write no run)
+    ranks: Optional[RankGroup]  # the collectives under torch.distributed
+    gate: Callable[[], bool]  # False while nothing may be recorded (the saturation probe's too)
+    logging: Callable[[], bool]  # the step in progress is logged
+    training: Callable[[], bool]  # the model trains (training mode, gradients on)
+    flush: Callable[[], None]  # write the step in progress now
+
+
+class Sentinel:
+    """Checks each training step of a watch (``link``: what it needs of the watch). The watch
+    calls ``forward_started``, ``step_started``, ``forward_ended``. With ``mode`` None it only
+    counts saturated activations on logged steps (``record/saturation.py``)."""
+
+    def __init__(self, link: SentinelLink, mode: Optional[str]) -> None:
+        self.link, self.mode, self.model = link, mode, link.model
         self._rng_state: Any = None
         if mode is not None:
-            from ...trace.answers.nonfinite import RngState  # loaded only when the sentinel is on
+            from ...trace.answers import RngState  # loaded only when the sentinel is on
 
             self._rng_state = RngState
         self.probe: Optional[SaturationProbe] = None  # made at the first step, when the run folder exists
@@ -122,14 +137,14 @@ class Sentinel:
         self._clear()
         self.step = step
         if self.probe is None:
-            self.probe = SaturationProbe(self.model, self.watch.run_dir, gate=self.watch.recorder.gate)
-        if self.watch._logging:
+            self.probe = SaturationProbe(self.model, self.link.run_dir, gate=self.link.gate)
+        if self.link.logging():
             self.probe.begin_step(step)
         else:
             self.probe.end_step()
 
     def forward_ended(self, output: Any) -> None:
-        if self.quiet or self.step is None or not self.watch._training():  # evaluation is not checked
+        if self.quiet or self.step is None or not self.link.training():  # evaluation is not checked
             return
         for i, (_, t) in enumerate(output_tensors(output)):
             if not _floating(t):
@@ -177,7 +192,7 @@ class Sentinel:
             parts = torch._foreach_norm([g.detach() for _, g in named], 2, dtype=torch.float64)
             norms = torch.stack([n.to(parts[0].device) for n in parts])
             flags.append(torch.isfinite(norms).all())
-        ranks = getattr(self.watch, "_ranks", None)
+        ranks = self.link.ranks
         if ranks is not None and ranks.broken is None:
             # the ranks decide together (a NaN in one rank's outputs must stop them all): one
             # all_reduce of one number, whose read is the step's host read (distributed.py)
@@ -255,7 +270,7 @@ class Sentinel:
         )
         self.diverging.append(event)
         self._save()
-        ranks = getattr(self.watch, "_ranks", None)
+        ranks = self.link.ranks
         if ranks is None or ranks.rank == 0:
             warnings.warn(DivergenceWarning(event["message"]), stacklevel=2)
 
@@ -263,7 +278,7 @@ class Sentinel:
     def _found(self, step: int, source: Optional[int] = None) -> None:
         """Report a non-finite step; under a process group ``source`` is the rank that re-runs
         its step alone (on the unwrapped model's copy: no collective) and tells the others."""
-        ranks = getattr(self.watch, "_ranks", None) if source is not None else None
+        ranks = self.link.ranks if source is not None else None
         event: Any = None
         if ranks is None or ranks.rank == source:
             event = self._describe(step, source)
@@ -275,7 +290,7 @@ class Sentinel:
         self._save()
         message = event["message"]
         if self.mode == "raise":
-            self.watch.flush()  # the step is written before the error leaves backward()
+            self.link.flush()  # the step is written before the error leaves backward()
             raise NonfiniteError(
                 f"{message} Training stopped before the optimizer used it (on_nonfinite='raise'); "
                 "open the run's page or run.health() to see it, or use on_nonfinite='trace' to name the operation."
@@ -292,7 +307,7 @@ class Sentinel:
         if rank is not None:
             event["rank"] = rank
         try:
-            if rank is not None and self.watch._ranks.sharded:
+            if rank is not None and self.link.ranks is not None and self.link.ranks.sharded:
                 raise ValueError("its parameters are sharded over the ranks (a rerun on one rank alone would hang)")
             phase, cid, detail = locate(self.model, self.inputs, self.rng, self._surrogate())
             event.update(phase=phase, call=cid, detail=detail)
@@ -325,7 +340,7 @@ class Sentinel:
         """The op-level answer: find_nonfinite's engine on a copy, from the step's generator states."""
         from ...trace.answers import find_nonfinite
 
-        if self.inputs is None or (self.watch._ranks is not None and self.watch._ranks.sharded):
+        if self.inputs is None or (self.link.ranks is not None and self.link.ranks.sharded):
             return
         try:
             twin = copy.deepcopy(self.model)
@@ -352,10 +367,10 @@ class Sentinel:
             event["report"].update(
                 file=report.source.file, line=report.source.line_number, code=report.source.code_line.strip()
             )
-        if report.found and report.history is not None and self.watch.run_dir:
+        if report.found and report.history is not None and self.link.run_dir:
             name = f"nonfinite_step{event['step']}.html"
             try:
-                report.to_html(os.path.join(self.watch.run_dir, name))
+                report.to_html(os.path.join(self.link.run_dir, name))
                 event["page"] = name
             except Exception as error:  # the answer stays in the event without its page
                 event["trace_error"] = f"drawing the report failed ({type(error).__name__}: {error})"
@@ -370,9 +385,9 @@ class Sentinel:
             event["message"] = event["message"].rstrip(".") + "; the tracer's re-run of the step stayed finite."
 
     def _save(self) -> None:
-        if not self.watch.run_dir:
+        if not self.link.run_dir:
             return
-        path = os.path.join(self.watch.run_dir, EVENTS_FILE)
+        path = os.path.join(self.link.run_dir, EVENTS_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"events": self.events, "diverging": self.diverging}, f)
@@ -485,6 +500,7 @@ def _backward_call(twin: nn.Module, done: list, grads: Tuple[dict, dict], parent
 
 __all__ = [
     "Sentinel",
+    "SentinelLink",
     "NonfiniteError",
     "NonfiniteWarning",
     "DivergenceWarning",

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ...errors import TorchlensError
-from ...web.stats import NUM_BINS, Histograms, histograms, reject_outliers
+from ...web.stats import NUM_BINS, Histograms, histograms, pack, reject_outliers, unpack
 from ..model import named_modules
 
 REPLICATED = ("params", "params_grad", "updates")  # the same on every rank under DDP
@@ -209,30 +209,20 @@ class RankGroup:
                 sums[i] -= a + b
                 squares[i] -= a * a + b * b
         bins = counts.shape[1]
-        mine = torch.from_numpy(
-            np.concatenate([counts, nonfinite[:, None], sums[:, None], squares[:, None], h.exact], 1)
-        )
+        moments = np.concatenate([sums[:, None], squares[:, None], h.exact], 1)
+        mine = pack(*(torch.from_numpy(np.asarray(x, np.float64)) for x in (counts, glo, ghi, nonfinite, moments)))
         parts = [torch.empty_like(mine, device=self.device) for _ in range(self.world)]
         torch.distributed.all_gather(parts, mine.to(self.device), group=self.group)  # collective 3
         self.collectives += 1
-        every = torch.stack(parts).cpu().numpy()  # (ranks, series, columns)
+        every = torch.stack(parts).cpu().numpy()  # (ranks, series, columns): the packed form of each rank
         # a parameter (its gradient, its update) is replicated under DDP: one copy, rank 0's, is
-        # its distribution; activations and their gradients are split over the ranks: summed
+        # its distribution; activations and their gradients are split over the ranks: summed.
+        # The edges are common to all ranks: rank 0's.
         copy = np.array([k[1] in REPLICATED and not self._split(k) for k in keys])[:, None]
         summed = np.where(copy, every[0], every.sum(0))
-        exact = np.where(copy, every[0, :, bins + 3 :], combine_exact(every[:, :, bins + 3 :]))
-        glo_host, ghi_host = glo.numpy().copy(), ghi.numpy().copy()
-        empty = ~np.isfinite(glo_host)
-        glo_host[empty], ghi_host[empty] = np.nan, np.nan
-        return Histograms(
-            summed[:, :bins].astype(np.float32),
-            glo_host,
-            ghi_host,
-            summed[:, bins].astype(np.int64),
-            sums=summed[:, bins + 1],
-            sums_of_squares=summed[:, bins + 2],
-            exact=exact,
-        )
+        summed[:, bins : bins + 2] = every[0, :, bins : bins + 2]
+        summed[:, bins + 5 :] = np.where(copy, every[0, :, bins + 5 :], combine_exact(every[:, :, bins + 5 :]))
+        return unpack(summed, bins)
 
 
 def rank_group(model: nn.Module) -> Optional[RankGroup]:

@@ -30,6 +30,12 @@ def _define() -> tuple:
     import triton
     import triton.language as tl
 
+    return _row_kernel(triton, tl), _gather_kernel(triton, tl), _merge_kernel(triton, tl)
+
+
+def _row_kernel(triton: Any, tl: Any) -> Any:
+    """Program ``r``: the 8 row statistics of row ``r`` (``ROW_COLUMNS`` of rows.py)."""
+
     @triton.jit
     def row_kernel(ptrs, row_src, row_at, out, DTYPE: tl.constexpr, WIDTH: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
@@ -52,6 +58,12 @@ def _define() -> tuple:
         tl.store(row + 6, tl.min(tl.where(finite, x, inf), axis=0))
         tl.store(row + 7, tl.max(tl.where(finite, x, -inf), axis=0))
 
+    return row_kernel
+
+
+def _gather_kernel(triton: Any, tl: Any) -> Any:
+    """The samples: value ``g`` of the draw read from its source and stored at its slot."""
+
     @triton.jit
     def gather_kernel(ptrs, draw_src, at, slot, out, n, DTYPE: tl.constexpr, SPAN: tl.constexpr):
         g = tl.program_id(0).to(tl.int64) * SPAN + tl.arange(0, SPAN)
@@ -60,6 +72,12 @@ def _define() -> tuple:
         base = tl.load(ptrs + src, mask=inside, other=0).to(tl.pointer_type(DTYPE))
         value = tl.load(base + tl.load(at + g, mask=inside, other=0), mask=inside, other=0.0)
         tl.store(out + tl.load(slot + g, mask=inside, other=0), value.to(tl.float32), mask=inside)
+
+    return gather_kernel
+
+
+def _merge_kernel(triton: Any, tl: Any) -> Any:
+    """Program ``j``: the ``EXACT_FIELDS`` of tensor ``j`` from its rows."""
 
     @triton.jit
     def merge_kernel(stats, runs, numel, pads, out, CH: tl.constexpr):
@@ -116,7 +134,7 @@ def _define() -> tuple:
         tl.store(o + 8, tl.sum(zeros, axis=0))
         tl.store(o + 9, missing)
 
-    return row_kernel, gather_kernel, merge_kernel
+    return merge_kernel
 
 
 class Kernels:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -124,14 +124,23 @@ class CompileSwitch:
     """Keeps a watch's hooks out of Dynamo's sight (see the module's docstring).
 
     ``outer`` is the model the user calls (maybe a ``torch.compile`` wrapper); the recorder
-    addresses the module it wraps (``inner``) and is told which modules to leave alone."""
+    addresses the module it wraps (``inner``). ``on_hidden(modules, root_graph)`` is told, at
+    each look for compiled parts, the ids of the modules no hook may reach and whether the
+    model's own call is one fullgraph graph; ``next_logged()`` says whether the next forward is
+    a logged step's (the watched model compiled in place decides eager or compiled before it
+    runs)."""
 
-    def __init__(self, outer: nn.Module, recorder: Any = None, warn: bool = True) -> None:
+    def __init__(
+        self,
+        outer: nn.Module,
+        on_hidden: Optional[Callable[[Set[int], bool], None]] = None,
+        next_logged: Callable[[], bool] = lambda: False,
+        warn: bool = True,
+    ) -> None:
         self.outer, self.inner = outer, unwrap(outer)
-        self.recorder = recorder
-        self._input_grads = getattr(recorder, "input_grads", False)
+        self.on_hidden = on_hidden
+        self.next_logged = next_logged
         self.eager = False  # force_eager is on, set by this switch
-        self.next_logged: Callable[[], bool] = lambda: False  # set by the watch
         self._prior: Optional[str] = None
         self.hidden: Set[int] = set()  # ids of modules inside compiled parts that must not be hooked
         self.fullgraph = False
@@ -162,12 +171,8 @@ class CompileSwitch:
                     self.hidden.add(id(sub))
                     hidden_addresses[_join(address, sub_address)] = None
         self.hidden_addresses = list(hidden_addresses)
-        if self.recorder is not None:
-            self.recorder.hidden = self.hidden
-            # an alias of the data that requires grad would make a fullgraph model's graph compile
-            # a second time (Dynamo guards on requires_grad): the data's gradient is left out
-            root_graph = any(address == "" and fullgraph for address, _, fullgraph in parts)
-            self.recorder.input_grads = self._input_grads and not root_graph
+        if self.on_hidden is not None:
+            self.on_hidden(self.hidden, any(address == "" and fullgraph for address, _, fullgraph in parts))
         if self.hidden and not self._warned:
             self._warned = True
             if self.root_fullgraph:
@@ -229,21 +234,21 @@ class CompileSwitch:
         finally:
             self._set_eager(False)
 
-    def record_hidden(self, recorder: Any) -> None:
+    def record_hidden(self, known_calls: Iterable[str], record: Callable[[nn.Module], None]) -> None:
         """The parameters of modules no hook may reach, once per call of theirs in the traced
-        graph (their ``params_grad`` follows: the recorder reads ``.grad`` of each call's
-        parameters); called while the model's own call is recorded."""
+        graph (``known_calls``: its call ids; ``record(module)`` records one call of ``module``
+        with its parameters alone, whose ``params_grad`` follows); called while the model's own
+        call is recorded."""
         if not self.hidden:
             return
         calls: Dict[str, int] = {}
-        for cid in recorder.known_calls:
+        for cid in known_calls:
             address = cid.rpartition(":")[0]
             calls[address] = calls.get(address, 0) + 1
         for address, module in named_modules(self.inner):
             if id(module) in self.hidden and module is not self.inner:
                 for _ in range(max(calls.get(address, 0), 1)):
-                    recorder.pre(module, (), {})
-                    recorder.post(module, (), {}, None)
+                    record(module)
 
     def close(self) -> None:
         if self.eager:

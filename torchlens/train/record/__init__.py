@@ -10,7 +10,7 @@ Example:
     4
 """
 
-from .recorder import REASONS, InplaceGradientError, ModelHook, StepRecorder
+from .recorder import REASONS, InplaceGradientError, ModelHook, RecorderWiring, StepRecorder
 from .sampling import Sampler
 from .saturation import SATURATION_EPS, SaturationProbe, read_saturation
 from .step_data import Key, Part, StepData
@@ -18,6 +18,7 @@ from .updates import UpdateHooks
 
 __all__ = [
     "StepRecorder",
+    "RecorderWiring",
     "ModelHook",
     "InplaceGradientError",
     "REASONS",

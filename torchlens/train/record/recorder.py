@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
@@ -158,6 +159,19 @@ class InplaceGradientError(TorchlensError, RuntimeError):
     """A gradient hook could not be placed on a module's input or output."""
 
 
+@dataclass(frozen=True)
+class RecorderWiring:
+    """How a recorder is wired into its watch: ``gate()`` False while nothing may be recorded
+    (the graph's metadata pass, evaluation); ``on_gradient()`` called by every gradient hook;
+    ``timed(hook)`` the hook with its time counted (the step timeline); ``copy_limit``: bytes the
+    copies of large CPU tensors may hold (None: the default; 0: no copies)."""
+
+    gate: Callable[[], bool] = lambda: True
+    on_gradient: Callable[[], None] = lambda: None
+    timed: Optional[Callable[[Callable[..., Any]], Callable[..., Any]]] = None
+    copy_limit: Optional[int] = None
+
+
 class StepRecorder:
     """Collects the samples of one logged step (one or several forward passes, then backward)."""
 
@@ -168,15 +182,17 @@ class StepRecorder:
         sampler: Sampler,
         ignore_io_grad_classes: Tuple[type, ...],
         input_grads: bool = True,
+        wiring: RecorderWiring = RecorderWiring(),
     ) -> None:
         self.model = model
-        self.input_grads = input_grads
+        self.wants_input_grads = input_grads
+        self.input_grads = input_grads  # off while the model's own call is one fullgraph graph
         self.addresses = {id(m): a for a, m in named_modules(model)}  # compile wrappers left out
         self.kinds = kinds
         self.sampler = sampler
         # large CPU tensors are copied here, then measured and sampled on the writer thread (see
         # CopyPool), with a generator of its own: the order of its draws is the step's order
-        self.copies = CopyPool()
+        self.copies = CopyPool(wiring.copy_limit)
         self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
         # tensors on these devices are measured together at the end of their phase (measure/);
         # the CPU keeps its one-at-a-time path (the copy pool is faster there)
@@ -212,8 +228,25 @@ class StepRecorder:
         self.forward_active = False  # between begin_forward and end_forward: the module hooks record
         self._param_hooks: list = []
         self._tensor_hooks: list = []
-        self.gate: Callable[[], bool] = lambda: True  # False while nothing may be recorded
-        self.on_gradient: Callable[[], None] = lambda: None  # every gradient hook calls it
+        self.gate = wiring.gate  # False while nothing may be recorded
+        self.on_gradient = wiring.on_gradient  # every gradient hook calls it
+        if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
+            for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
+                if hasattr(self, name):
+                    setattr(self, name, wiring.timed(getattr(self, name)))
+
+    def hide(self, modules: Set[int], root_graph: bool) -> None:
+        """Leave the modules of ``modules`` (ids) unhooked: they run inside a fullgraph compiled
+        graph. ``root_graph``: the model's own call is such a graph, where an alias of the data
+        that requires grad would make it compile a second time (Dynamo guards on
+        ``requires_grad``): the data's gradient is left out then."""
+        self.hidden = modules
+        self.input_grads = self.wants_input_grads and not root_graph
+
+    def record_parameters(self, module: nn.Module) -> None:
+        """One call of ``module`` with its parameters alone (a module no hook may reach)."""
+        self.pre(module, (), {})
+        self.post(module, (), {}, None)
 
     # ----- the step's life ----------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -694,4 +727,4 @@ def _is_lazy(p: torch.Tensor) -> bool:
     return isinstance(p, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
 
 
-__all__ = ["StepData", "StepRecorder", "InplaceGradientError", "ModelHook", "REASONS"]
+__all__ = ["StepData", "StepRecorder", "RecorderWiring", "InplaceGradientError", "ModelHook", "REASONS"]

@@ -12,8 +12,25 @@ Example:
     1
 """
 
+from .options import WatchOptions
 from .session import Watch, attach, unwatch, watch
+from .state import TRANSITIONS, StepEvent, StepMachine, StepState, StepTransitionError
 from .timeline import StepTimeline, optimizer_hooks
-from .writer import StepWriter
+from .writer import StepSink, StepWriter
 
-__all__ = ["watch", "unwatch", "attach", "Watch", "StepTimeline", "optimizer_hooks", "StepWriter"]
+__all__ = [
+    "watch",
+    "unwatch",
+    "attach",
+    "Watch",
+    "WatchOptions",
+    "StepState",
+    "StepEvent",
+    "TRANSITIONS",
+    "StepMachine",
+    "StepTransitionError",
+    "StepTimeline",
+    "optimizer_hooks",
+    "StepWriter",
+    "StepSink",
+]

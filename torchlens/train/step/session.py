@@ -3,7 +3,7 @@
 The first training forward pass is traced once (metadata only) to get the module-call graph.
 Every ``log_freq`` training steps, hooks sample inputs, outputs, their gradients and the
 parameters; when its backward pass ends (again if a later backward or the optimizer step adds
-to it, ``step_writer``), the step's histograms are computed together on the device and written
+to it, ``writer.py``), the step's histograms are computed together on the device and written
 to the run database in one transaction. Steps that are not logged cost one hook call on the model itself.
 """
 
@@ -14,23 +14,23 @@ import functools
 import sqlite3
 import warnings
 from time import perf_counter_ns as _now
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from ...arguments import ArgumentValueError, require_choices, require_instance, require_str
+from ...arguments import ArgumentValueError, require_instance, require_str
 from ...web.stats import NUM_BINS
-from ..health import Sentinel, check_mode
+from ..health import Sentinel, SentinelLink
 from ..measure import active_group, rank_group
 from ..model import CompileSwitch, trace_calls, unwrap
-from ..record import ModelHook, Sampler, StepRecorder
-from ..store import KINDS, RunWriter, new_run_dir
-from .options import check_watch_arguments
+from ..record import ModelHook, RecorderWiring, Sampler, StepRecorder
+from ..store import RunWriter, new_run_dir
+from .options import DEFAULT_KINDS, WatchOptions
+from .state import StepEvent, StepMachine, StepTransitionError
 from .timeline import StepTimeline, optimizer_hooks
-from .writer import StepWriter
+from .writer import StepSink, StepWriter
 
-BACKENDS = ("standalone", "wandb", "tensorboard")
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
 _WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
 _MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
@@ -38,133 +38,134 @@ _MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (
 
 class Watch:
     """A model being watched; returned by ``tl.watch``. Close it (or leave a ``with`` block) to
-    remove every hook and finish the run."""
+    remove every hook and finish the run. Its wiring: the step machine (``state.py``: every
+    change of the step in progress), the recorder's hooks (``record/``), the step writer
+    (``writer.py``), the NaN sentinel (``health/``) and the compile switch (``model/``), each
+    given only what it needs."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        log_freq: int,
-        log: Sequence[str],
-        backends: Tuple[str, ...],
-        run_dir: Optional[str],
-        port: int,
-        host: str,
-        sample_n: Optional[int],
-        reject_outlier_proportion: float,
-        disable_inplace: bool,
-        ignore_io_grad_classes: Tuple[type, ...],
-        delay_log_multibackward: bool,
-        max_columns: int,
-        verbose: bool,
-        manual_steps: bool = False,
-        tensorboard_writer: Any = None,
-        wandb_html_every: int = 50,
-        input_grads: bool = True,
-        on_nonfinite: Optional[str] = None,
-        optimizer: Any = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, options: WatchOptions) -> None:
         self.model = model
-        self._sentinel = Sentinel(self, on_nonfinite)  # also counts saturated activations
-        self.log_freq = log_freq
-        self.kinds = set(log)
-        self.delay = delay_log_multibackward
-        self.reject = reject_outlier_proportion
-        self.verbose = verbose
-        self.manual_steps = manual_steps
+        self.options = options
+        self.log_freq = options.log_freq
+        self.kinds = set(options.kinds)
+        self.delay = options.delay_log_multibackward
+        self.reject = options.reject_outlier_proportion
+        self.verbose = options.verbose
+        self.manual_steps = options.manual_steps
         self.backends: list = []  # wandb / tensorboard
         self.url: Optional[str] = None
         self.run_dir: Optional[str] = None
         self.closed = False
-        self._server = None  # the explorer server, with backend="standalone"
+        self._server: Any = None  # the explorer server, with backend="standalone"
         self._writer: Optional[RunWriter] = None
         self._root_hooks: list = []
         self._inplace_flags: list = []
-        self._tracing = None  # the call recorder of the metadata pass, while it runs
+        self._tracing: Any = None  # the call recorder of the metadata pass, while it runs
         self._graph_done = False
-        self._ranks = rank_group(model)  # under torch.distributed: distributed.py
-        if self._ranks is not None and self._ranks.rank != 0:  # rank 0 writes; the others send it their counts
-            backends, verbose = (), False  # it traces the graph too: FSDP's gathers need every rank
-        self._step: Optional[int] = None  # the training step in progress
-        self._next_step = 0
-        self._logging = False  # the step in progress is logged
-        self._forward_active = False
-        self._backward_seen = False
-        self._end_queued = False  # a callback waits for the end of the backward pass in flight
-        self._depth = 0  # calls of the model in progress (it may call itself)
-        self._model_forwards = 0  # with manual steps: forwards of the model since begin_step
-        self._markers: list = []  # gradient hooks on the model's outputs
-        self._steps = StepWriter(self)
-        sampler = Sampler(sample_n)  # one fixed seed: the same training gives the same run
-        self.recorder = StepRecorder(
-            unwrap(model), self.kinds, sampler, ignore_io_grad_classes, input_grads=input_grads
-        )
-        if self._ranks is not None:  # writes stay on this thread: a copy would only add a pass
-            self.recorder.copies.limit = 0
-        self._compile = CompileSwitch(model, self.recorder)  # keeps hooks out of compiled code
-        self._compile.next_logged = lambda: (
-            not manual_steps
-            and (
-                self._next_step % self.log_freq == 0 or (bool(self._optimizers) and self._logging)  # may go on
-            )
-        )
-        self.recorder.gate = lambda: self._tracing is None and self._training()
+        self._ranks = rank_group(model)  # under torch.distributed: measure/distributed.py
+        self._machine = StepMachine(options.log_freq)  # the step in progress: state.py
         # the step timeline (timeline.py): the recorder's hooks' time is summed per logged step
         self._timeline = StepTimeline(_now(), enabled=False)
-        logged_step = lambda: self._step if self._logging else None  # noqa: E731
-        for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
-            if hasattr(self.recorder, name):
-                setattr(self.recorder, name, self._timeline.timed(getattr(self.recorder, name), logged_step))
-        self.recorder.on_gradient = self._gradient_arrived
-        # a watch that knows the optimizer counts its steps: the forwards before each are one step
-        self._optimizers = list(optimizer) if optimizer is not None else []
-        for opt in self._optimizers:
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"tl.watch: optimizer= takes torch.optim.Optimizer objects, not {type(opt).__name__}.")
-        self._stepped = False  # an optimizer step ended the step in progress (with optimizers known)
-        self._updates = None
-        # the watch's optimizer hooks around the others (the updates' copies are watch work)
+        self._optimizers = list(options.optimizers)  # known: their steps delimit the steps
+        self.recorder = self._make_recorder(model, options)
+        self._compile = CompileSwitch(model, self.recorder.hide, self._next_logged)  # hooks out of compiled code
+        self._sentinel: Optional[Sentinel] = None
+        self._steps: Optional[StepWriter] = None
+        self._updates: Any = None
+        try:
+            self._open_outputs(options)
+        except BaseException:
+            self._release()
+            raise
+        self._steps = StepWriter(
+            StepSink(
+                recorder=self.recorder,
+                run=self._writer,
+                ranks=self._ranks,
+                timeline=self._timeline,
+                reject=self.reject,
+                run_dir=self.run_dir,
+                backends=self.backends,
+            )
+        )
+        link = SentinelLink(
+            model=model,
+            run_dir=self.run_dir,
+            ranks=self._ranks,
+            gate=self.recorder.gate,
+            logging=self._logging,
+            training=self._training,
+            flush=self.flush,
+        )
+        self._sentinel = Sentinel(link, options.on_nonfinite)  # also counts saturated activations
+        self._hook_optimizers(options)
+        self._hook_model(model, options.disable_inplace)
+        if self.verbose:
+            where = f"; explorer at {self.url}" if self.url else ""
+            print(f"torchlens: watching {type(model).__name__}, run saved in {self.run_dir}{where}", flush=True)
+
+    def _make_recorder(self, model: nn.Module, options: WatchOptions) -> StepRecorder:
+        wiring = RecorderWiring(
+            gate=lambda: self._tracing is None and self._training(),
+            on_gradient=self._gradient_arrived,
+            timed=lambda hook: self._timeline.timed(hook, self._machine.logged_step),
+            copy_limit=0
+            if self._ranks is not None
+            else None,  # writes stay on this thread: a copy would only add a pass
+        )
+        sampler = Sampler(options.sample_n)  # one fixed seed: the same training gives the same run
+        classes = tuple(options.ignore_io_grad_classes)
+        return StepRecorder(unwrap(model), self.kinds, sampler, classes, input_grads=options.input_grads, wiring=wiring)
+
+    def _next_logged(self) -> bool:
+        """Whether the next forward is a logged step's (the compile switch asks after each)."""
+        m = self._machine
+        return not self.manual_steps and (m.wants_log(m.next_step) or (bool(self._optimizers) and m.logging))
+
+    def _open_outputs(self, options: WatchOptions) -> None:
+        """The server, the backends and the run folder (rank 0 alone writes the run)."""
+        backends = options.backends
+        if self._ranks is not None and self._ranks.rank != 0:  # rank 0 writes; the others send it their counts
+            backends, self.verbose = (), False  # it traces the graph too: FSDP's gathers need every rank
+        if "standalone" in backends:
+            from ..serve import ServingProcess
+
+            self._server = ServingProcess(host=options.host, port=options.port)  # bind first: a busy port fails early
+        if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
+            from ..backends import WandbBackend
+
+            self.backends.append(WandbBackend(html_every=options.wandb_html_every))
+        if self._ranks is None or self._ranks.rank == 0:
+            name = type(self.model).__name__
+            self.run_dir = new_run_dir(options.run_dir, name)
+            self._writer = RunWriter(self.run_dir, name, options.stored(), NUM_BINS, max_columns=options.max_columns)
+            self._timeline.origin, self._timeline.enabled = self._writer.timeline_origin, True
+        if "tensorboard" in backends:
+            from ..backends import TensorboardBackend
+
+            self.backends.append(TensorboardBackend(self.run_dir, options.tensorboard_writer))
+        if self._server is not None:
+            self._server.start(self.run_dir)  # a process of its own: page loads cost training nothing
+            self.url = self._server.url
+
+    def _hook_optimizers(self, options: WatchOptions) -> None:
+        """The watch's optimizer hooks around the others (the updates' copies are watch work)."""
         pre = functools.partial(self._optimizer_pre, True)
         self._root_hooks += optimizer_hooks(self._optimizers, pre, lambda *_: self._timeline.optimizer_post_inner())
         if "updates" in self.kinds:
             from ..record import UpdateHooks
 
-            logged = lambda: self._step if self._logging and self._tracing is None else None  # noqa: E731
-            self._updates = UpdateHooks(
-                self.recorder, logged, self._steps.updates_added, None if optimizer is None else self._optimizers
-            )
+            machine = self._machine
+            logged = lambda: machine.step if machine.logging and self._tracing is None else None  # noqa: E731
+            writer = self._steps
+            assert writer is not None
+            given = None if options.optimizer is None else self._optimizers
+            self._updates = UpdateHooks(self.recorder, logged, writer.updates_added, given)
             self._root_hooks += optimizer_hooks(self._optimizers, functools.partial(self._optimizer_pre, False))
-        options = {
-            "log_freq": log_freq,
-            "log": list(log),
-            "sample_n": sample_n,
-            "reject_outlier_proportion": reject_outlier_proportion,
-            "disable_inplace": disable_inplace,
-            "delay_log_multibackward": delay_log_multibackward,
-            "input_grads": input_grads,
-        }
-        try:
-            if "standalone" in backends:
-                from ..serve import ServingProcess
 
-                self._server = ServingProcess(host=host, port=port)  # bind first: a busy port fails early
-            if "wandb" in backends:  # before the run folder exists: no wandb run, no folder
-                from ..backends import WandbBackend
-
-                self.backends.append(WandbBackend(html_every=wandb_html_every))
-            if self._ranks is None or self._ranks.rank == 0:
-                self.run_dir = new_run_dir(run_dir, type(model).__name__)
-                self._writer = RunWriter(self.run_dir, type(model).__name__, options, NUM_BINS, max_columns=max_columns)
-                self._timeline.origin, self._timeline.enabled = self._writer.timeline_origin, True
-            if "tensorboard" in backends:
-                from ..backends import TensorboardBackend
-
-                self.backends.append(TensorboardBackend(self.run_dir, tensorboard_writer))
-            if self._server is not None:
-                self._server.start(self.run_dir)  # a process of its own: page loads cost training nothing
-                self.url = self._server.url
-        except BaseException:
-            self._release()
-            raise
+    def _hook_model(self, model: nn.Module, disable_inplace: bool) -> None:
+        """The model's own hooks (a step begins and ends with its forward), the optimizers' step
+        hooks, the registries of ``unwatch`` and ``attach``, and the compile switch."""
         if disable_inplace:
             for m in model.modules():
                 if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
@@ -191,21 +192,18 @@ class Watch:
         self._compile.prepare_escape()
         self._compile.after_forward()  # compiled in place already: step 0 runs eagerly
         atexit.register(self.close)
-        if verbose:
-            where = f"; explorer at {self.url}" if self.url else ""
-            print(f"torchlens: watching {type(model).__name__}, run saved in {self.run_dir}{where}", flush=True)
 
     # ----- public -------------------------------------------------------------------------
     @property
     def steps_logged(self) -> int:
         """Logged steps written to the run so far (also after ``close()``)."""
-        return self._steps.written
+        return self._writes().written
 
     def flush(self) -> None:
         """Write the step in progress now (it is otherwise written when the next one starts),
         and return when it is in the run."""
         self._finish_step()
-        self._steps.wait()
+        self._writes().wait()
 
     def close(self) -> None:
         """Write the last step, remove every hook, restore ``inplace`` flags, stop the server."""
@@ -230,13 +228,13 @@ class Watch:
         """Jupyter shows a watch as its explorer, inline (see ``show``)."""
         from ..serve import notebook_html
 
-        self._steps.wait()  # the steps handed to the writer thread are in the snapshot
+        self._writes().wait()  # the steps handed to the writer thread are in the snapshot
         return notebook_html(self.run_dir)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         from ..backends import mimebundle  # live where anywidget is installed, else the snapshot
 
-        self._steps.wait()
+        self._writes().wait()
         return mimebundle(self)
 
     def show(self, height: int = 640) -> Any:
@@ -252,101 +250,8 @@ class Watch:
         """
         from ..backends import show
 
-        self._steps.wait()
+        self._writes().wait()
         return show(self, height)
-
-    # ----- the model's hooks ----------------------------------------------------------------
-    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
-        if torch.compiler.is_compiling():  # the model compiled in place: compiled.py
-            return self._compile.inside_graph(self._root_pre, (module, args, kwargs))
-        if self._tracing is not None:
-            return None  # the metadata pass
-        self._depth += 1
-        if self._depth > 1 or not self._training():
-            return None  # the model calling itself is part of the running pass; evaluation logs nothing
-        start, finished = self._timeline.enter(), self._step if self._logging else None
-        try:
-            return self._forward_starts(module, args, kwargs)
-        finally:
-            if self._logging:
-                self._timeline.forward_started(self._step, start)  # type: ignore[arg-type]
-            self._timeline.leave(self._step if self._logging else finished, start)
-
-    def _forward_starts(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
-        """A training forward of the model begins (not a call of itself)."""
-        self._sentinel.forward_started(args, kwargs)
-        if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
-            # not a call whose forward Lightning swapped for training_step (under DDP): tracing
-            # it would run training_step twice (the run then has calls without data-flow edges)
-            if self._logging and not self._graph_done and "forward" not in vars(module):
-                self._trace_graph(args, kwargs)
-            if self._logging and self._model_forwards and not self.recorder.stack:
-                # another micro-batch of the step: its calls overlay the first one's (0:1, not 0:2),
-                # as when begin_step(n) is called again with the same n (Lightning's accumulation)
-                self.recorder.begin_forward(include_model=True)
-            self._model_forwards += 1
-            return None
-        if not self._continues_step():
-            self._start_step(self._next_step, (args, kwargs))
-        if self._logging:
-            self._compile.set_logging(True)
-            self.recorder.begin_forward()
-            self._forward_active = True
-            replaced = self.recorder.pre(self.recorder.model, args, kwargs)  # the call's aliases of its inputs
-            self._compile.record_hidden(self.recorder)
-            return replaced
-        return None
-
-    def _training(self) -> bool:
-        return self.model.training and torch.is_grad_enabled()
-
-    def _continues_step(self) -> bool:
-        """Whether a training forward belongs to the step in progress: with the optimizer known,
-        until it steps (gradient accumulation, two forwards per update); with
-        ``delay_log_multibackward``, until a backward pass has come."""
-        if self._step is None:
-            return False
-        if self._optimizers:
-            return not self._stepped
-        return self.delay and not self._backward_seen
-
-    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepped = self._step is not None
-        self._make_durable()
-
-    def _any_optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._make_durable()
-
-    def _optimizer_pre(self, outer: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._timeline.optimizer_pre(self._step if self._logging else None, outer)
-
-    def _make_durable(self) -> None:
-        """A logged step's optimizer step has ended: its writes are committed before training
-        goes on, so a process killed from now on (``kill -9``) keeps the step in its run."""
-        start = _now()
-        if self._logging and self._writer is not None and not self.closed:
-            self._steps.durable()
-        self._timeline.optimizer_ended(start)
-
-    def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
-        self._finish_step()
-        self._step, self._next_step = step, step + 1
-        self._backward_seen = self._end_queued = self._stepped = False
-        self._model_forwards = 0
-        self._logging = step % self.log_freq == 0 and self._compile.ready()
-        self._sentinel.step_started(step)
-        if not self._logging:  # kept from a logged step before: a step not logged runs without them
-            self.recorder.remove_forward_hooks()
-        if self._logging:
-            # lazy modules get their parameters in the traced pass (hooks after it); FSDP swaps the
-            # parameters in it (hooks before it, on the sharded ones that receive the gradients)
-            sharded = self._ranks is not None and bool(self._ranks.sharded)
-            if sharded:
-                self.recorder.begin_step(step)
-            if not self._graph_done and call is not None:
-                self._trace_graph(*call)
-            if not sharded:
-                self.recorder.begin_step(step)
 
     def begin_step(self, step: int) -> None:
         """With ``manual_steps=True``: training step ``step`` begins now (every forward pass
@@ -358,40 +263,110 @@ class Watch:
             )
         if self.closed:
             return
-        if step != self._step:
+        m = self._machine
+        if step != m.step:
             self._start_step(int(step))
-        self._model_forwards = 0
+        m.model_forwards = 0
         self.recorder.end_forward()
-        self._compile.set_logging(self._logging)
-        if self._logging:
+        self._compile.set_logging(m.logging)
+        if m.logging:
             self.recorder.begin_forward(include_model=True)
+
+    def attach(self, tensor: torch.Tensor, module: nn.Module, name: str) -> None:
+        if self._tracing is not None:
+            cid = self._tracing.current(module)
+            if cid is not None:
+                call = self._tracing.calls[cid]
+                if name not in call.attached:
+                    call.attached.append(name)
+        elif self._machine.recording and isinstance(tensor, torch.Tensor):
+            self.recorder.attach(module, name, tensor)
+
+    # ----- what the parts ask -----------------------------------------------------------------
+    def _training(self) -> bool:
+        return self.model.training and torch.is_grad_enabled()
+
+    def _logging(self) -> bool:
+        return self._machine.logging
+
+    def _writes(self) -> StepWriter:
+        """The step writer (made once the run folder is)."""
+        if self._steps is None:
+            raise StepTransitionError("torchlens.train: the watch has no step writer (its outputs failed to open).")
+        return self._steps
+
+    # ----- the model's hooks ----------------------------------------------------------------
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        if torch.compiler.is_compiling():  # the model compiled in place: compiled.py
+            return self._compile.inside_graph(self._root_pre, (module, args, kwargs))
+        if self._tracing is not None:
+            return None  # the metadata pass
+        m = self._machine
+        if not m.enter_call() or not self._training():
+            return None  # the model calling itself is part of the running pass; evaluation logs nothing
+        start, finished = self._timeline.enter(), m.logged_step()
+        try:
+            return self._forward_starts(module, args, kwargs)
+        finally:
+            if m.logging:
+                self._timeline.forward_started(m.step, start)  # type: ignore[arg-type]
+            self._timeline.leave(m.step if m.logging else finished, start)
+
+    def _forward_starts(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        """A training forward of the model begins (not a call of itself)."""
+        assert self._sentinel is not None
+        self._sentinel.forward_started(args, kwargs)
+        m = self._machine
+        if self.manual_steps:  # steps begin in begin_step(); the recorder hooks the model too
+            # not a call whose forward Lightning swapped for training_step (under DDP): tracing
+            # it would run training_step twice (the run then has calls without data-flow edges)
+            if m.logging and not self._graph_done and "forward" not in vars(module):
+                self._trace_graph(args, kwargs)
+            if m.logging and m.model_forwards and not self.recorder.stack:
+                # another micro-batch of the step: its calls overlay the first one's (0:1, not 0:2),
+                # as when begin_step(n) is called again with the same n (Lightning's accumulation)
+                self.recorder.begin_forward(include_model=True)
+            m.model_forwards += 1
+            return None
+        if not m.continues(bool(self._optimizers), self.delay):
+            self._start_step(m.next_step, (args, kwargs))
+        if not m.logging:
+            return None
+        self._compile.set_logging(True)
+        self.recorder.begin_forward()
+        m.apply(StepEvent.FORWARD_STARTED)
+        replaced = self.recorder.pre(self.recorder.model, args, kwargs)  # the call's aliases of its inputs
+        self._compile.record_hidden(self.recorder.known_calls, self.recorder.record_parameters)
+        return replaced
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if torch.compiler.is_compiling():
             return self._compile.inside_graph(self._root_post, (module, args, kwargs, output))
         if self._tracing is not None:
             return
-        self._depth = max(self._depth - 1, 0)
-        if self._depth > 0:
+        if not self._machine.leave_call():
             return
         start = self._timeline.enter()
         try:
             self._forward_ends(args, kwargs, output)
         finally:
-            self._timeline.leave(self._step if self._logging and self._training() else None, start)
+            m = self._machine
+            self._timeline.leave(m.step if m.logging and self._training() else None, start)
             self._timeline.forward_ended()
 
     def _forward_ends(self, args: tuple, kwargs: dict, output: Any) -> None:
         if not self.manual_steps:
             self._compile.after_forward()
-        if self._forward_active:
-            self._forward_active = False
+        m = self._machine
+        if m.recording:
+            m.apply(StepEvent.FORWARD_ENDED)
             try:
                 self.recorder.post(self.recorder.model, args, kwargs, output)
             finally:
                 self.recorder.end_forward()
-        if self._step is not None and (self._logging or self.delay) and self._training():
+        if m.step is not None and (m.logging or self.delay) and self._training():
             self._mark_backward(output)
+        assert self._sentinel is not None
         self._sentinel.forward_ended(output)
 
     def _mark_backward(self, output: Any) -> None:
@@ -402,21 +377,23 @@ class Watch:
         for _, t in output_tensors(output):
             if t.requires_grad:
                 try:
-                    self._markers.append(t.register_hook(self._output_gradient))
+                    self._machine.add_marker(t.register_hook(self._output_gradient))
                 except RuntimeError:  # a view that autograd refuses hooks on: the other hooks still work
                     pass
 
+    # ----- the step's backward and optimizer step -------------------------------------------
     def _output_gradient(self, grad: torch.Tensor) -> None:
-        self._backward_seen = True
+        self._machine.backward_seen = True
         self._gradient_arrived()
 
     def _gradient_arrived(self) -> None:
         """Called by every gradient hook of a logged step: the first one of a backward pass asks
         the autograd engine for a call when the pass has ended."""
-        if self._logging and not self._end_queued:
-            self._end_queued = True
-            self._timeline.backward_started(self._step)  # type: ignore[arg-type]
-            _ENGINE.queue_callback(functools.partial(self._backward_ending, self._step))
+        m = self._machine
+        if m.logging and not m.awaiting_backward:
+            m.apply(StepEvent.BACKWARD_STARTED)
+            self._timeline.backward_started(m.step)  # type: ignore[arg-type]
+            _ENGINE.queue_callback(functools.partial(self._backward_ending, m.step))
 
     def _backward_ending(self, step: int) -> None:
         # callbacks queued during the pass run before this one; one queued now runs after them
@@ -424,9 +401,10 @@ class Watch:
         _ENGINE.queue_callback(functools.partial(self._backward_ended, step))
 
     def _backward_ended(self, step: int) -> None:
-        if step != self._step or not self._logging:
+        m = self._machine
+        if step != m.step or not m.logging:
             return
-        self._end_queued = False
+        m.apply(StepEvent.BACKWARD_ENDED)
         start = self._timeline.enter()
         self._timeline.backward_ended(step, start)
         try:
@@ -434,14 +412,54 @@ class Watch:
             # losses, retain_graph=True) reads it again, so the step keeps the accumulated value.
             # The step is written now (readable at once) and again if a later backward adds to it.
             self.recorder.collect_param_grads()
-            self._steps.update(step)
+            self._writes().update(step)
         finally:
             self._timeline.leave(step, start)
 
-    def _remove_markers(self) -> None:
-        for h in self._markers:
-            h.remove()
-        self._markers = []
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._machine.stepped = self._machine.step is not None
+        self._make_durable()
+
+    def _any_optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._make_durable()
+
+    def _optimizer_pre(self, outer: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._timeline.optimizer_pre(self._machine.logged_step(), outer)
+
+    def _make_durable(self) -> None:
+        """A logged step's optimizer step has ended: its writes are committed before training
+        goes on, so a process killed from now on (``kill -9``) keeps the step in its run."""
+        start = _now()
+        if self._machine.logging and self._writer is not None and not self.closed:
+            self._writes().durable()
+        self._timeline.optimizer_ended(start)
+
+    # ----- a step begins and ends ------------------------------------------------------------
+    def _start_step(self, step: int, call: Optional[tuple] = None) -> None:
+        self._finish_step()
+        m = self._machine
+        m.begin(step, ready=self._compile.ready())
+        assert self._sentinel is not None
+        self._sentinel.step_started(step)
+        if not m.logging:  # kept from a logged step before: a step not logged runs without them
+            self.recorder.remove_forward_hooks()
+            return
+        # lazy modules get their parameters in the traced pass (hooks after it); FSDP swaps the
+        # parameters in it (hooks before it, on the sharded ones that receive the gradients)
+        sharded = self._ranks is not None and bool(self._ranks.sharded)
+        if sharded:
+            self.recorder.begin_step(step)
+        if not self._graph_done and call is not None:
+            self._trace_graph(*call)
+        if not sharded:
+            self.recorder.begin_step(step)
+
+    def _finish_step(self) -> None:
+        self._timeline.flush_hooks()  # the step's hooks' sum goes with its next write
+        step, logged = self._machine.finish()
+        if step is None or not logged or self._writer is None:
+            return
+        self._writes().finish(step, self.recorder.end_step())
 
     def _trace_graph(self, args: tuple, kwargs: dict) -> None:
         self._graph_done = True
@@ -459,45 +477,27 @@ class Watch:
             )
         if calls:
             if self._writer is not None:
-                self._steps.wait()  # one connection: the writer thread's transactions come first
+                self._writes().wait()  # one connection: the writer thread's transactions come first
                 self._writer.add_calls(calls.values())
             self.recorder.known_calls.update(calls)
 
-    def _set_tracing(self, recorder) -> None:
+    def _set_tracing(self, recorder: Any) -> None:
         self._tracing = recorder
 
-    def attach(self, tensor: torch.Tensor, module: nn.Module, name: str) -> None:
-        if self._tracing is not None:
-            cid = self._tracing.current(module)
-            if cid is not None:
-                call = self._tracing.calls[cid]
-                if name not in call.attached:
-                    call.attached.append(name)
-        elif self._forward_active and isinstance(tensor, torch.Tensor):
-            self.recorder.attach(module, name, tensor)
-
-    # ----- writing and releasing ------------------------------------------------------------
-    def _finish_step(self) -> None:
-        self._remove_markers()
-        self._timeline.flush_hooks()  # the step's hooks' sum goes with its next write
-        step, logging = self._step, self._logging
-        self._step, self._logging = None, False
-        if step is None or not logging or self._writer is None:
-            return
-        self._steps.finish(step, self.recorder.end_step())
-
+    # ----- releasing ----------------------------------------------------------------------------
     def _release(self) -> None:
         self.closed = True
         for h in self._root_hooks:
             h.remove()
         self._root_hooks = []
-        self._remove_markers()
+        self._machine.remove_markers()
         if self._updates is not None:
             self._updates.remove()
-        self._sentinel.close()
+        if self._sentinel is not None:
+            self._sentinel.close()
         self._compile.close()
         self._compile.unwatch_compile()
-        self._depth = 0
+        self._machine.depth = 0
         self.recorder.remove_forward_hooks()
         self.recorder.end_step()
         for m in self._inplace_flags:
@@ -510,18 +510,26 @@ class Watch:
         if self._server is not None:
             self._server.close()
             self._server = None
+        self._close_backends()
+        self._close_run()
+        atexit.unregister(self.close)
+
+    def _close_backends(self) -> None:
         for backend in self.backends:
             try:
                 backend.close(self.run_dir)
             except Exception as error:  # a backend's own failure must not keep hooks on the model
                 warnings.warn(
-                    f"torchlens.train: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=3
+                    f"torchlens.train: closing the {backend.name} backend failed: {error}", RuntimeWarning, stacklevel=4
                 )
-        self.backends = []
+        self.backends.clear()  # the step writer's list too
+
+    def _close_run(self) -> None:
         failed = True
         try:
-            self._steps.close()  # the writes under way end first
-            failed = self._steps.failed
+            if self._steps is not None:
+                self._steps.close()  # the writes under way end first
+                failed = self._steps.failed
         finally:
             if self._writer is not None:
                 try:  # the timeline rows no write took (the last optimizer step's)
@@ -531,13 +539,12 @@ class Watch:
                 self._writer.close("failed" if failed else "finished")  # a run missing steps is not finished
                 self._writer = None
             self.recorder.copies.clear()  # the host memory of the copies awaiting measurement
-        atexit.unregister(self.close)
 
 
 def watch(
     model: nn.Module,
     log_freq: int = 1,
-    log: Iterable[str] = ("io", "io_grad", "params", "params_grad"),
+    log: Iterable[str] = DEFAULT_KINDS,
     backend: Union[str, Iterable[str], None] = "standalone",
     run_dir: Optional[str] = None,
     port: int = 8080,
@@ -630,14 +637,34 @@ def watch(
     active_group(model)  # a DistributedDataParallel model without a process group is an error
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
-    check_watch_arguments(locals())  # every argument, before anything is made or served: arguments.py
-    log = require_choices("log", log, "tl.watch", KINDS)
-    backends = (
-        ()
-        if backend is None or backend == () or backend == []
-        else require_choices("backend", backend, "tl.watch", BACKENDS)
+    require_instance("model", model, "tl.watch", nn.Module, takes="a torch.nn.Module")
+    options = WatchOptions(  # every option checked, before anything is made or served: options.py
+        log_freq=log_freq,
+        log=log,
+        backend=backend,
+        run_dir=run_dir,
+        port=port,
+        sample_n=sample_n,
+        reject_outlier_proportion=reject_outlier_proportion,
+        disable_inplace=disable_inplace,
+        ignore_io_grad_classes=ignore_io_grad_classes,
+        delay_log_multibackward=delay_log_multibackward,
+        host=host,
+        max_columns=max_columns,
+        verbose=verbose,
+        tensorboard_writer=tensorboard_writer,
+        wandb_html_every=wandb_html_every,
+        manual_steps=manual_steps,
+        input_grads=input_grads,
+        on_nonfinite=on_nonfinite,
+        optimizer=optimizer,
     )
-    classes = tuple(ignore_io_grad_classes)
+    _refuse_watched(model)
+    return Watch(model, options)
+
+
+def _refuse_watched(model: nn.Module) -> None:
+    """A model (or one of its modules) is watched once at a time."""
     if id(model) in _WATCHES:
         raise RuntimeError(
             f"tl.watch: this {type(model).__name__} is already watched (run {_WATCHES[id(model)].run_dir}). "
@@ -647,29 +674,6 @@ def watch(
         raise RuntimeError(
             "tl.watch: a module of this model is already watched as part of another model. Close that watch first."
         )
-    check_mode(on_nonfinite)
-    return Watch(
-        model,
-        log_freq,
-        log,
-        backends,
-        run_dir=run_dir,
-        port=port,
-        host=host,
-        sample_n=sample_n,
-        reject_outlier_proportion=float(reject_outlier_proportion),
-        disable_inplace=disable_inplace,
-        ignore_io_grad_classes=classes,
-        delay_log_multibackward=delay_log_multibackward,
-        max_columns=max_columns,
-        verbose=verbose,
-        manual_steps=manual_steps,
-        tensorboard_writer=tensorboard_writer,
-        wandb_html_every=wandb_html_every,
-        input_grads=bool(input_grads),
-        optimizer=[optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer,
-        on_nonfinite=on_nonfinite,
-    )
 
 
 def unwatch(model: nn.Module) -> None:
@@ -705,4 +709,4 @@ def attach(tensor: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
     return tensor
 
 
-__all__ = ["watch", "unwatch", "attach", "Watch"]
+__all__ = ["watch", "unwatch", "attach", "Watch", "WatchOptions"]

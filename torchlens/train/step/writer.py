@@ -20,21 +20,36 @@ import queue
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
 
 from ...web.stats import histograms
-from ..measure import step_histograms
-from ..record import StepData
+from ..measure import RankGroup, step_histograms
+from ..record import StepData, StepRecorder
+from ..store import RunWriter
+from .timeline import StepTimeline
+
+
+@dataclass(frozen=True)
+class StepSink:
+    """What the step writer needs of its watch: where the steps come from and where they go."""
+
+    recorder: StepRecorder  # hands over each step's data
+    run: Optional[RunWriter]  # the run database (None on ranks other than 0)
+    ranks: Optional[RankGroup]  # the collectives under torch.distributed
+    timeline: StepTimeline  # its rows go with each write
+    reject: float  # reject_outlier_proportion
+    run_dir: Optional[str]
+    backends: List[Any] = field(default_factory=list)  # wandb, TensorBoard: each step once, when it ends
 
 
 class StepWriter:
-    """Writes the logged steps of one watch (``watch`` has ``recorder``, ``reject``,
-    ``backends``, ``run_dir``, ``_ranks``, ``_writer`` and ``_timeline``)."""
+    """Writes the logged steps of one watch (``sink``: what it writes from and to)."""
 
-    def __init__(self, watch: Any) -> None:
-        self.watch = watch
+    def __init__(self, sink: StepSink) -> None:
+        self.sink = sink
         self._written = 0  # logged steps written so far
         self._clean: Optional[Tuple[int, int]] = None  # (step, recorder version) last written whole
         self._last: Any = None  # the histograms of that write (set by the writer thread)
@@ -54,7 +69,7 @@ class StepWriter:
 
     def update(self, step: int, kinds: Optional[Set[str]] = None) -> None:
         """Write what step ``step`` has now: every series, or those of ``kinds``."""
-        recorder = self.watch.recorder
+        recorder = self.sink.recorder
         version = recorder.version
         data = recorder.collect(kinds)
         if kinds is not None and not data.keys:
@@ -67,16 +82,16 @@ class StepWriter:
         """An optimizer step added ``added`` updates: write them (a step not written yet waits)."""
         if self._clean is None or self._clean[0] != step:
             return
-        clean_before = self._clean[1] + added == self.watch.recorder.version
+        clean_before = self._clean[1] + added == self.sink.recorder.version
         self.update(step, {"updates"})
         if clean_before:
-            self._clean = (step, self.watch.recorder.version)
+            self._clean = (step, self.sink.recorder.version)
         self.durable()
 
     def finish(self, step: int, data: StepData) -> None:
         """The step has ended (``data``: the recorder's ``end_step``): write it if it changed
         since it was last written, and hand it to the backends."""
-        w = self.watch
+        w = self.sink
         unchanged = self._clean == (step, w.recorder.version)
         self._clean = None
         if not unchanged:
@@ -116,10 +131,10 @@ class StepWriter:
 
     # ----- the writing itself ----------------------------------------------------------------
     def _submit(self, step: int, data: StepData, keep: bool) -> None:
-        w = self.watch
+        w = self.sink
         self._raise_failure()
         new_calls = w.recorder.take_new_calls()
-        if w._ranks is not None or w._writer is None:  # collectives keep their order on every rank
+        if w.ranks is not None or w.run is None:  # collectives keep their order on every rank
             try:
                 self._write(step, data, new_calls, keep)
             except BaseException:
@@ -160,16 +175,16 @@ class StepWriter:
             raise RuntimeError(f"torchlens.train: writing a logged step to the run failed: {error}") from error
 
     def _write(self, step: int, data: StepData, new_calls: List[Any], keep: bool) -> None:
-        w = self.watch
+        w = self.sink
         start = time.perf_counter_ns()
-        if new_calls and w._writer is not None:
-            w._writer.add_calls(new_calls)
-        h = step_histograms(w._ranks, data, w.reject, step)  # global under torch.distributed
+        if new_calls and w.run is not None:
+            w.run.add_calls(new_calls)
+        h = step_histograms(w.ranks, data, w.reject, step)  # global under torch.distributed
         if keep:
             self._last = h
-        if w._writer is None:  # a rank other than 0: its counts went to rank 0
+        if w.run is None:  # a rank other than 0: its counts went to rank 0
             return
-        new = w._writer.write_step(
+        new = w.run.write_step(
             step,
             data.keys,
             h.counts,
@@ -178,11 +193,11 @@ class StepWriter:
             nonfinite=h.nonfinite,
             reasons=data.reasons,
             exact=h.exact,
-            timeline=w._timeline.take(),  # the timeline so far goes with the step's transaction
+            timeline=w.timeline.take(),  # the timeline so far goes with the step's transaction
         )
         self._written += int(new)
         thread = "writer" if threading.current_thread() is self._thread else "training"
-        w._timeline.add(step, "write", start, time.perf_counter_ns(), thread=thread)
+        w.timeline.add(step, "write", start, time.perf_counter_ns(), thread=thread)
 
 
 _WRITERS: "weakref.WeakSet[StepWriter]" = weakref.WeakSet()  # those with a writer thread
@@ -208,4 +223,4 @@ def _training_streams(data: StepData) -> List[Any]:
     return [torch.cuda.current_stream(d) for d in devices]
 
 
-__all__ = ["StepWriter"]
+__all__ = ["StepWriter", "StepSink"]
