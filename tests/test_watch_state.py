@@ -113,3 +113,19 @@ def test_watch_refuses_a_bad_option_before_touching_the_model(tmp_path):
     with pytest.raises(ArgumentValueError, match="on_nonfinite"):
         tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, on_nonfinite="loud")
     assert not model._forward_pre_hooks and not (tmp_path / "run").exists()
+
+
+def test_a_step_is_complete_once_its_backward_came_and_no_forward_runs(tmp_path):
+    """What a notebook cell asks before writing the step it ran (backends/notebook.py)."""
+    model = torch.nn.Linear(3, 1)
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log_freq=2)
+    try:
+        out = model(torch.rand(2, 3))
+        assert not w.step_complete()  # the backward is still to come
+        out.sum().backward()
+        assert w.step_complete()
+        model(torch.rand(2, 3)).sum().backward()  # step 1: not logged
+        assert not w.step_complete()
+    finally:
+        w.close()
+    assert not w.step_complete()

@@ -203,9 +203,7 @@ class LiveView:
         w = self.watch
         # the step a cell ran to its end (backward included) is complete: write it now, so the
         # view shows it; a step whose backward is still to come is left alone
-        # (read with getattr: were the watch's step state renamed, cells would only lose the flush)
-        pending = getattr(w, "_logging", False) and getattr(w, "_backward_seen", False)
-        if pending and not w.closed and not w.manual_steps and not getattr(w, "_forward_active", True):
+        if not w.closed and not w.manual_steps and w.step_complete():
             w.flush()
             if self._thread.is_alive():  # the cell's last step may have been written before: send it again
                 self._push(again=True)

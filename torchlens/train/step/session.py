@@ -272,6 +272,13 @@ class Watch:
         if m.logging:
             self.recorder.begin_forward(include_model=True)
 
+    def step_complete(self) -> bool:
+        """Whether the step in progress is a logged one whose backward pass has reached the
+        model and none of whose forwards is being recorded: a notebook cell that ran it to its
+        end may write it now (``flush``)."""
+        m = self._machine
+        return m.logging and m.backward_seen and not m.recording
+
     def attach(self, tensor: torch.Tensor, module: nn.Module, name: str) -> None:
         if self._tracing is not None:
             cid = self._tracing.current(module)
