@@ -54,10 +54,11 @@ def _streamed_save(path: Any, save_gradients: bool) -> Any:
     return StreamedSave(path, save_gradients)
 
 
-def _check_meta_model(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-    """A model on ``meta`` called with real inputs: say so, naming both devices, instead of
-    torch's "Tensor on device meta is not on the expected device cpu!" from inside the pass."""
-    on_meta = next((address for address, t in model_tensors(model) if t.is_meta), None)
+def _check_meta_model(held: List[Tuple[str, torch.Tensor]], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """A model on ``meta`` (``held``: its parameters and buffers, by address) called with real
+    inputs: say so, naming both devices, instead of torch's "Tensor on device meta is not on the
+    expected device cpu!" from inside the pass."""
+    on_meta = next((address for address, t in held if t.is_meta), None)
     if on_meta is None:
         return
     devices = sorted({str(t.device) for _, t in tensors_in((args, kwargs)) if not t.is_meta})
@@ -164,8 +165,9 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
     check_device(device)
+    held = list(model_tensors(model))  # one walk of the model for the meta and memory checks
     if device is None:
-        _check_meta_model(model, args, kwargs)
+        _check_meta_model(held, args, kwargs)
     decomposed = check_decompose(decompose)
     if device is not None:  # meta copies of the inputs here, of the parameters during the pass
         args, kwargs = inputs_on("meta", args, kwargs)
@@ -184,7 +186,7 @@ def log_forward_pass(
     )  # before the pass: bad paths fail now
 
     # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
-    memory = MemoryCheck.for_pass(model, args, kwargs, output_device) if stream is None else None
+    memory = MemoryCheck.for_pass([t for _, t in held], args, kwargs, output_device) if stream is None else None
 
     def plan(**which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
@@ -255,7 +257,7 @@ def log_forward_pass(
             traced = traced_pass(model, args, kwargs, only, seed=seed, hooks=hooks(only))
             result, history = traced.result, traced.history
             resolve_request(request, history)  # unknown keys raise, with close matches
-    notes += compiled_function_notes(result.records)  # known once they have run
+    notes += compiled_function_notes(result.records, result.code_ids)  # known once they have run
     if not any(e.kind == "output" for e in history.layer_list):
         notes.append(
             "the forward's return value holds no tensor (it returned None, or values torchlens does not look "

@@ -20,17 +20,15 @@ CPU and ``torch.cuda.mem_get_info`` for a CUDA device; where neither is known, n
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
 
 from ...machine import available_memory
 from ..records.format import human_bytes
 from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in_call
 from .hooks import PassHook, PassRecords
-from .modules import model_tensors
 from .save_plan import SavePlan
 
 
@@ -85,15 +83,16 @@ class MemoryCheck(PassHook):
     @classmethod
     def for_pass(
         cls,
-        model: nn.Module,
+        held: Sequence[torch.Tensor],
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
         output_device: Union[None, str, torch.device],
     ) -> "MemoryCheck":
-        """A check for a pass of ``model`` on these inputs: on the devices its activations can be on."""
+        """A check for a pass of a model (its parameters and buffers: ``held``) on these
+        inputs: on the devices its activations can be on."""
         if output_device not in (None, "same"):
             return cls([torch.device(output_device)])
-        devices = {t.device for _, t in model_tensors(model)}
+        devices = {t.device for t in held}
         devices |= {t.device for _, t in tensors_in_call(args, kwargs)}
         return cls(devices | {torch.device("cpu")})
 

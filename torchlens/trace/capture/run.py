@@ -8,7 +8,7 @@ import inspect
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ class PassResult:
     random_seed: int
     elapsed: float
     output: Any = None  # what the model returned (the pass's caller decides whether to keep it)
+    code_ids: FrozenSet[int] = frozenset()  # ids of every code a call stack passed through (all alive)
 
     @classmethod
     def of(cls, tracer: Tracer, *, model_name: str, random_seed: int, elapsed: float, output: Any) -> "PassResult":
@@ -64,6 +65,7 @@ class PassResult:
             random_seed=random_seed,
             elapsed=elapsed,
             output=output,
+            code_ids=frozenset(tracer.stack.code_sites),
         )
 
 

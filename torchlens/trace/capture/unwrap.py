@@ -156,15 +156,18 @@ _HOW_COMPILED_CODE_RAN = (
 )
 
 
-def compiled_function_notes(entries: List[TensorLogEntry]) -> List[str]:
+def compiled_function_notes(entries: List[TensorLogEntry], code_ids: Optional[FrozenSet[int]] = None) -> List[str]:
     """A note naming the ``torch.compile``d functions (not modules) whose operations the pass
     logged: found in the entries' call stacks, as the frame that torch.compile's wrapper called
     (other Dynamo wrappers, such as ``torch._disable_dynamo`` around ``torch.utils.checkpoint``,
-    compile nothing)."""
+    compile nothing). ``code_ids``: the codes the pass's stacks passed through, if known (a pass
+    that met no wrapper's code needs no look at its records)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None:  # nothing can have been compiled
         return []
     wrappers, module_calls = _dynamo_codes(eval_frame)
+    if code_ids is not None and wrappers.isdisjoint(code_ids):
+        return []
     found: Dict[str, None] = {}
     seen: Set[int] = set()
     for e in entries:
