@@ -72,3 +72,41 @@ def test_source_lines_of_repeated_and_distinct_call_sites() -> None:
     # three passes of relu at one instruction; sigmoid and add at two instructions of one line
     assert len(seen["relu"]) == 1 and seen["sigmoid"] != seen["add"]
     assert len([e for e in history.layer_list if e.layer_type == "relu"]) == 3
+
+
+def test_call_stacks_taken_from_known_frames_equal_full_walks(monkeypatch):
+    """The walker takes a frame's callers from the last walks when the frame is still in the
+    same call: the stacks (and the frame depths of module calls) equal walks from scratch, also
+    through generators (resumed from other callers) and a loop calling from one line."""
+    from torchlens.trace.capture import SavePlan, run_pass
+    from torchlens.trace.capture.stack import StackWalker
+
+    class Gen(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(4, 4)) for _ in range(3)])
+
+        def parts(self, x):
+            for layer in self.layers:
+                x = layer(x).relu()
+                yield x
+
+        def forward(self, x):
+            total = sum(y.sum() for y in self.parts(x))
+            for layer in self.layers:
+                x = layer(x)
+            return total + torch.stack(list(self.parts(x))).mean()
+
+    def stacks():
+        result = run_pass(Gen(), (torch.ones(2, 4),), {}, SavePlan(), random_seed=0)
+        frames = [tuple((c[0].co_name, c[1], c[2]) for c in r.call_frames) for r in result.records]
+        return frames, result.module_frame_depths
+
+    for _ in range(3):  # the interpreter specialises a call (its offset moves) after a few runs
+        stacks()
+    torch.manual_seed(0)
+    cached = stacks()
+    monkeypatch.setattr(StackWalker, "_remember", lambda self, new, records, place: None)
+    torch.manual_seed(0)
+    assert stacks() == cached
+    assert any(len(f) > 2 for f in cached[0]) and cached[1]

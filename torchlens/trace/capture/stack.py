@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from torch import nn
 
@@ -50,6 +50,16 @@ class StackWalker:
         # (a forward making op after op) share their callers, so only the first record changes
         self.last_frame: Optional[types.FrameType] = None
         self.last_outer: Tuple[Site, ...] = ()
+        # the frames of the last walk, outermost first (held: a frame met again is this one,
+        # not a new one at its address), and per frame id: (its place in that list, its bytecode
+        # offset then, how many records of ``chain_records`` lie at or above it). A frame met
+        # again at the same offset is still inside the same call, and so are all its callers
+        # (none can move on while it runs): its records and theirs are taken from there. Only
+        # frames with no resumable frame above them; ids of frames no longer listed are stale
+        # (their place holds another frame, or none).
+        self.chain_frames: List[types.FrameType] = []
+        self.chain: Dict[int, Tuple[int, int, int]] = {}
+        self.chain_records: Tuple[Site, ...] = ()
 
     def sites_of(self, code: types.CodeType) -> Sites:
         """``code``'s call sites seen so far, or ``_SKIPPED`` for a code never part of a stack."""
@@ -64,29 +74,56 @@ class StackWalker:
         if frame is self.last_frame:  # still running (held here, so not a new frame at its address)
             return self.last_outer + (self._site(frame),)
         at: Optional[types.FrameType] = frame
-        found = []
-        fixed = True  # no frame above can be resumed from elsewhere: the callers stay as they are
-        stop, code_sites, skipped = self.stop_code, self.code_sites, _SKIPPED
+        found: List[Site] = []
+        new: List[Tuple[types.FrameType, int, int]] = []  # (frame, offset, records found below it)
+        resumable = -1  # position in ``new`` of the outermost resumable frame
+        above: Tuple[Site, ...] = ()  # the records taken from a known frame and its callers
+        place = -1  # that frame's place in ``chain_frames``
+        stop, code_sites, skipped, chain, listed = (
+            self.stop_code,
+            self.code_sites,
+            _SKIPPED,
+            self.chain,
+            self.chain_frames,
+        )
         while at is not None:
             code = at.f_code
             if code is stop:
                 break
+            lasti = at.f_lasti
+            held = chain.get(id(at))
+            if held is not None and held[1] == lasti and held[0] < len(listed) and listed[held[0]] is at:
+                place = held[0]
+                above = self.chain_records[: held[2]]
+                break
             if code.co_flags & _RESUMABLE:
-                fixed = False
+                resumable = len(new)
+            new.append((at, lasti, len(found)))
             known = code_sites.get(id(code))
             sites = known[1] if known is not None else self.sites_of(code)
             if sites is not skipped:
-                lasti = at.f_lasti
                 site = sites.get(lasti)
                 if site is None:
                     site = sites[lasti] = (code, at.f_lineno, lasti)
                 found.append(site)
             at = at.f_back
         found.reverse()
-        records = tuple(found)
-        if fixed and found and found[-1][0] is frame.f_code:
+        records = above + tuple(found)
+        self._remember(new[resumable + 1 :], records, place)
+        if resumable < 0 and found and found[-1][0] is frame.f_code:
             self.last_frame, self.last_outer = frame, records[:-1]
         return records
+
+    def _remember(self, new: List[Tuple[types.FrameType, int, int]], records: Tuple[Site, ...], place: int) -> None:
+        """The chain for the next walks: the known frames at and above ``place`` (where this
+        walk stopped), then this walk's frames (``new``, innermost first: (frame, offset,
+        records below it); only those with no resumable frame above)."""
+        listed = self.chain_frames[: place + 1]
+        chain, total = self.chain, len(records)
+        for at, lasti, below in reversed(new):
+            chain[id(at)] = (len(listed), lasti, total - below)
+            listed.append(at)
+        self.chain_frames, self.chain_records = listed, records
 
     def _site(self, frame: types.FrameType) -> Site:
         code, lasti = frame.f_code, frame.f_lasti
@@ -97,17 +134,27 @@ class StackWalker:
         return site
 
     def forget(self) -> None:
-        """Let go of the last frame (a finished one keeps its locals alive while held)."""
+        """Let go of the frames held (a finished one keeps its locals alive while held)."""
         self.last_frame, self.last_outer = None, ()
+        self.chain_frames, self.chain, self.chain_records = [], {}, ()
 
     def count(self, frame: Optional[types.FrameType]) -> int:
         """``len(self.walk(frame))``, without building the records."""
         count = 0
-        stop, code_sites, skipped = self.stop_code, self.code_sites, _SKIPPED
+        stop, code_sites, skipped, chain, listed = (
+            self.stop_code,
+            self.code_sites,
+            _SKIPPED,
+            self.chain,
+            self.chain_frames,
+        )
         while frame is not None:
             code = frame.f_code
             if code is stop:
                 break
+            held = chain.get(id(frame))
+            if held is not None and held[1] == frame.f_lasti and held[0] < len(listed) and listed[held[0]] is frame:
+                return count + held[2]  # a known frame still in the same call (see walk)
             known = code_sites.get(id(code))
             if (known[1] if known is not None else self.sites_of(code)) is not skipped:
                 count += 1
