@@ -30,6 +30,60 @@ def test_no_call_passes_more_than_four_arguments_by_position():
     assert not found, "calls passing more than four arguments by position (name them):\n" + "\n".join(found)
 
 
+# the user's calls: their many keywords are the interface (each documented), not a design smell
+PUBLIC_ENTRY_POINTS = frozenset({"log_forward_pass", "log_generate", "patch", "patch_sweep", "watch"})
+MAX_FUNCTION_LINES = 80  # of code: the docstring is not counted
+MAX_PARAMETERS = 10  # besides self / cls
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _code_lines(function) -> int:
+    lines = function.end_lineno - function.lineno + 1
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def _parameters(function) -> int:
+    arguments = function.args
+    names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def _long_functions(trees):
+    found = []
+    for path, tree in trees:
+        for function in _functions(tree):
+            if function.name in PUBLIC_ENTRY_POINTS:
+                continue
+            where = f"{path}:{function.lineno} {function.name}"
+            if _code_lines(function) > MAX_FUNCTION_LINES:
+                found.append(f"{where}: {_code_lines(function)} lines")
+            if _parameters(function) > MAX_PARAMETERS:
+                found.append(f"{where}: {_parameters(function)} parameters")
+    return found
+
+
+def test_no_function_is_over_80_lines_or_10_parameters():
+    """Public entry points aside (the user's keywords are their interface)."""
+    found = _long_functions((path.relative_to(PACKAGE.parent), tree) for path, tree in _trees())
+    assert not found, "functions to split, or whose parameters to gather into a value:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_long_function_and_one_with_many_parameters():
+    long_body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    source = f'def long():\n    """Doc."""\n{long_body}\n\ndef wide(self, a, b, c, d, e, f, g, h, i, j, k):\n    pass\n'
+    source += "\ndef fine(self, a, b, c, d, e, f, g, h, i, j):\n    pass\n"
+    found = _long_functions([("m.py", ast.parse(source))])
+    assert found == ["m.py:1 long: 81 lines", "m.py:84 wide: 11 parameters"]
+
+
 def test_every_exception_torchlens_defines_is_a_torchlens_error():
     for info in pkgutil.walk_packages([str(PACKAGE)], "torchlens."):
         if info.name == "torchlens.__main__":

@@ -254,6 +254,76 @@ def _circles(package: pathlib.Path = PACKAGE) -> List[List[str]]:
     return groups
 
 
+def _faces(package: pathlib.Path = PACKAGE) -> Dict[str, Set[str]]:
+    """Folders with a face (an ``__init__.py`` that lists ``__all__``): dotted name -> its names."""
+    root = package.parent
+    faces = {}
+    for init in sorted(package.rglob("__init__.py")):
+        for node in ast.parse(init.read_text(), str(init)).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                faces[_module_name(init, root)[0]] = set(ast.literal_eval(node.value))
+    return faces
+
+
+def _imported_modules(path: pathlib.Path, root: pathlib.Path) -> Iterator[Tuple[int, str]]:
+    """(line, module) for every import; ``from face import name`` names the face itself when
+    the face lists ``name`` (a function called like one of its modules is the face's)."""
+    faces = _faces(root / "torchlens")
+    _, package = _module_name(path, root)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                listed = alias.name in faces.get(module, ())
+                is_module = (
+                    root.joinpath(*module.split("."), alias.name).exists()
+                    or root.joinpath(*module.split("."), f"{alias.name}.py").exists()
+                )
+                yield node.lineno, f"{module}.{alias.name}" if is_module and not listed else module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def _beneath_faces(package: pathlib.Path = PACKAGE) -> Iterator[str]:
+    root = package.parent
+    faces = [f for f in _faces(package) if f != package.name]
+    for path in _files(package):
+        name, _ = _module_name(path, root)
+        for line, target in _imported_modules(path, root):
+            for face in faces:
+                inside = name == face or name.startswith(face + ".")
+                if target.startswith(face + ".") and not inside:
+                    yield f"{path.relative_to(root)}:{line} imports {target}, beneath the face of {face}"
+
+
+def test_no_import_reaches_beneath_a_face():
+    """A folder with a face (``__init__.py`` with ``__all__``) is used through it from outside;
+    its other modules are private to it."""
+    found = list(_beneath_faces())
+    assert not found, "imports beneath a face (import from the folder's __init__ instead):\n" + "\n".join(found)
+
+
+def test_the_face_check_sees_an_import_beneath_a_face(tmp_path):
+    package = tmp_path / "torchlens"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "inner" / "__init__.py").write_text("from .deep import deep, x\n__all__ = ['x', 'deep']\n")
+    (package / "inner" / "deep.py").write_text("x = 1\ndef deep(): pass\n")
+    (package / "inner" / "private.py").write_text("y = 1\n")
+    (package / "user.py").write_text(
+        "from .inner.deep import x\nfrom .inner import x as y, deep\nfrom .inner import private\n"
+        "import torchlens.inner.private\n"
+    )
+    found = [v.split(" ", 1)[1] for v in _beneath_faces(package)]
+    assert found == [
+        "imports torchlens.inner.deep, beneath the face of torchlens.inner",
+        "imports torchlens.inner.private, beneath the face of torchlens.inner",
+        "imports torchlens.inner.private, beneath the face of torchlens.inner",
+    ]
+
+
 def test_every_import_points_down():
     found = list(_violations())
     assert not found, "imports against the layer order:\n" + "\n".join(found)
