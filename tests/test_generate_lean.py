@@ -228,17 +228,13 @@ def test_lean_pass_records_what_a_full_pass_records():
     model = Odd()
     session = PassSession()
     full = run_pass(model, (torch.ones(3, 4),), {}, SavePlan(), random_seed=0, session=session)
-    lean = run_pass(
-        model, (torch.ones(5, 4),), {}, SavePlan(), random_seed=0, lean=True, session=session
-    )
+    lean = run_pass(model, (torch.ones(5, 4),), {}, SavePlan(), random_seed=0, lean=True, session=session)
     assert lean_module.signature(lean.records) == lean_module.signature(full.records)
     assert [r.func_name for r in lean.records] == [r.func_name for r in full.records]
     assert [tuple(r.shape)[:1] for r in lean.records if r.kind == "op" and r.func_name != "sum"][0] == (5,)
     assert any(r.func_name == "write_through_view" for r in lean.records) and any(r.bool_used for r in lean.records)
     with pytest.raises(ValueError, match="metadata only"):
-        run_pass(
-            model, (torch.ones(2, 4),), {}, SavePlan(save_all=True), random_seed=0, lean=True
-        )
+        run_pass(model, (torch.ones(2, 4),), {}, SavePlan(save_all=True), random_seed=0, lean=True)
 
 
 def test_pass_session_follows_changes_of_the_model():
