@@ -139,6 +139,14 @@ def test_print_shows_totals_then_what_holds_the_most():
     assert mem.peak_estimate == parts + mem.largest_transient
 
 
+def test_the_reports_own_flop_counter_is_not_noted_as_a_users_mode():
+    mem = tl.memory_report(Net(), torch.randn(5, 16), optimizer="adam")
+    assert not any("torch mode was active" in note for note in mem.notes)
+    with FlopCounterMode(display=False):  # a mode the caller entered is still noted
+        mem = tl.memory_report(Net(), torch.randn(5, 16), optimizer="adam")
+    assert any("FlopCounterMode" in note for note in mem.notes)
+
+
 def test_model_and_torch_are_left_as_they_were():
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).train()
     model[0].weight.requires_grad_(False)

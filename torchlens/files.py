@@ -1,12 +1,12 @@
 """Writing a file whole or not at all: what every export of torchlens does.
 
 Example:
-    >>> import os, tempfile
+    >>> import os, pathlib, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "out.txt")
     >>> def write(staging):
     ...     with open(staging, "w") as handle:
     ...         handle.write("done")
-    >>> open(write_atomically(path, write)).read()
+    >>> pathlib.Path(write_atomically(path, write)).read_text()
     'done'
 """
 

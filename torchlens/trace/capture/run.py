@@ -160,9 +160,10 @@ def run_pass(
         if tracer.shared is not None:  # to know whether a rerun would start where this pass did
             watched = inventory.buffers + [t for _, t in tensors_in_call(args, kwargs)]
             versions = (watched, _versions(watched))
+        modes = active_modes()  # the caller's modes, before the hooks enter theirs: noted after the pass
         start = perf_counter()
         with _installed(model, tracer, random_seed, session):
-            output, stale = _run_model(model, args, kwargs, tracer)
+            output, stale = _run_model(model, args, kwargs, tracer, modes)
         elapsed = perf_counter() - start
     if stale:
         plan.copy_at_once = True
@@ -221,10 +222,12 @@ def _installed(
         rng.restore()
 
 
-def _run_model(model: nn.Module, args: Args, kwargs: Kwargs, tracer: Tracer) -> Tuple[Any, List[TensorLogEntry]]:
-    """The model's forward, traced: its output, and the saved activations written unseen."""
+def _run_model(
+    model: nn.Module, args: Args, kwargs: Kwargs, tracer: Tracer, modes: List[str]
+) -> Tuple[Any, List[TensorLogEntry]]:
+    """The model's forward, traced: its output, and the saved activations written unseen.
+    ``modes``: the torch modes the caller had active, which may hide calls from the wrappers."""
     inventory = tracer.inventory
-    modes = active_modes()  # a mode may hide calls from the wrappers: noted after the pass
     on_meta = any(t.is_meta for t in inventory.parameters + inventory.buffers) or any(
         t.is_meta for _, t in tensors_in_call(args, kwargs)
     )
