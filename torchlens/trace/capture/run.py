@@ -163,7 +163,7 @@ def run_pass(
         modes = active_modes()  # the caller's modes, before the hooks enter theirs: noted after the pass
         start = perf_counter()
         with _installed(model, tracer, random_seed, session):
-            output, stale = _run_model(model, args, kwargs, tracer, modes)
+            output, stale = _run_model(model, args, kwargs, tracer, modes=modes)
         elapsed = perf_counter() - start
     if stale:
         plan.copy_at_once = True
