@@ -21,7 +21,9 @@ get_model_metadata the public call (no activations saved)
 =================  ==============================================================================
 
 Models: a 5-layer MLP (``Linear(64, 64)`` x 5 with ReLUs, batch 8), torchvision ResNet-18
-(1x3x224x224) and GPT-2 (``GPT2LMHeadModel(GPT2Config())``, random weights, 128 tokens).
+(1x3x224x224) and GPT-2 (``GPT2LMHeadModel(GPT2Config())``, random weights, 128 tokens); on
+request the cheap-kernel models of ``capture_per_op.py``: ``resnet18-32`` (a 32x32 input) and
+``gpt2-12x64`` (12 layers of width 64, 8 tokens).
 Absolute times on a shared machine are indicative; the ratios are what to compare.
 
     python benchmarks/capture_breakdown.py [--models mlp,resnet18,gpt2] [--repeats N] [--validate]
@@ -66,6 +68,17 @@ def build(name: str) -> Tuple[nn.Module, tuple, dict]:
         import torchvision
 
         return torchvision.models.resnet18(weights=None).eval(), (torch.randn(1, 3, 224, 224),), {}
+    if name == "resnet18-32":  # cheap kernels: the tracer's own cost per op (capture_per_op.py)
+        import torchvision
+
+        return torchvision.models.resnet18(weights=None).eval(), (torch.randn(1, 3, 32, 32),), {}
+    if name == "gpt2-12x64":
+        import transformers
+
+        config = transformers.GPT2Config(
+            n_layer=12, n_embd=64, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0
+        )
+        return transformers.GPT2LMHeadModel(config).eval(), (), {"input_ids": torch.randint(0, 1000, (1, 8))}
     if name == "gpt2":
         import transformers
 
