@@ -84,7 +84,7 @@ def test_build_history_links_parents_and_children_by_label():
         (["maximum_1_2"], []),
     ]
     assert act.parent_arg_positions == {"linear_1_1:2": [0, 1]}  # one parent, both arguments
-    assert all(e.parent_refs == [] for e in (x, l1, l2, act, out))  # records are dropped afterwards
+    assert all(not e.parent_refs for e in (x, l1, l2, act, out))  # records are dropped afterwards
 
 
 def test_build_history_resolves_parent_placeholders_to_labels():

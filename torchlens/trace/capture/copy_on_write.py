@@ -19,7 +19,7 @@ name) and tensors sharing memory with parameters or buffers are always copied at
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple, cast
 
 import torch
 
@@ -35,7 +35,9 @@ def storage_key(tensor: torch.Tensor) -> Optional[int]:
     try:
         if tensor.layout is not _STRIDED or tensor.is_nested or tensor.is_meta:
             return None
-        key = tensor.untyped_storage().data_ptr()
+        # the storage's address, worked out from the tensor's own: asking for the storage
+        # would make a Python object that lives as long as the tensor, for the collector to walk
+        key = tensor.data_ptr() - cast(int, tensor.storage_offset()) * tensor.element_size()
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
         return None  # ValueError: a lazy module's parameter before it exists
     return key or None

@@ -42,7 +42,7 @@ def build_history(result: PassResult) -> ModelHistory:
         passes=module_passes,
     )
     for e in entries:
-        e.parent_refs = []
+        e.parent_refs = ()  # the links are labels now; one shared empty tuple, no list per entry
     no_gradient = _in_reentrant_checkpoint(entries) if result.save_gradients else []
     history = ModelHistory(
         model_name=result.model_name,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 
@@ -169,7 +169,7 @@ class TensorLogEntry:
         layer_type: str
         kind: str
         address: Optional[str]
-        parent_refs: List[Tuple[TensorLogEntry, Position]]
+        parent_refs: Sequence[Tuple[TensorLogEntry, Position]]  # a list during the pass, () after
         param_addresses: Tuple[str, ...]
         module_stack: Tuple[Tuple[str, int], ...]
         call_frames: Tuple[Tuple[CodeLike, int, int], ...]  # (code, line, bytecode offset)

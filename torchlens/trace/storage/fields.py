@@ -74,7 +74,7 @@ ENTRY_CHECKS: Dict[str, Check] = {
     "layer_type": _str,
     "kind": lambda v: v in _KINDS if type(v) is str else False,
     "address": _optional(_str),
-    "parent_refs": lambda v: type(v) is list,
+    "parent_refs": lambda v: v == () or v == [],  # emptied after post-processing
     "param_addresses": _seq(_str),
     "module_stack": _seq(_module_pass),
     "elapsed": _number,
