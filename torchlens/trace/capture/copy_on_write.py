@@ -85,10 +85,13 @@ class SharedActivations:
         activations whose memory changed unseen (empty when the trace is right)."""
         for tensor in held:
             self.before_write(tensor)
-        for kept in self.by_storage.values():
-            self.stale.extend(entry for entry, version in kept if entry.activation._version != version)
+        stale = self.stale
+        for kept in self.by_storage.values():  # plain loops: one storage per activation, mostly
+            for entry, version in kept:
+                if entry.activation._version != version:
+                    stale.append(entry)
         self.by_storage = {}
-        return self.stale
+        return stale
 
 
 __all__ = ["SharedActivations", "storage_key"]
