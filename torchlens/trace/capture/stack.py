@@ -79,13 +79,7 @@ class StackWalker:
         resumable = -1  # position in ``new`` of the outermost resumable frame
         above: Tuple[Site, ...] = ()  # the records taken from a known frame and its callers
         place = -1  # that frame's place in ``chain_frames``
-        stop, code_sites, skipped, chain, listed = (
-            self.stop_code,
-            self.code_sites,
-            _SKIPPED,
-            self.chain,
-            self.chain_frames,
-        )
+        stop, code_sites, chain, listed = self.stop_code, self.code_sites, self.chain, self.chain_frames
         while at is not None:
             code = at.f_code
             if code is stop:
@@ -101,7 +95,7 @@ class StackWalker:
             new.append((at, lasti, len(found)))
             known = code_sites.get(id(code))
             sites = known[1] if known is not None else self.sites_of(code)
-            if sites is not skipped:
+            if sites is not _SKIPPED:
                 site = sites.get(lasti)
                 if site is None:
                     site = sites[lasti] = (code, at.f_lineno, lasti)
@@ -141,13 +135,7 @@ class StackWalker:
     def count(self, frame: Optional[types.FrameType]) -> int:
         """``len(self.walk(frame))``, without building the records."""
         count = 0
-        stop, code_sites, skipped, chain, listed = (
-            self.stop_code,
-            self.code_sites,
-            _SKIPPED,
-            self.chain,
-            self.chain_frames,
-        )
+        stop, code_sites, chain, listed = self.stop_code, self.code_sites, self.chain, self.chain_frames
         while frame is not None:
             code = frame.f_code
             if code is stop:
@@ -156,7 +144,7 @@ class StackWalker:
             if held is not None and held[1] == frame.f_lasti and held[0] < len(listed) and listed[held[0]] is frame:
                 return count + held[2]  # a known frame still in the same call (see walk)
             known = code_sites.get(id(code))
-            if (known[1] if known is not None else self.sites_of(code)) is not skipped:
+            if (known[1] if known is not None else self.sites_of(code)) is not _SKIPPED:
                 count += 1
             frame = frame.f_back
         return count
