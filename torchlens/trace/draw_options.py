@@ -147,6 +147,8 @@ def log_draw(draw: Optional[DrawOptions], given: Mapping[str, Any]) -> Optional[
     """``log_forward_pass``'s drawing: ``draw``, or what its ``vis_*`` keywords say, or None (no
     drawing: ``vis_mode`` ``'none'`` or not given; the other ``vis_*`` are still checked)."""
     mode = given.get("vis_mode")
+    if draw is None and mode is None and all(value is None for value in given.values()):
+        return None  # nothing asked: the common call, spared resolving the options
     require_choice("vis_mode", mode, "log_forward_pass", ("none", None) + MODES)
     if draw is not None:
         return resolve_draw("log_forward_pass", draw, given)
