@@ -368,3 +368,60 @@ def test_the_triton_kernels_compile_for_a_gpu():
         build(row, rows_of, {"DTYPE": dtype, "WIDTH": 1024})
         build(gather, draws_of, {"DTYPE": dtype, "SPAN": 1024})
     build(merge, {"stats": "*fp64", "runs": "*i64", "numel": "*fp64", "pads": "*fp64", "out": "*fp64"}, {"CH": 256})
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+class _Empty(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:0]
+
+
+_EVERY_DTYPE = [torch.bfloat16, torch.float16, torch.int32, torch.bool, torch.complex64]
+_EVERY_DTYPE += [d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-tensor", "batched"])
+def test_every_dtype_is_measured_or_skipped_with_its_reason(tmp_path, batched):
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.casts = nn.ModuleList([_Cast(d) for d in _EVERY_DTYPE])
+            self.large = _Cast(_EVERY_DTYPE[-1])  # past the size measured in small batches
+            self.empty = _Empty()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            for cast in self.casts:
+                cast(y.detach())
+            self.large(torch.linspace(-2, 2, 40000))
+            self.empty(y)
+            return y.sum()
+
+    model = Net()
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("io",))
+    if batched:
+        w.recorder.batch_devices = frozenset({"cpu"})
+    for _ in range(3):
+        model(torch.randn(2, 4)).backward()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    for i, dtype in enumerate(_EVERY_DTYPE):
+        s = run.series(f"casts.{i}:1", "io", "output 0")
+        if dtype.is_complex:
+            assert s.steps.tolist() == [] and "complex" in s.reason, dtype
+            continue
+        assert s.steps.tolist() == [0, 1, 2] and s.reason is None, dtype
+        assert np.isfinite(s.mean[-1]) and s.true_min[-1] <= s.mean[-1] <= s.true_max[-1], dtype
+    large = run.series("large:1", "io", "output 0")
+    assert large.true_min[-1] == -2.0 and large.true_max[-1] == 2.0 and abs(large.mean[-1]) < 1e-3
+    empty = run.series("empty:1", "io", "output 0")
+    assert empty.steps.tolist() == [] and "no values" in empty.reason

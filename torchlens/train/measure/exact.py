@@ -209,7 +209,9 @@ def measure(
     if copy is not None and copy.dtype == t.dtype and copy.numel() == t.numel():
         return LazySummary(copy)
     if t.numel() <= SMALL:
-        copy = t.reshape(-1).clone() if t.is_floating_point() else t.reshape(-1).to(exact_dtype(t.device))
+        # float8 and integers are widened: stacking them beside other rows could not promote them
+        kept_as_is = t.is_floating_point() and t.element_size() > 1
+        copy = t.reshape(-1).clone() if kept_as_is else t.reshape(-1).to(exact_dtype(t.device))
         return LazySummary(copy)
     kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
     return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]

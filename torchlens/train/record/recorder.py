@@ -20,7 +20,8 @@ node is about to run. torch's own in-place activations (``IN_PLACE_ACTIVATIONS``
 their share is read from the in-place op's node, which spares backward two copies of the
 gradient. The model's own floating inputs that do not require grad get an alias
 that does (a copy of a detached leaf; the user's tensor is untouched), unless ``input_grads``
-is off. A gradient series without values gets a reason (``REASONS``).
+is off. A series without values gets a reason (``REASONS``): a gradient that never came, or
+values that cannot be measured (complex, empty, sparse).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ NOT_REACHED = "no gradient: no backward pass reached it in this step"
 NOT_REBUILT = "no gradient: the input sits in a container torchlens cannot copy, so it gets no alias"
 NOT_STRIDED = "no gradient: a sparse or other non-strided input gets no alias"
 NOT_CHANGED = "no gradient: the in-place call left its input unchanged, so its share cannot be told apart"
+COMPLEX_VALUES = "not measured: complex values have no order for a histogram; log x.abs() or x.real to see them"
+NO_VALUES = "not measured: the tensor has no values (empty, or on the meta device)"
+NOT_STRIDED_VALUES = "not measured: a sparse or other non-strided tensor"
 REASONS = (
     NOT_DIFFERENTIABLE,
     NO_OUTPUT,
@@ -70,6 +74,9 @@ REASONS = (
     NOT_REBUILT,
     NOT_STRIDED,
     NOT_CHANGED,
+    COMPLEX_VALUES,
+    NO_VALUES,
+    NOT_STRIDED_VALUES,
 )
 
 # torch's activations that change their whole input in place whenever ``inplace`` is set (the
@@ -572,6 +579,8 @@ class StepRecorder:
         else:
             sample = self.sampler.values(t)
             if sample is None:
+                if place is not None:
+                    self.reasons[place] = _unmeasured(t)
                 return None
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         return self._remember(t, part)
@@ -721,6 +730,13 @@ def _same_values(seen: torch.Tensor, version: int, grad: torch.Tensor) -> bool:
         and grad.dtype == seen.dtype
         and grad.device == seen.device
     )
+
+
+def _unmeasured(t: torch.Tensor) -> str:
+    """Why the values of ``t`` get no histogram and no statistics."""
+    if t.layout != torch.strided:
+        return NOT_STRIDED_VALUES
+    return COMPLEX_VALUES if t.is_complex() and t.numel() and not t.is_meta else NO_VALUES
 
 
 def _is_lazy(p: torch.Tensor) -> bool:
