@@ -30,6 +30,11 @@ work the watch adds to training itself, less disturbed by other processes on a s
 and leaving out the writer thread's work (which a second core takes in the wall-time figures). Models: ResNet-18
 (batch 16, 64x64) and a 4-layer GPT-2 (batch 8, 64 tokens, with ``attention_mask``).
 
+With ``--ops``, no timing: the number of ATen operations of one plain step and what a logged
+step (four kinds) adds to it, on every thread (the writer thread's too), as ``torch.profiler``
+counts them on the CPU, for two MLPs (10 and 200 modules of width 64) and ResNet-18: what the
+watch launches per watched tensor, which on a GPU is what its cost grows with.
+
 With ``--backends``, ResNet-18's logged step is also measured with each backend: the run
 database alone, ``tensorboard`` and ``wandb`` (offline: nothing leaves the machine), as ratios
 against the plain step of the same run.
@@ -46,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -84,6 +89,65 @@ def gpt2():
 
 
 MODELS: Dict[str, Callable] = {"resnet18": resnet18, "gpt2": gpt2}
+
+
+def mlp(modules: int) -> tuple:
+    """An MLP of ``modules`` modules (Linear(64, 64) and ReLU in turn), batch 8."""
+    model = nn.Sequential(*[m for _ in range(modules // 2) for m in (nn.Linear(64, 64), nn.ReLU())])
+    x = torch.randn(8, 64)
+
+    def step(m: nn.Module) -> torch.Tensor:
+        return m(x).pow(2).mean()
+
+    return model, step
+
+
+def aten_ops(run: Callable[[], None]) -> int:
+    """ATen operations ``run`` performs, on every thread (nested ones included)."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    config = _ExperimentalConfig(profile_all_threads=True)  # the writer thread's work counts
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        run()
+    return sum(e.name.startswith("aten::") for e in prof.events())
+
+
+def step_ops(make: Callable) -> Tuple[int, int, int]:
+    """The series of a logged step of the model ``make`` builds, the ATen operations of its
+    plain step, and those of its logged step (four kinds)."""
+    torch.manual_seed(0)
+    model, loss_of = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        loss = loss_of(model)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    plain = aten_ops(step)
+    with tempfile.TemporaryDirectory() as folder:
+        w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log_freq=1)
+        for _ in range(2):  # the first logged steps learn the layouts and build the graph
+            step()
+            w.flush()
+        logged = aten_ops(lambda: (step(), w.flush()))
+        w.close()
+        run = tl.open_run(folder)
+        series = len(run.series_names())
+        run.close()
+    return series, plain, logged
+
+
+def count_ops() -> None:
+    """Print the ATen operations of a plain step and those a logged step adds."""
+    print(f"{'model':<10} {'series':>7} {'plain step':>11} {'logged adds':>12}")
+    for name, make in (("mlp-10", lambda: mlp(10)), ("mlp-200", lambda: mlp(200)), ("resnet18", resnet18)):
+        series, plain, logged = step_ops(make)
+        print(f"{name:<10} {series:>7} {plain:>11} {logged - plain:>12}")
 
 
 CLOCK = time.perf_counter
@@ -191,6 +255,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--block", type=int, default=10, help="steps per turn of each variant")
     parser.add_argument("--backends", action="store_true", help="also time each backend's logged step")
+    parser.add_argument("--ops", action="store_true", help="count ATen operations instead of timing steps")
     parser.add_argument("--cpu-time", action="store_true", help="the training thread's CPU time, not wall time")
     parser.add_argument("--per-kind", action="store_true", help="time each kind logged alone (and nothing else)")
     parser.add_argument(
@@ -205,6 +270,9 @@ def main() -> None:
         CLOCK = time.thread_time
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.ops:
+        count_ops()
+        return
     clock = "training thread's CPU time" if args.cpu_time else "wall time"
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.steps} timed steps per variant, {clock}"
