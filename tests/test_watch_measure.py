@@ -425,3 +425,21 @@ def test_every_dtype_is_measured_or_skipped_with_its_reason(tmp_path, batched):
     assert large.true_min[-1] == -2.0 and large.true_max[-1] == 2.0 and abs(large.mean[-1]) < 1e-3
     empty = run.series("empty:1", "io", "output 0")
     assert empty.steps.tolist() == [] and "no values" in empty.reason
+
+
+def test_samples_drawn_together_are_each_of_their_own_tensor():
+    from torchlens.train.record.sampling import Sampler
+
+    tensors = [torch.full((6, 50), float(i)) for i in range(40)] + [torch.arange(7.0), torch.ones(3, dtype=torch.int8)]
+    tensors += [torch.zeros(0), torch.ones(2, dtype=torch.complex64)]
+    with Count() as count:
+        rows = Sampler(sample_n=20).values_of(tensors)
+    for i in range(40):
+        assert rows[i].dtype == torch.float32 and rows[i].shape == (20,) and (rows[i] == i).all()
+    assert rows[40].tolist() == list(range(7)) and rows[41].tolist() == [1.0] * 3
+    assert rows[42] is None and rows[43] is None
+    tensors[0].add_(100)  # a later change does not reach a drawn sample
+    assert (rows[0] == 0).all()
+    with Count() as more:
+        Sampler(sample_n=20).values_of(tensors[:40] * 5)
+    assert more.ops <= count.ops + 5  # views aside: one draw per group, not per tensor

@@ -147,7 +147,14 @@ def histograms(
     exact = sums.dtype
     missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
     summary_rows = torch.stack(
-        [missing if v is None or i in on_host else v.to(device, exact) for i, v in enumerate(given)]
+        [
+            missing
+            if v is None or i in on_host
+            else v
+            if v.dtype == exact and v.device == device
+            else v.to(device, exact)
+            for i, v in enumerate(given)
+        ]
     )
     moments = torch.cat([sums[:, None], squares[:, None], summary_rows], dim=1)
     packed = pack(counts, lo, hi, nonfinite, moments=moments)

@@ -42,7 +42,8 @@ def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> Li
     placed: Dict[int, torch.Tensor] = {}
     inf = float("inf")
     for (_, device), indices in groups.items():
-        x = torch.stack([rows[i].reshape(-1) for i in indices]).to(exact_dtype(device))
+        x = torch.stack([rows[i] if rows[i].dim() == 1 else rows[i].reshape(-1) for i in indices])
+        x = x if x.dtype == exact_dtype(device) else x.to(exact_dtype(device))
         finite = torch.isfinite(x)
         count = finite.sum(1, dtype=x.dtype)
         z = torch.where(finite, x, 0.0)
@@ -92,7 +93,8 @@ class LazySummary:
         self.summary: Optional[torch.Tensor] = None
         self.then = then
         self.release = release
-        self.draw: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None
+        # draws the samples of several values at once (``Sampler.values_of``)
+        self.draw: Optional[Callable[[Sequence[torch.Tensor]], List[Optional[torch.Tensor]]]] = None
         self.sample: Optional[torch.Tensor] = None
 
     @property
@@ -106,14 +108,19 @@ class LazySummary:
         todo = list({id(s): s for s in pending if s.values is not None}.values())
         small = [s for s in todo if s.values.numel() <= SMALL]  # type: ignore[union-attr]
         found = dict(zip(map(id, small), row_summaries([s.values for s in small])))  # type: ignore[misc]
+        by_draw: Dict[Callable, List[LazySummary]] = {}
+        for s in todo:
+            if s.draw is not None:
+                by_draw.setdefault(s.draw, []).append(s)
+        for draw, drawn in by_draw.items():  # before any ``release`` gives a copy back
+            for s, sample in zip(drawn, draw([s.values for s in drawn])):  # type: ignore[misc]
+                s.sample = sample
         for s in todo:
             values = s.values
             if values is None:  # measured meanwhile, by a ``then`` that needed it
                 continue
             row = found[id(s)] if id(s) in found else exact_summary(values)
             s.summary = s.then(row) if s.then is not None and row is not None else row
-            if s.draw is not None:
-                s.sample = s.draw(values)
             s.values = None  # after the summary: another thread reads ``measured``, then ``summary``
             if s.release is not None:
                 s.release(values)
@@ -203,16 +210,16 @@ def measure(
         >>> LazySummary.resolve([lazy]); lazy.summary[1].item()
         0.0
     """
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor  # each operation counts per tensor
     if t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0:
         return None
     if copy is not None and copy.dtype == t.dtype and copy.numel() == t.numel():
         return LazySummary(copy)
     if t.numel() <= SMALL:
+        flat = t if t.dim() == 1 else t.reshape(-1)
         # float8 and integers are widened: stacking them beside other rows could not promote them
         kept_as_is = t.is_floating_point() and t.element_size() > 1
-        copy = t.reshape(-1).clone() if kept_as_is else t.reshape(-1).to(exact_dtype(t.device))
-        return LazySummary(copy)
+        return LazySummary(flat.clone() if kept_as_is else flat.to(exact_dtype(t.device)))
     kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
     return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]
 

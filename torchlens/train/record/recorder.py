@@ -574,7 +574,7 @@ class StepRecorder:
         part: Part
         copied = measure(t, pool=self.copies) if t.numel() > SMALL or t.is_cpu else None
         if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
-            copied.draw = self.later_sampler.values
+            copied.draw = self.later_sampler.values_of
             part = (copied, copied, None)
         else:
             sample = self.sampler.values(t)

@@ -69,7 +69,8 @@ def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
     norm_rows, norm_of = [], []
     for i, parts in enumerate(series):
         if parts[0][2] is not None:
-            norm_rows.append(torch.cat([p[2] for p in parts if p[2] is not None]))
+            norms = [p[2] for p in parts if p[2] is not None]
+            norm_rows.append(norms[0] if len(norms) == 1 else torch.cat(norms))
             norm_of.append(i)
             continue
         measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -126,7 +126,7 @@ class UpdateHooks:
             for p, reverse, norm in rest:
                 lazy = LazySummary(reverse, then=functools.partial(_negated, weight_norm=norm))
                 if reverse.is_cpu:  # sampled with the statistics, on the writer thread
-                    lazy.draw = self._negated_sample
+                    lazy.draw = self._negated_samples
                     sample: Any = lazy
                 else:
                     sample = self.recorder.sampler.values(reverse)
@@ -167,9 +167,9 @@ class UpdateHooks:
             self.recorder.add_update(owners.get(id(p), []), (m, m, None))
         self.written(step, len(params))
 
-    def _negated_sample(self, reverse: torch.Tensor) -> Optional[torch.Tensor]:
-        sample = self.recorder.later_sampler.values(reverse)
-        return None if sample is None else sample.neg_()
+    def _negated_samples(self, reverses: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+        samples = self.recorder.later_sampler.values_of(reverses)
+        return [None if sample is None else sample.neg_() for sample in samples]
 
     def remove(self) -> None:
         for h in self._handles:
