@@ -58,6 +58,24 @@ def test_validation_on_cuda():
     assert tl.validate_model_activations(_resnet(), _image(), random_seed=0)
 
 
+def test_validating_a_history_waits_for_the_gpu_once():
+    import warnings
+
+    from torchlens.trace.validate import validate_history
+
+    history = tl.log_forward_pass(_resnet(), _image(), save_function_args=True, random_seed=0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert validate_history(history)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 2, [str(w.message) for w in syncs[:5]]  # the verdicts' one read (and its stack)
+
+
 def test_gradients_on_cuda():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
     history = tl.log_forward_pass(model, torch.randn(4, 8, device="cuda"), save_gradients=True)

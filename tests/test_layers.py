@@ -43,7 +43,16 @@ ALLOWED: Dict[str, Set[str]] = {
     # DrawOptions: how to draw, known to the tracer's entry point without loading the drawing
     "trace.draw_options": {"errors"},
     "trace.render": {"trace.records", "trace.history", "trace.draw_options", "web", "errors"},
-    "trace.validate": {"trace.records", "trace.history", "trace.capture", "trace.input_copy", "trace.replay"},
+    # comparisons of replayed results, read from a GPU once (verdicts.py): torch alone
+    "trace.verdicts": set(),
+    "trace.validate": {
+        "trace.records",
+        "trace.history",
+        "trace.capture",
+        "trace.input_copy",
+        "trace.replay",
+        "trace.verdicts",
+    },
     "trace.storage": {
         "trace.records",
         "trace.history",

@@ -58,6 +58,31 @@ def test_a_corrupted_activation_is_caught(monkeypatch, capsys):
     assert "relu_1_2" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("corrupt", [None, "relu_1_2", "linear_2_3"])
+def test_verdicts_left_on_a_device_are_read_once_at_the_end(monkeypatch, capsys, corrupt):
+    """What a GPU does (one read of every comparison at the end, not one wait per operation),
+    played on the CPU: the CPU's answers are left pending as a GPU's are."""
+    import torchlens.trace.verdicts as verdicts
+
+    monkeypatch.setattr(verdicts, "READ_AT_ONCE", frozenset({"meta"}))
+    reads = []
+    real_failed = verdicts.Verdicts.failed
+
+    def failed(self):
+        reads.append(sum(len(p) for p in self._pending.values()))
+        return real_failed(self)
+
+    monkeypatch.setattr(verdicts.Verdicts, "failed", failed)
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    history = tl.log_forward_pass(model, torch.rand(2, 3), save_function_args=True)
+    if corrupt:
+        history[corrupt].activation.add_(1.0)
+    assert validate_module.validate_history(history, verbose=True) is (corrupt is None)
+    assert reads == [4]  # the answers of three operations and the output, read together
+    out = capsys.readouterr().out
+    assert (corrupt in out and "largest difference 1" in out) if corrupt else out == ""
+
+
 def test_a_fake_edge_is_caught(monkeypatch, capsys):
     """An edge to a tensor the call was not given is reported, even when the graph lists it on
     both sides."""

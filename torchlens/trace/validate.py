@@ -35,6 +35,7 @@ from .history.model_history import ModelHistory
 from .records.meta import is_meta_history, refuse_meta
 from .records.tensor_log import ParentRef, TensorLogEntry
 from .replay import replay_entry
+from .verdicts import Verdicts, same
 
 # Functions whose output has no meaningful value to compare (uninitialised memory; so has a
 # tensor class called with sizes only, torch.Tensor(2, 3): allocates_uninitialised).
@@ -132,7 +133,7 @@ def _check_outputs(history: ModelHistory, expected: List[torch.Tensor], report: 
         return report.fail(f"the model returned {len(expected)} tensors but {len(outputs)} output layers were logged")
     ok = True
     for entry, value in zip(outputs, expected):
-        if not _same(entry.activation, value):
+        if not same(entry.activation, value, _parts):
             ok = report.fail(
                 f"{entry.label} differs from the output of a plain run of the model{_difference(entry.activation, value)}"
             )
@@ -215,6 +216,7 @@ def _check_structure(history: ModelHistory, report: _Report) -> Tuple[bool, Dict
 def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry], report: _Report) -> bool:
     ok = True
     generator = torch.Generator().manual_seed(0)
+    verdicts: Verdicts[TensorLogEntry] = Verdicts(_parts)  # on a GPU, read once at the end
     for entry in history:
         if entry.kind in ("input", "buffer") or entry.func is None:
             continue
@@ -230,20 +232,34 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
         if isinstance(result, str):
             ok = report.fail(f"{entry.label}: re-running {entry.func_name} failed: {result}")
             continue
-        if not _same(result, entry.activation):
-            ok = report.fail(
-                f"{entry.label}: re-running {entry.func_name} on the saved activations of its parents "
-                f"({', '.join(entry.parent_layers) or 'none'}) does not reproduce its saved activation"
-                f"{_difference(result, entry.activation)}"
-            )
+        unrecorded = [
+            (label, positions) for label, positions in (refs or {}).items() if label not in entry.parent_layers
+        ]
+        # perturbing an argument needs the verdict first: read at once then (rare: a constant)
+        verdict = (
+            same(result, entry.activation, _parts) if unrecorded else verdicts.add(entry, result, entry.activation)
+        )
+        if verdict is False:
+            ok = report.fail(_mismatch(entry, result))
             continue
-        for label, positions in (refs or {}).items():
-            if label not in entry.parent_layers and _depends_on(entry, label, by_label, generator, reference=result):
+        for label, positions in unrecorded:
+            if _depends_on(entry, label, by_label, generator, reference=result):
                 ok = report.fail(
                     f"{entry.label}: its result depends on the value of {label} (argument "
                     f"{_positions_text(positions)}), which is not a recorded parent: the trace lost an edge"
                 )
+    for entry in verdicts.failed():  # replayed again for the message's difference
+        with torch.no_grad():
+            ok = report.fail(_mismatch(entry, replay_entry(entry, by_label, {})))
     return ok
+
+
+def _mismatch(entry: TensorLogEntry, result: Any) -> str:
+    return (
+        f"{entry.label}: re-running {entry.func_name} on the saved activations of its parents "
+        f"({', '.join(entry.parent_layers) or 'none'}) does not reproduce its saved activation"
+        f"{_difference(result, entry.activation)}"
+    )
 
 
 def _check_arguments(entry: TensorLogEntry, refs: Dict[str, list], report: _Report) -> bool:
@@ -392,24 +408,6 @@ def _with_values(like: torch.Tensor, values: List[torch.Tensor]) -> torch.Tensor
     return torch.sparse_compressed_tensor(
         parts[0], parts[1], values[0], like.shape, layout=like.layout, check_invariants=True
     )
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal up to the rounding of a different kernel (relative 1e-4)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if a.is_nested or b.is_nested or a.layout != torch.strided or b.layout != torch.strided:
-        if a.is_nested != b.is_nested or a.layout != b.layout or (not a.is_nested and a.shape != b.shape):
-            return False
-        parts_a, parts_b = _parts(a), _parts(b)
-        return len(parts_a) == len(parts_b) and all(map(_same, parts_a, parts_b))
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True))
-    return False
 
 
 def _identical(a: Any, b: Any) -> bool:
