@@ -1,4 +1,5 @@
-"""A logged step's tensors kept until the end of their phase, then measured together.
+"""A logged step's tensors kept until the end of their phase, then measured together (on the
+CPU: copied together, and measured on the watch's writer thread; see ``PhaseMeasure``).
 
 The hooks hand each tensor to ``PhaseMeasure.add`` (no kernel: a reference and its version);
 ``flush`` at the end of the phase (the forward pass, the backward pass's parameter gradients,
@@ -21,6 +22,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
+from ...web.exact import exact_dtype
 from .batch import Batch, measure_batch
 from .exact import LazySummary
 from .layout import LayoutCache, tensor_key
@@ -88,9 +90,14 @@ class PhaseMeasure:
         sample_n: Optional[int],
         generator: Callable[[torch.device], Optional[torch.Generator]],
         budget: int = 256 << 20,
+        later: Optional[Callable[[Sequence[torch.Tensor]], List[Optional[torch.Tensor]]]] = None,
     ) -> None:
+        """``later``: for tensors on the CPU, measured on the watch's writer thread: at the end of
+        the phase each ``Measured`` gets a copy of its values (one ``cat`` per dtype for all of
+        them) to be measured there, and ``later`` to draw its samples (``Sampler.values_of``)."""
         self.sample_n = sample_n
         self.generator = generator
+        self.later = later
         self.layouts = LayoutCache()  # a phase's layout, kept while its tensors keep their signature
         self.budget = budget  # bytes of copies held before they are measured
         self.known: Set[Place] = set()  # places seen at the end of a phase
@@ -183,6 +190,9 @@ class PhaseMeasure:
     ) -> None:
         if not measured:
             return
+        if self.later is not None:
+            _copy_for_later(measured, sources, self.later)
+            return
         batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.layouts, keys=keys)
         host: Dict[torch.device, tuple] = {}
         for device, table in batch.tables.items():
@@ -197,6 +207,22 @@ class PhaseMeasure:
             rows, event = host[where[0]]
             m.sample, m._row, m.event = sample, rows[where[1]], event
             m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
+
+
+def _copy_for_later(measured: List[Measured], sources: List[torch.Tensor], draw: Callable) -> None:
+    """Give each ``Measured`` a 1-D copy of its source's values, to be measured later: the copies
+    of all sources of one dtype made by one ``cat`` (a fixed number of operations, not one per
+    tensor); float8 and integer values widened as ``measure`` widens them."""
+    by_dtype: Dict[torch.dtype, List[int]] = {}
+    for i, source in enumerate(sources):
+        by_dtype.setdefault(source.dtype, []).append(i)
+    for dtype, indices in by_dtype.items():
+        flat = torch.cat([sources[i].reshape(-1) for i in indices])
+        if not (dtype.is_floating_point and dtype.itemsize > 1):
+            flat = flat.to(exact_dtype(flat.device))
+        for i, values in zip(indices, flat.split([sources[i].numel() for i in indices])):
+            m = measured[i]
+            m.values, m.draw, m.summary, m.event = values, draw, None, None
 
 
 def _to_host(table: torch.Tensor) -> tuple:

@@ -201,10 +201,12 @@ class StepRecorder:
         # CopyPool), with a generator of its own: the order of its draws is the step's order
         self.copies = CopyPool(wiring.copy_limit)
         self.later_sampler = Sampler(sampler.sample_n, seed=sampler.seed + 1)
-        # tensors on these devices are measured together at the end of their phase (measure/);
-        # the CPU keeps its one-at-a-time path (the copy pool is faster there)
+        # tensors on these devices are measured together at the end of their phase (measure/)
         self.batched = PhaseMeasure(sampler.sample_n, sampler._generator)
         self.batch_devices = frozenset({"cuda"})
+        # small CPU tensors are held to the end of their phase too, then copied together and
+        # measured on the writer thread (large ones are copied into the pool when seen: faster)
+        self.host_phase = PhaseMeasure(sampler.sample_n, sampler._generator, later=self.later_sampler.values_of)
         self.ignore_io_grad = ignore_io_grad_classes
         self.step: Optional[int] = None
         self.known_calls: Set[str] = set()
@@ -264,6 +266,7 @@ class StepRecorder:
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         self.reasons, self.split = {}, []
         self.batched.clear()  # of a step that ended half-way
+        self.host_phase.clear()
         owners: Dict[int, List[Tuple[str, str]]] = {}
         params: Dict[int, nn.Parameter] = {}
         for address, module in named_modules(self.model):
@@ -298,7 +301,7 @@ class StepRecorder:
         """The forward pass has ended: the module hooks do nothing until the next ``begin_forward``
         (``remove_forward_hooks`` takes them off). The pass's tensors are measured now, together."""
         self.forward_active = False
-        self.batched.flush()
+        self._flush_phases()
 
     def remove_forward_hooks(self) -> None:
         """Take the module hooks off (a step that is not logged, or the watch's end)."""
@@ -319,7 +322,7 @@ class StepRecorder:
                     self.version += 1
                     for owner in owners:
                         self.param_grads[owner] = part
-            self.batched.flush()  # the gradients, measured together
+            self._flush_phases()  # the gradients, measured together
         return bool(touched)
 
     def add_update(self, owners: List[Tuple[str, str]], part: Part) -> None:
@@ -334,7 +337,7 @@ class StepRecorder:
         writer thread), and the reasons of the gradient series that got no values (of ``kinds``
         only, when given). The step goes on: a later backward or optimizer step adds to it."""
         wanted = (lambda kind: True) if kinds is None else kinds.__contains__
-        self.batched.flush()  # anything seen since a phase ended (nothing, in the usual order)
+        self._flush_phases()  # anything seen since a phase ended (nothing, in the usual order)
         # the recorder's own lists, not copies (the step's series would be copied at every write):
         # they only grow, so the data keeps how many parts each had when collected
         pending = {k: v for k, v in self.pending.items() if wanted(k[1])}
@@ -562,13 +565,14 @@ class StepRecorder:
         measured unchanged in this step."""
         t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
         seen = self._seen.get(id(t))
+        batched = t.device.type in self.batch_devices
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             if place is not None and isinstance(seen[2][1], Measured):
-                self.batched.seen_at(seen[2][1], place)
+                (self.batched if batched else self.host_phase).seen_at(seen[2][1], place)
             return seen[2]
-        key = tensor_key(t) if t.device.type in self.batch_devices else None
+        key = tensor_key(t) if batched or (t.is_cpu and t.numel() <= SMALL) else None
         if key is not None:  # measured with its phase (its key: what its layout depends on)
-            later = self.batched.add(t, place, key)
+            later = (self.batched if batched else self.host_phase).add(t, place, key)
             return self._remember(t, (later, later, None))
         # a small CPU tensor is copied; a large one copied into the pool (measured later)
         part: Part
@@ -584,6 +588,10 @@ class StepRecorder:
                 return None
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         return self._remember(t, part)
+
+    def _flush_phases(self) -> None:
+        self.batched.flush()
+        self.host_phase.flush()
 
     def _remember(self, t: torch.Tensor, part: Part) -> Part:
         """Keep ``t``'s part for the step: another call that sees it unchanged takes the same."""
