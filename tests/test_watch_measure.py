@@ -443,3 +443,39 @@ def test_samples_drawn_together_are_each_of_their_own_tensor():
     with Count() as more:
         Sampler(sample_n=20).values_of(tensors[:40] * 5)
     assert more.ops <= count.ops + 5  # views aside: one draw per group, not per tensor
+
+
+def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp_path):
+    def added(layers):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            loss = model(torch.randn(4, 16)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        with Count() as plain:
+            step()
+        w = tl.watch(model, run_dir=str(tmp_path / f"run{layers}"), backend=None, verbose=False, log=("io", "params"))
+        for _ in range(2):  # the places are learned in the first logged steps
+            step()
+        with Count() as logged:
+            step()
+        w.close()
+        return logged.ops - plain.ops
+
+    # 5 against 60 layers (30 against 360 series): the copies are one cat per phase, not one per tensor
+    assert added(60) <= added(5) + 12
+
+
+def test_a_small_cpu_tensor_changed_later_in_its_phase_keeps_the_values_it_had(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True), nn.Linear(8, 1))
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("io",))
+    for _ in range(4):
+        model(torch.randn(16, 8)).sum().backward()
+    w.close()
+    s = tl.open_run(w.run_dir).series("1:1", "io", "output 0")  # the BatchNorm's, before ReLU overwrote it
+    assert s.steps.tolist() == [0, 1, 2, 3] and (s.true_min < 0).all() and np.allclose(s.mean, 0, atol=1e-6)
