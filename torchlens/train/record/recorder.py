@@ -574,7 +574,8 @@ class StepRecorder:
         if key is not None:  # measured with its phase (its key: what its layout depends on)
             later = (self.batched if batched else self.host_phase).add(t, place, key)
             return self._remember(t, (later, later, None))
-        # a small CPU tensor is copied; a large one copied into the pool (measured later)
+        # a large CPU tensor is copied into the pool (measured later), a small one the phase
+        # cannot read (float8, say) copied now; a GPU tensor the phase cannot read measured now
         part: Part
         copied = measure(t, pool=self.copies) if t.numel() > SMALL or t.is_cpu else None
         if isinstance(copied, LazySummary):  # its sample is drawn from the copy, later
