@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchlens as tl
-from torchlens.train.measure import LayoutCache, layout, measure_batch, row_stats_eager
+from torchlens.train.measure import LayoutCache, LazySummary, layout, measure_batch, row_stats_eager
 from torchlens.train.measure.phase import PhaseMeasure
 from torchlens.web.exact import EXACT_FIELDS, exact_summary
 
@@ -479,3 +479,17 @@ def test_a_small_cpu_tensor_changed_later_in_its_phase_keeps_the_values_it_had(t
     w.close()
     s = tl.open_run(w.run_dir).series("1:1", "io", "output 0")  # the BatchNorm's, before ReLU overwrote it
     assert s.steps.tolist() == [0, 1, 2, 3] and (s.true_min < 0).all() and np.allclose(s.mean, 0, atol=1e-6)
+
+
+def test_the_forward_pass_is_measured_while_the_backward_pass_runs(tmp_path):
+    model = small_net()
+    w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=KINDS)
+    loss = model(torch.randn(4, 3, 8, 8)).sum()  # its copies are handed to the writer thread
+    w._steps.wait()  # what the writer thread was given so far (no step is written yet)
+    assert w.recorder.unmeasured() == []
+    forward = [p[1] for parts in w.recorder.pending.values() for p in parts if isinstance(p[1], LazySummary)]
+    assert len(forward) > 10 and all(s.measured and s.summary is not None for s in forward)
+    assert tl.open_run(w.run_dir).steps.tolist() == []
+    loss.backward()
+    w.close()
+    assert tl.open_run(w.run_dir).steps.tolist() == [0]

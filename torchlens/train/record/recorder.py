@@ -369,6 +369,16 @@ class StepRecorder:
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         return data
 
+    def unmeasured(self) -> List[LazySummary]:
+        """The step's values handed over so far that are still to be measured (copies that the
+        writer thread measures)."""
+        return [
+            p[1]
+            for parts in self.pending.values()
+            for p in parts
+            if isinstance(p[1], LazySummary) and p[1].values is not None
+        ]
+
     def take_new_calls(self) -> List[Call]:
         calls, self.new_calls = self.new_calls, []
         return calls

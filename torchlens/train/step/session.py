@@ -371,6 +371,8 @@ class Watch:
                 self.recorder.post(self.recorder.model, args, kwargs, output)
             finally:
                 self.recorder.end_forward()
+            if self._steps is not None:
+                self._steps.measure_ahead()  # on the writer thread, during the backward pass
         if m.step is not None and (m.logging or self.delay) and self._training():
             self._mark_backward(output)
         assert self._sentinel is not None

@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 import torch
 
 from ...web.stats import histograms
-from ..measure import RankGroup, step_histograms
+from ..measure import LazySummary, RankGroup, step_histograms
 from ..record import StepData, StepRecorder
 from ..store import RunWriter
 from .timeline import StepTimeline
@@ -130,6 +130,24 @@ class StepWriter:
         self._raise_failure()
 
     # ----- the writing itself ----------------------------------------------------------------
+    def measure_ahead(self) -> None:
+        """Start measuring what the step has handed over so far (its forward pass's copies) on
+        the writer thread, while training goes on (its backward pass): the write at the step's
+        end, which training waits for, is then left with the gradients alone."""
+        w = self.sink
+        if w.ranks is not None or w.run is None:  # written on the training thread: nothing to overlap
+            return
+        lazies = w.recorder.unmeasured()
+        if lazies:
+            self._start()
+            self._jobs.put(lambda: LazySummary.resolve(lazies))
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="torchlens-step-writer", daemon=True)
+            self._thread.start()
+            _WRITERS.add(self)
+
     def _submit(self, step: int, data: StepData, keep: bool) -> None:
         w = self.sink
         self._raise_failure()
@@ -149,10 +167,7 @@ class StepWriter:
                     stack.enter_context(torch.cuda.stream(stream))
                 self._write(step, data, new_calls, keep)
 
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="torchlens-step-writer", daemon=True)
-            self._thread.start()
-            _WRITERS.add(self)
+        self._start()
         self._jobs.put(job)
 
     def _run(self) -> None:
