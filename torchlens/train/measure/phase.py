@@ -103,6 +103,7 @@ class PhaseMeasure:
         self.known: Set[Place] = set()  # places seen at the end of a phase
         self.risky: Set[Place] = set()  # places whose tensor was changed in place after it was seen
         self._pending: List[_Entry] = []
+        self._entry_of: Dict[int, _Entry] = {}  # id(measured) -> its pending entry (which keeps it alive)
         self._watched: List[_Entry] = []  # copied entries measured early: checked at the phase's end
         self._copied = 0  # bytes of copies pending
 
@@ -113,6 +114,7 @@ class PhaseMeasure:
         t = tensor.detach()
         entry = _Entry(t, Measured(t), tensor_key(t) if key is _UNKNOWN else key)
         self._pending.append(entry)
+        self._entry_of[id(entry.measured)] = entry
         if place is not None:
             self.seen_at(entry.measured, place, entry)
         return entry.measured
@@ -121,7 +123,7 @@ class PhaseMeasure:
         """``measured``'s tensor (unchanged) is also seen at ``place``: copied now if that place
         is new or was found changed before."""
         if entry is None:
-            entry = next((e for e in reversed(self._pending) if e.measured is measured), None)
+            entry = self._entry_of.get(id(measured))
             if entry is None:
                 return
         entry.places.append(place)
@@ -135,10 +137,11 @@ class PhaseMeasure:
     def flush(self, phase_end: bool = True) -> None:
         """Measure what is pending (with ``phase_end=False``: only the copies, to free them)."""
         if phase_end:
-            todo, self._pending = self._pending, []
+            todo, self._pending, self._entry_of = self._pending, [], {}
         else:
             todo = [e for e in self._pending if e.copy is not None]
             self._pending = [e for e in self._pending if e.copy is None]
+            self._entry_of = {id(e.measured): e for e in self._pending}
         if phase_end:
             for entry in self._watched + todo:
                 same = entry.unchanged()
@@ -179,7 +182,7 @@ class PhaseMeasure:
 
     def clear(self) -> None:
         """Forget what is pending (a step that ended half-way: nothing of it is measured)."""
-        self._pending, self._watched, self._copied = [], [], 0
+        self._pending, self._watched, self._copied, self._entry_of = [], [], 0, {}
 
     def _deliver(
         self,
