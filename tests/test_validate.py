@@ -83,6 +83,19 @@ def test_verdicts_left_on_a_device_are_read_once_at_the_end(monkeypatch, capsys,
     assert (corrupt in out and "largest difference 1" in out) if corrupt else out == ""
 
 
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="needs float8")
+def test_float8_activations_are_compared(capsys):
+    class Float8(nn.Module):
+        def forward(self, x):
+            return x.to(torch.float8_e4m3fn).abs().float() * 2
+
+    history = tl.log_forward_pass(Float8(), torch.randn(5), save_function_args=True)
+    assert validate_module.validate_history(history)
+    history["abs_1_2"].activation = torch.full((5,), 3.0).to(torch.float8_e4m3fn)
+    assert not validate_module.validate_history(history, verbose=True)
+    assert "abs_1_2" in capsys.readouterr().out
+
+
 def test_a_fake_edge_is_caught(monkeypatch, capsys):
     """An edge to a tensor the call was not given is reported, even when the graph lists it on
     both sides."""
