@@ -419,3 +419,27 @@ def test_a_meta_model_is_refused_not_called_finite():
     real = nn.Linear(4, 1)  # real weights, a meta input: still no values
     with pytest.raises(tl.MetaDeviceError, match="find_nonfinite"):
         tl.find_nonfinite(real, torch.zeros(2, 4, device="meta"))
+
+
+def test_a_backward_that_torch_cannot_run_says_how_to_check_the_forward_alone():
+    class NoBackward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return NoGrad.apply(self.lin(x))
+
+    class NoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError("no backward for this op")
+
+    with pytest.raises(NotImplementedError, match="no backward") as caught:
+        tl.find_nonfinite(NoBackward(), torch.randn(2, 4))
+    assert any("backward=False" in note for note in getattr(caught.value, "__notes__", []))
+    assert not tl.find_nonfinite(NoBackward(), torch.randn(2, 4), backward=False).found

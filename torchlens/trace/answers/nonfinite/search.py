@@ -144,7 +144,11 @@ class _Search:
             # autograd.grad, not .backward(): the user's .grad fields are never written
             grads = torch.autograd.grad(loss, [t for _, t in leaves], allow_unused=True)
         except Exception as error:
-            add_note(error, "torchlens: find_nonfinite: raised by the backward of the loss (the forward was finite).")
+            add_note(
+                error,
+                "torchlens: find_nonfinite: raised by the backward of the loss (the forward was finite); "
+                "find_nonfinite(..., backward=False) checks the forward pass alone.",
+            )
             raise
         return loss, list(zip([a for a, _ in leaves], grads)), None
 
