@@ -460,3 +460,15 @@ def test_cosine_is_never_printed_above_one():
     assert all(r.cosine is None or -1.0 <= r.cosine <= 1.0 for r in cmp.rows)
     printed = [line.split()[-1] for line in str(cmp).splitlines() if line.startswith(("!", "x"))]
     assert printed and all(float(c) <= 1.0 for c in printed), printed
+
+
+def test_a_model_that_cannot_run_in_the_dtype_says_so():
+    class Complex(nn.Module):
+        def forward(self, x):
+            return torch.complex(x, 2 * x).abs()  # torch has no bfloat16 complex numbers
+
+    with pytest.raises(RuntimeError) as caught:
+        tl.compare_precision(Complex(), torch.randn(2, 4), dtype=torch.bfloat16)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "compare_precision ran a copy of the model in torch.bfloat16" in notes and "torch.float32" in notes
+    assert tl.compare_precision(Complex(), torch.randn(2, 4), dtype=torch.float32) is not None

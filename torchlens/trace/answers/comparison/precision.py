@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from ....arguments import ArgumentTypeError, check
+from ....errors import TorchlensError
 from ...api import log_forward_pass
+from ...capture import add_note
 from ...input_copy import as_args, as_kwargs, require_model
 from .compare_passes import compare_histories
 from .report import ComparedOp, Comparison
@@ -95,8 +97,16 @@ def compare_precision(
     for cast in (dtype, torch.float64):
         copied = copy.deepcopy(model).to(cast)
         call_args, call_kwargs = _cast((args, kwargs), cast)
-        histories.append(log_forward_pass(copied, call_args, call_kwargs, random_seed=seed, detach_saved_tensors=True))
-        del copied
+        try:
+            histories.append(
+                log_forward_pass(copied, call_args, call_kwargs, random_seed=seed, detach_saved_tensors=True)
+            )
+        except Exception as error:
+            if not isinstance(error, TorchlensError):
+                add_note(error, _failed_in(cast))
+            raise
+        finally:
+            del copied
     plain = compare_histories(
         histories[0],
         histories[1],
@@ -108,6 +118,15 @@ def compare_precision(
     fields = {name: getattr(plain, name) for name in plain.__dataclass_fields__}
     fields["name_b"] = f"{fields['name_b']} (float64)"
     return PrecisionComparison(**fields, dtype=dtype)
+
+
+def _failed_in(dtype: torch.dtype) -> str:
+    others = ", ".join(str(d) for d in (torch.float16, torch.bfloat16, torch.float32) if d != dtype)
+    return (
+        f"torchlens: compare_precision ran a copy of the model in {dtype} (its parameters, buffers "
+        "and floating inputs cast to it), and the model raised there: an operation it uses may have "
+        f"no {dtype} version on this device. Try another dtype ({others})."
+    )
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
