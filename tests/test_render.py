@@ -632,3 +632,21 @@ def test_show_model_graph_html_writes_the_interactive_page(tmp_path, monkeypatch
     assert show_model_graph(model, torch.rand(2, 4), vis_fileformat="html", vis_outpath=str(tmp_path / "g")) is None
     page = (tmp_path / "g.html").read_text()
     assert page.startswith("<!doctype html>") and "linear_1_1" in page
+
+
+def test_a_misspelt_drawing_keyword_is_refused_before_the_model_runs(tmp_path):
+    calls = []
+
+    class Counted(nn.Linear):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    with pytest.raises(TypeError, match=r"show_model_graph\(\).*'node_atrs'; did you mean 'node_attrs'\?"):
+        tl.show_model_graph(Counted(2, 2), torch.ones(1, 2), vis_outpath=str(tmp_path / "g"), node_atrs={})
+    with pytest.raises(TypeError, match=r"'vis_opt'; did you mean 'vis_mode'\?"):
+        tl.show_model_graph(Counted(2, 2), torch.ones(1, 2), vis_opt="rolled")
+    assert calls == []
+    history = tl.log_forward_pass(nn.Linear(2, 2), torch.ones(1, 2))
+    with pytest.raises(TypeError, match=r"render_graph\(\).*'vis_opt'; did you mean 'vis_mode'\?"):
+        tl.render_graph(history, vis_opt="rolled")

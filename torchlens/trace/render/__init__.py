@@ -22,7 +22,7 @@ from ..history.extensions import provide
 from . import cards  # noqa: F401  (registers the notebook card of an entry)
 from .graph_page import iframe_html, inline_svg, mimebundle, notebook_html, page_data, show, to_html
 from .graphviz import GraphvizNotFoundError, build_dot, display_svg, in_notebook, render_graph, svg_of
-from .options import GraphStyle
+from .options import STYLE_NAMES, GraphStyle, refuse_unknown_keywords
 from .structure import CollapsedModule, build_structure
 
 provide("svg", inline_svg)
@@ -36,6 +36,8 @@ __all__ = [
     "render_graph",
     "svg_of",
     "GraphStyle",
+    "STYLE_NAMES",
+    "refuse_unknown_keywords",
     "GraphvizNotFoundError",
     "CollapsedModule",
     "build_structure",

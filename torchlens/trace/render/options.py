@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Collection, Dict, Iterable, Mapping, Optional, Tuple, Union
 
@@ -114,11 +115,41 @@ def read_options(
     (and their older names), ``GraphStyle``'s fields; another keyword is a ``TypeError``."""
     old = {name: options[name] for name in options if name in OLD_NAMES}
     given_vis = move_old_names(caller, old, {name: options.get(name) for name in vis_names})
-    for name in options:
-        if name not in vis_names and name not in OLD_NAMES and name not in STYLE_NAMES:
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    refuse_unknown_keywords(caller, options, (*vis_names, *OLD_NAMES, *STYLE_NAMES))
     given_style = {name: options[name] for name in STYLE_NAMES if name in options}
     return resolve_draw(caller, draw, given_vis), _resolve_style(caller, style, given_style)
 
 
-__all__ = ["GraphStyle", "read_options", "check_style", "AttrOverrides", "DOT_VIS_NAMES"]
+# a name the option is known by in other tools, where the closest spelling would mislead
+_ELSEWHERE = {"vis_opt": "vis_mode"}
+
+
+def refuse_unknown_keywords(caller: str, given: Iterable[str], known: Collection[str]) -> None:
+    """A ``TypeError`` naming ``caller`` for the first of ``given`` not in ``known``, with the
+    closest known name when one is close (``vis_opt``: did you mean ``vis_mode``?).
+
+    Example:
+        >>> refuse_unknown_keywords("show_model_graph", ["vis_opt"], ["vis_mode", "node_attrs"])
+        Traceback (most recent call last):
+        TypeError: show_model_graph() got an unexpected keyword argument 'vis_opt'; did you mean 'vis_mode'?
+    """
+    for name in given:
+        if name not in known:
+            close = (
+                [_ELSEWHERE[name]]
+                if _ELSEWHERE.get(name) in known
+                else difflib.get_close_matches(name, list(known), n=1)
+            )
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+
+
+__all__ = [
+    "GraphStyle",
+    "read_options",
+    "refuse_unknown_keywords",
+    "check_style",
+    "AttrOverrides",
+    "DOT_VIS_NAMES",
+    "STYLE_NAMES",
+]
