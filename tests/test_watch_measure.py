@@ -493,3 +493,11 @@ def test_the_forward_pass_is_measured_while_the_backward_pass_runs(tmp_path):
     loss.backward()
     w.close()
     assert tl.open_run(w.run_dir).steps.tolist() == [0]
+
+
+def test_a_phase_measured_later_takes_no_line():
+    later = PhaseMeasure(3, lambda d: None, later=lambda tensors: [None] * len(tensors))
+    with pytest.raises(ValueError, match="takes no line"):
+        later.measure_now([torch.ones(2)], line=lambda table: table[:, 0])
+    (m,) = later.measure_now([torch.tensor([1.0, 2.0])])
+    assert m.values.tolist() == [1.0, 2.0] and not m.measured  # a copy, for the writer thread

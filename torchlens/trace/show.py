@@ -4,23 +4,13 @@ it uses both the tracer and the drawing, which do not know each other)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Dict, Optional
 
 from ..arguments import check
 from .api import get_model_metadata, require_model
 from .draw_options import OLD_NAMES, move_old_names, resolve_draw
 from .render import STYLE_NAMES, display_svg, in_notebook, refuse_unknown_keywords, render_graph, svg_of
-
-# show_model_graph's own keywords: a close match for a misspelt one
-_NAMED = (
-    "vis_mode",
-    "vis_nesting_depth",
-    "vis_direction",
-    "vis_outpath",
-    "vis_fileformat",
-    "vis_save_only",
-    "random_seed",
-)
 
 
 def show_model_graph(
@@ -61,7 +51,8 @@ def show_model_graph(
     require_model(model, "show_model_graph")
     old_names = {k: render_options.pop(k) for k in list(render_options) if k in OLD_NAMES}
     # before the model runs: a misspelt keyword should not cost a trace first
-    refuse_unknown_keywords("show_model_graph", render_options, (*STYLE_NAMES, *_NAMED))
+    own = [n for n, p in inspect.signature(show_model_graph).parameters.items() if p.kind != p.VAR_KEYWORD]
+    refuse_unknown_keywords("show_model_graph", render_options, (*STYLE_NAMES, *own))  # own: for suggestions
     given = dict(vis_direction=vis_direction, vis_outpath=vis_outpath, vis_fileformat=vis_fileformat)
     given = move_old_names("show_model_graph", old_names, dict(given, vis_save_only=vis_save_only))
     outpath = given["vis_outpath"]  # None: no file in a notebook

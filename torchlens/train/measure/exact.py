@@ -217,11 +217,21 @@ def measure(
         return LazySummary(copy)
     if t.numel() <= SMALL:
         flat = t if t.dim() == 1 else t.reshape(-1)
-        # float8 and integers are widened: stacking them beside other rows could not promote them
-        kept_as_is = t.is_floating_point() and t.element_size() > 1
-        return LazySummary(flat.clone() if kept_as_is else flat.to(exact_dtype(t.device)))
+        return LazySummary(flat.to(kept_dtype(t.dtype, t.device), copy=True))
     kept = pool.copy_of(t) if pool is not None and t.is_cpu else None
     return exact_summary(t) if kept is None else LazySummary(kept, release=pool.give)  # type: ignore[union-attr]
+
+
+def kept_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of a copy measured later, stacked beside other rows: its own for float16 and
+    wider; float8, integers and bool widened to ``exact_dtype`` (torch cannot promote float8
+    beside other dtypes, and a row of integers is measured in floats anyway).
+
+    Example:
+        >>> kept_dtype(torch.bfloat16, torch.device("cpu")), kept_dtype(torch.int32, torch.device("cpu"))
+        (torch.bfloat16, torch.float64)
+    """
+    return dtype if dtype.is_floating_point and dtype.itemsize > 1 else exact_dtype(device)
 
 
 def summary_norm(rows: torch.Tensor) -> torch.Tensor:
@@ -271,6 +281,7 @@ __all__ = [
     "LazySummary",
     "CopyPool",
     "measure",
+    "kept_dtype",
     "summary_norm",
     "combine_summaries",
 ]

@@ -22,9 +22,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
-from ...web.exact import exact_dtype
 from .batch import Batch, measure_batch
-from .exact import LazySummary
+from .exact import LazySummary, kept_dtype
 from .layout import LayoutCache, tensor_key
 
 Place = Hashable  # where a tensor was seen (the recorder's series key)
@@ -194,6 +193,8 @@ class PhaseMeasure:
         if not measured:
             return
         if self.later is not None:
+            if line is not None:  # the rows are measured on the writer thread, after this returns
+                raise ValueError("PhaseMeasure(later=...) measures on the writer thread: it takes no line")
             _copy_for_later(measured, sources, self.later)
             return
         batch: Batch = measure_batch(sources, self.sample_n, self.generator, self.layouts, keys=keys)
@@ -215,14 +216,13 @@ class PhaseMeasure:
 def _copy_for_later(measured: List[Measured], sources: List[torch.Tensor], draw: Callable) -> None:
     """Give each ``Measured`` a 1-D copy of its source's values, to be measured later: the copies
     of all sources of one dtype made by one ``cat`` (a fixed number of operations, not one per
-    tensor); float8 and integer values widened as ``measure`` widens them."""
+    tensor), in the dtype ``measure`` keeps its copies in (``kept_dtype``)."""
     by_dtype: Dict[torch.dtype, List[int]] = {}
     for i, source in enumerate(sources):
         by_dtype.setdefault(source.dtype, []).append(i)
     for dtype, indices in by_dtype.items():
         flat = torch.cat([sources[i].reshape(-1) for i in indices])
-        if not (dtype.is_floating_point and dtype.itemsize > 1):
-            flat = flat.to(exact_dtype(flat.device))
+        flat = flat.to(kept_dtype(dtype, flat.device))
         for i, values in zip(indices, flat.split([sources[i].numel() for i in indices])):
             m = measured[i]
             m.values, m.draw, m.summary, m.event = values, draw, None, None

@@ -35,11 +35,9 @@ class Sampler:
         The copy is taken now, so a later in-place change of the tensor does not reach it.
         None for tensors without real values (complex, sparse, meta).
         """
-        if tensor.is_complex() or tensor.layout != torch.strided or tensor.is_meta:
+        if not _has_values(tensor):
             return None
         n = tensor.numel()
-        if n == 0:
-            return None
         flat = _flat(tensor)  # each operation skipped here is one less per watched tensor
         other = None if minus is None else _flat(minus)
         if self.sample_n is None or n <= self.sample_n:
@@ -50,9 +48,9 @@ class Sampler:
         return _float32(picked if other is None else picked - other.index_select(0, index))
 
     def values_of(self, tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
-        """``values`` of each of ``tensors``, drawn together: one draw and one gather per group
-        of equal length (up to ``SMALL`` values), dtype and device, not one each (what a logged step launches then does
-        not grow with the number of tensors it measures).
+        """``values`` of each of ``tensors``, drawn together: one draw and one gather per group of
+        equal length (up to ``SMALL`` values), dtype and device, not one each (what a logged
+        step launches then does not grow with the number of tensors it measures).
 
         Example:
             >>> rows = Sampler(sample_n=3).values_of([torch.arange(8.0), torch.arange(8.0) + 10])
@@ -62,7 +60,7 @@ class Sampler:
         out: List[Optional[torch.Tensor]] = [None] * len(tensors)
         groups: Dict[Tuple[int, torch.dtype, torch.device], List[int]] = {}
         for i, t in enumerate(tensors):
-            if not (t.is_complex() or t.layout != torch.strided or t.is_meta or t.numel() == 0):
+            if _has_values(t):
                 groups.setdefault((t.numel(), t.dtype, t.device), []).append(i)
         for (n, _, device), indices in groups.items():
             if len(indices) == 1 or n > SMALL:  # a large one's copy would cost more than its draw
@@ -86,6 +84,11 @@ class Sampler:
             return None
         rows = g.reshape(1, 1) if g.dim() == 0 else g if g.dim() == 2 else g.reshape(g.shape[0], -1)
         return _float32(torch.linalg.vector_norm(rows, dim=1))
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    """Real values to sample: not complex, sparse, meta or empty."""
+    return not (t.is_complex() or t.layout != torch.strided or t.is_meta) and t.numel() > 0
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

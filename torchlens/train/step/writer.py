@@ -130,14 +130,19 @@ class StepWriter:
         self._raise_failure()
 
     # ----- the writing itself ----------------------------------------------------------------
+    @property
+    def _threaded(self) -> bool:
+        """Whether steps are written on the writer thread: not under torch.distributed (the
+        collectives keep their order on every rank) and not without a run (other ranks)."""
+        return self.sink.ranks is None and self.sink.run is not None
+
     def measure_ahead(self) -> None:
         """Start measuring what the step has handed over so far (its forward pass's copies) on
         the writer thread, while training goes on (its backward pass): the write at the step's
         end, which training waits for, is then left with the gradients alone."""
-        w = self.sink
-        if w.ranks is not None or w.run is None:  # written on the training thread: nothing to overlap
+        if not self._threaded:  # written on the training thread: nothing to overlap
             return
-        lazies = w.recorder.unmeasured()
+        lazies = self.sink.recorder.unmeasured()
         if lazies:
             self._start()
             self._jobs.put(lambda: LazySummary.resolve(lazies))
@@ -152,7 +157,7 @@ class StepWriter:
         w = self.sink
         self._raise_failure()
         new_calls = w.recorder.take_new_calls()
-        if w.ranks is not None or w.run is None:  # collectives keep their order on every rank
+        if not self._threaded:  # collectives keep their order on every rank
             try:
                 self._write(step, data, new_calls, keep)
             except BaseException:
