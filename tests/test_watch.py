@@ -780,3 +780,43 @@ def test_setup_raises_the_open_file_limit(capsys):
         assert "open-file limit" in capsys.readouterr().err
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class SharedWide(nn.Module):
+    """Two large weights, one used twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(160, 160)  # 25,600 weights: above the size measured in batches
+        self.head = nn.Linear(160, 160)
+
+    def forward(self, x):
+        return self.head(self.shared(torch.relu(self.shared(x))))
+
+
+def test_large_gradients_measured_as_they_arrive_keep_the_final_accumulated_values(tmp_path):
+    torch.manual_seed(0)
+    model = SharedWide()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0, optimizer=opt)
+    handed = []
+    measure_soon = w._steps.measure_soon
+    w._steps.measure_soon = lambda lazies: (handed.append(len(lazies)), measure_soon(lazies))
+    grads = []
+    for _ in range(2):
+        opt.zero_grad()
+        for _ in range(2):  # two micro-batches in one step: the gradients change after they were handed over
+            model(torch.randn(8, 160)).pow(2).mean().backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        opt.step()
+    w.close()
+    assert handed, "no gradient was handed to the writer thread before the backward pass ended"
+    run = tl.open_run(w.run_dir)
+    for module in ("shared", "head"):
+        s = run.series(f"{module}:1", "params_grad", "weight")
+        for step, found in enumerate(grads):
+            g = found[f"{module}.weight"].double()
+            assert (s.min[step], s.max[step], s.mean[step]) == pytest.approx(
+                (g.min().item(), g.max().item(), g.mean().item()), rel=1e-6
+            ), (module, step)
+    run.close()

@@ -171,12 +171,15 @@ class RecorderWiring:
     """How a recorder is wired into its watch: ``gate()`` False while nothing may be recorded
     (the graph's metadata pass, evaluation); ``on_gradient()`` called by every gradient hook;
     ``timed(hook)`` the hook with its time counted (the step timeline); ``copy_limit``: bytes the
-    copies of large CPU tensors may hold (None: the default; 0: no copies)."""
+    copies of large CPU tensors may hold (None: the default; 0: no copies); ``measure_soon``:
+    starts measuring copies on the writer thread while training goes on (None: they are
+    measured when the step is written)."""
 
     gate: Callable[[], bool] = lambda: True
     on_gradient: Callable[[], None] = lambda: None
     timed: Optional[Callable[[Callable[..., Any]], Callable[..., Any]]] = None
     copy_limit: Optional[int] = None
+    measure_soon: Optional[Callable[[List[LazySummary]], None]] = None
 
 
 class StepRecorder:
@@ -239,6 +242,7 @@ class StepRecorder:
         self._tensor_hooks: list = []
         self.gate = wiring.gate  # False while nothing may be recorded
         self.on_gradient = wiring.on_gradient  # every gradient hook calls it
+        self.measure_soon = wiring.measure_soon
         if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
             for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
                 if hasattr(self, name):
@@ -688,6 +692,20 @@ class StepRecorder:
         if self.step == step:
             self.on_gradient()
             self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
+            if self.measure_soon is not None and "params_grad" in self.kinds:
+                self._copy_grad_now(param.grad)
+
+    def _copy_grad_now(self, grad: Optional[torch.Tensor]) -> None:
+        """A large CPU gradient is copied as it arrives and measured on the writer thread while
+        the backward pass goes on, instead of all of them when it has ended (training then
+        waits for them at the optimizer step). Read again at the pass's end (a shared parameter
+        gets more), ``_values`` takes the same copy if the gradient has not changed since."""
+        if grad is None or not grad.is_cpu or grad.numel() <= SMALL:
+            return  # small ones are copied together at the pass's end, GPU ones measured there
+        part = self._values(grad)
+        lazy = part[1] if part is not None else None
+        if isinstance(lazy, LazySummary) and not lazy.measured:
+            self.measure_soon([lazy])  # type: ignore[misc]
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:

@@ -14,7 +14,7 @@ import functools
 import sqlite3
 import warnings
 from time import perf_counter_ns as _now
-from typing import Any, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from ...arguments import ArgumentValueError, require_instance, require_str
 from ...web.stats import NUM_BINS
 from ..health import Sentinel, SentinelLink
-from ..measure import active_group, rank_group
+from ..measure import LazySummary, active_group, rank_group
 from ..model import CompileSwitch, trace_calls, unwrap
 from ..record import ModelHook, RecorderWiring, Sampler, StepRecorder
 from ..store import RunWriter, new_run_dir
@@ -112,10 +112,17 @@ class Watch:
             copy_limit=0
             if self._ranks is not None
             else None,  # writes stay on this thread: a copy would only add a pass
+            # gradients measured as they arrive; not under torch.distributed, where they are
+            # averaged in place after the backward pass
+            measure_soon=None if self._ranks is not None else self._measure_soon,
         )
         sampler = Sampler(options.sample_n)  # one fixed seed: the same training gives the same run
         classes = tuple(options.ignore_io_grad_classes)
         return StepRecorder(unwrap(model), self.kinds, sampler, classes, input_grads=options.input_grads, wiring=wiring)
+
+    def _measure_soon(self, lazies: List[LazySummary]) -> None:
+        if self._steps is not None:
+            self._steps.measure_soon(lazies)
 
     def _next_logged(self) -> bool:
         """Whether the next forward is a logged step's (the compile switch asks after each)."""

@@ -142,10 +142,16 @@ class StepWriter:
         end, which training waits for, is then left with the gradients alone."""
         if not self._threaded:  # written on the training thread: nothing to overlap
             return
-        lazies = self.sink.recorder.unmeasured()
-        if lazies:
-            self._start()
-            self._jobs.put(lambda: LazySummary.resolve(lazies))
+        self.measure_soon(self.sink.recorder.unmeasured())
+
+    def measure_soon(self, lazies: List[LazySummary]) -> None:
+        """Measure ``lazies`` (copies nothing else writes to) on the writer thread, in turn with
+        the writes: at once when steps are written on the training thread (they would be
+        measured there anyway, when the step is written)."""
+        if not self._threaded or not lazies:
+            return
+        self._start()
+        self._jobs.put(lambda: LazySummary.resolve(lazies))
 
     def _start(self) -> None:
         if self._thread is None:
