@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchlens as tl
 from torchlens.train.measure import LayoutCache, LazySummary, layout, measure_batch, row_stats_eager
 from torchlens.train.measure.phase import PhaseMeasure
+from torchlens.train.record import NormsLater, Sampler
 from torchlens.web.exact import EXACT_FIELDS, exact_summary
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.uint8, torch.bool]
@@ -445,7 +446,8 @@ def test_samples_drawn_together_are_each_of_their_own_tensor():
     assert more.ops <= count.ops + 5  # views aside: one draw per group, not per tensor
 
 
-def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp_path):
+@pytest.mark.parametrize("kinds", [("io", "params"), ("io_grad", "params_grad")])
+def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp_path, kinds):
     def added(layers):
         torch.manual_seed(0)
         model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
@@ -459,7 +461,7 @@ def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp
 
         with Count() as plain:
             step()
-        w = tl.watch(model, run_dir=str(tmp_path / f"run{layers}"), backend=None, verbose=False, log=("io", "params"))
+        w = tl.watch(model, run_dir=str(tmp_path / f"run{layers}"), backend=None, verbose=False, log=kinds)
         for _ in range(2):  # the places are learned in the first logged steps
             step()
         with Count() as logged:
@@ -467,7 +469,8 @@ def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp
         w.close()
         return logged.ops - plain.ops
 
-    # 5 against 60 layers (30 against 360 series): the copies are one cat per phase, not one per tensor
+    # 5 against 60 layers (30 against 360 series): the copies are one cat per phase, and the
+    # gradients' per-sample norms one stack and one norm per shape, not one of each per tensor
     assert added(60) <= added(5) + 12
 
 
@@ -501,3 +504,33 @@ def test_a_phase_measured_later_takes_no_line():
         later.measure_now([torch.ones(2)], line=lambda table: table[:, 0])
     (m,) = later.measure_now([torch.tensor([1.0, 2.0])])
     assert m.values.tolist() == [1.0, 2.0] and not m.measured  # a copy, for the writer thread
+
+
+def test_gradient_norms_computed_together_equal_those_computed_one_by_one():
+    torch.manual_seed(0)
+    grads = [
+        torch.randn(4, 3, 2),
+        torch.randn(4, 3, 2),
+        torch.randn(4, 6),
+        torch.randn(()),
+        torch.randn(()),
+        torch.randn(5, 2).bfloat16(),
+        torch.randn(5, 2).bfloat16(),
+        torch.randn(3, 2, 2).double(),
+    ]
+    grads[1][2, 1, 0] = float("nan")
+    grads[2][0, 0] = float("inf")
+    sampler = Sampler(sample_n=None)
+    for got, grad in zip(sampler.norms_of(grads), grads):
+        assert torch.equal(got.isnan(), sampler.norms(grad).isnan()), grad.shape
+        torch.testing.assert_close(got, sampler.norms(grad), equal_nan=True)
+        assert got.dtype == torch.float32
+
+
+def test_a_gradient_written_over_before_its_norms_are_computed_gets_none():
+    kept, changed = torch.ones(2, 4), torch.ones(2, 4)
+    later = [NormsLater(kept), NormsLater(changed)]
+    changed.mul_(3)  # the values that arrived are gone: nothing is claimed about them
+    NormsLater.resolve(later, Sampler(sample_n=1))
+    assert later[0].norms.tolist() == [2.0, 2.0] and later[0].sample.numel() == 1
+    assert later[1].norms is None and later[1].sample.numel() == 0

@@ -11,7 +11,7 @@ Example:
 """
 
 from .recorder import REASONS, InplaceGradientError, ModelHook, RecorderWiring, StepRecorder
-from .sampling import Sampler
+from .sampling import NormsLater, Sampler
 from .saturation import SATURATION_EPS, SaturationProbe, read_saturation
 from .step_data import Key, Part, StepData
 from .updates import UpdateHooks
@@ -23,6 +23,7 @@ __all__ = [
     "InplaceGradientError",
     "REASONS",
     "Sampler",
+    "NormsLater",
     "SaturationProbe",
     "SATURATION_EPS",
     "read_saturation",

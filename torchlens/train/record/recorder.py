@@ -49,7 +49,7 @@ from ..measure import (
     tensor_key,
 )
 from ..model import Call, call_id, module_info, named_modules, output_tensors, position_name
-from .sampling import Sampler
+from .sampling import NormsLater, Sampler
 from .step_data import Key, Part, StepData
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
@@ -224,6 +224,7 @@ class StepRecorder:
         # the gradient measured last, its version and its part: the gradient of a call's output
         # often arrives unchanged (a view of the same memory) at the input alias of the next call
         self._last_grad: Optional[Tuple[torch.Tensor, int, Part]] = None
+        self._norms_later: List[NormsLater] = []  # small gradients' norms, computed with the pass's end
         # a series' summary, kept while its parts stay the same (a step is written more than once)
         self._summaries: Dict[Key, Tuple[int, Part, Optional[torch.Tensor]]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
@@ -268,7 +269,7 @@ class StepRecorder:
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
-        self.reasons, self.split = {}, []
+        self.reasons, self.split, self._norms_later = {}, [], []
         self.batched.clear()  # of a step that ended half-way
         self.host_phase.clear()
         owners: Dict[int, List[Tuple[str, str]]] = {}
@@ -607,6 +608,9 @@ class StepRecorder:
     def _flush_phases(self) -> None:
         self.batched.flush()
         self.host_phase.flush()
+        if self._norms_later:
+            pending, self._norms_later = self._norms_later, []
+            NormsLater.resolve(pending, self.sampler)
 
     def _remember(self, t: torch.Tensor, part: Part) -> Part:
         """Keep ``t``'s part for the step: another call that sees it unchanged takes the same."""
@@ -633,13 +637,19 @@ class StepRecorder:
         last = self._last_grad
         if last is not None and _same_values(last[0], last[1], grad):
             return last[2]
+        if grad.numel() <= SMALL and grad.layout == torch.strided and grad.numel() > 0:
+            later = NormsLater(grad)  # computed at the pass's end with the other small ones
+            self._norms_later.append(later)
+            part: Part = (later, None, later)
+            self._last_grad = (grad, grad._version, part)
+            return part
         norms = self.sampler.norms(grad)
         if norms is None:
             return None
         # the norms are a new tensor of their own: a sample holding all of them needs no copy
         whole = self.sampler.sample_n is None or norms.numel() <= self.sampler.sample_n
         sample = norms if whole else self.sampler.values(norms)
-        part = None if sample is None else (sample, None, norms)
+        part = None if sample is None else (sample, None, norms)  # type: ignore[assignment]
         if part is not None:  # held until the next one: its memory cannot go to another tensor meanwhile
             self._last_grad = (grad, grad._version, part)
         return part

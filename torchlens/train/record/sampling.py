@@ -82,8 +82,77 @@ class Sampler:
         g = grad.detach() if grad.requires_grad else grad
         if g.layout != torch.strided or g.numel() == 0:
             return None
-        rows = g.reshape(1, 1) if g.dim() == 0 else g if g.dim() == 2 else g.reshape(g.shape[0], -1)
-        return _float32(torch.linalg.vector_norm(rows, dim=1))
+        return _float32(torch.linalg.vector_norm(_rows(g), dim=1))
+
+    def norms_of(self, grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """``norms`` of each of ``grads`` (strided, not empty), computed together: one stack and
+        one norm per group of equal shape, dtype and device, not one each.
+
+        Example:
+            >>> [n.tolist() for n in Sampler(4).norms_of([torch.ones(2, 4), torch.zeros(2, 4)])]
+            [[2.0, 2.0], [0.0, 0.0]]
+        """
+        out: List[torch.Tensor] = [None] * len(grads)  # type: ignore[list-item]
+        groups: Dict[Tuple[torch.Size, torch.dtype, torch.device], List[int]] = {}
+        for i, g in enumerate(grads):
+            groups.setdefault((g.shape, g.dtype, g.device), []).append(i)
+        for indices in groups.values():
+            if len(indices) == 1:
+                out[indices[0]] = self.norms(grads[indices[0]])  # type: ignore[assignment]
+                continue
+            rows = torch.stack([_rows(grads[i]) for i in indices])  # (tensors, samples, values)
+            out_rows = _float32(torch.linalg.vector_norm(rows, dim=2)).unbind(0)
+            for i, norms in zip(indices, out_rows):
+                out[i] = norms
+        return out
+
+
+class NormsLater:
+    """The per-sample norms of a small gradient, computed at the end of its backward pass with
+    the others (``resolve``): one stack and one norm per shape, not one norm per gradient. The
+    gradient is held, with its version: one changed meanwhile gets no values (``norms`` None,
+    an empty ``sample``). ``sample``: what the histogram draws on (all the norms, or a sample)."""
+
+    __slots__ = ("grad", "version", "norms", "sample")
+
+    def __init__(self, grad: torch.Tensor) -> None:
+        self.grad: Optional[torch.Tensor] = grad.detach() if grad.requires_grad else grad
+        self.version = grad._version
+        self.norms: Optional[torch.Tensor] = None
+        self.sample: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def resolve(pending: Sequence["NormsLater"], sampler: Sampler) -> None:
+        """Compute the norms (and samples) of all ``pending``, together.
+
+        Example:
+            >>> later = NormsLater(torch.full((2, 4), 0.5))
+            >>> NormsLater.resolve([later], Sampler(None)); later.norms.tolist(), later.sample.tolist()
+            ([1.0, 1.0], [1.0, 1.0])
+        """
+        kept, grads = [], []
+        for p in pending:
+            grad, p.grad = p.grad, None
+            if grad is None:
+                continue
+            if grad._version != p.version:  # written over since it arrived: not its values now
+                p.sample = grad.new_empty(0, dtype=torch.float32)
+            else:
+                kept.append(p)
+                grads.append(grad)
+        for p, norms in zip(kept, sampler.norms_of(grads)):
+            p.norms = norms
+        n = sampler.sample_n
+        drawn = [p for p in kept if n is not None and p.norms.numel() > n]  # type: ignore[union-attr]
+        for p in kept:
+            p.sample = p.norms  # a tensor of their own: a sample holding all of them needs no copy
+        for p, sample in zip(drawn, sampler.values_of([p.norms for p in drawn])):  # type: ignore[misc]
+            p.sample = sample
+
+
+def _rows(g: torch.Tensor) -> torch.Tensor:
+    """A gradient as (samples, values): all but its first dimension flattened."""
+    return g.reshape(1, 1) if g.dim() == 0 else g if g.dim() == 2 else g.reshape(g.shape[0], -1)
 
 
 def _has_values(t: torch.Tensor) -> bool:
@@ -103,4 +172,4 @@ def _float32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.float()
 
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "NormsLater"]

@@ -9,12 +9,17 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from ..measure import LazySummary, combine_summaries, row_summaries
+from .sampling import NormsLater
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
 # one tensor's contribution to a series: its sample (or the LazySummary that draws it from a
 # copy), its exact_summary over all values (or the LazySummary that measures it later), and (for
 # gradient series) all its per-sample norms, whose median is the series' line
-Part = Tuple[Union[torch.Tensor, LazySummary], Optional[Union[torch.Tensor, LazySummary]], Optional[torch.Tensor]]
+Part = Tuple[
+    Union[torch.Tensor, LazySummary, NormsLater],
+    Optional[Union[torch.Tensor, LazySummary]],
+    Optional[Union[torch.Tensor, NormsLater]],
+]
 
 
 class StepData:
@@ -57,9 +62,13 @@ class StepData:
 
 
 def _sample(part: Part) -> torch.Tensor:
-    """A part's sample: taken when its tensor was seen, or drawn from its copy since."""
+    """A part's sample: taken when its tensor was seen, or drawn from its copy (or its norms) since."""
     sample = part[0]
-    return sample.sample if isinstance(sample, LazySummary) else sample  # type: ignore[return-value]
+    return sample.sample if isinstance(sample, (LazySummary, NormsLater)) else sample  # type: ignore[return-value]
+
+
+def _norms(norms: Union[None, torch.Tensor, NormsLater]) -> Optional[torch.Tensor]:
+    return norms.norms if isinstance(norms, NormsLater) else norms
 
 
 def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
@@ -69,9 +78,10 @@ def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
     norm_rows, norm_of = [], []
     for i, parts in enumerate(series):
         if parts[0][2] is not None:
-            norms = [p[2] for p in parts if p[2] is not None]
-            norm_rows.append(norms[0] if len(norms) == 1 else torch.cat(norms))
-            norm_of.append(i)
+            norms = [n for n in (_norms(p[2]) for p in parts) if n is not None]
+            if norms:  # else none was measured (each was written over before it was read)
+                norm_rows.append(norms[0] if len(norms) == 1 else torch.cat(norms))
+                norm_of.append(i)
             continue
         measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
         summaries = [m for m in measured if m is not None]

@@ -27,7 +27,7 @@ import torch
 
 from ...web.stats import histograms
 from ..measure import LazySummary, RankGroup, step_histograms
-from ..record import StepData, StepRecorder
+from ..record import NormsLater, StepData, StepRecorder
 from ..store import RunWriter
 from .timeline import StepTimeline
 
@@ -245,7 +245,8 @@ def _training_streams(data: StepData) -> List[Any]:
     """The CUDA streams training runs on now, one per device of the step's samples: the writer
     thread queues its kernels on them, after those that computed the samples (another stream
     could read them before they are written, and would need the allocator told of it)."""
-    devices = {p[0].device for parts in data.parts for p in parts if isinstance(p[0], torch.Tensor) and p[0].is_cuda}
+    samples = (p[0].sample if isinstance(p[0], NormsLater) else p[0] for parts in data.parts for p in parts)
+    devices = {s.device for s in samples if isinstance(s, torch.Tensor) and s.is_cuda}
     return [torch.cuda.current_stream(d) for d in devices]
 
 
