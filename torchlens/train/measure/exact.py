@@ -103,6 +103,7 @@ class LazySummary:
         return self.values is None
 
     @staticmethod
+    @torch.no_grad()
     def resolve(pending: Sequence["LazySummary"]) -> None:
         """Measure all that are not measured yet: the small ones in one batch."""
         todo = list({id(s): s for s in pending if s.values is not None}.values())

@@ -110,7 +110,7 @@ class PhaseMeasure:
         """Hold ``tensor`` (seen at ``place``) for the phase's measurement; its results arrive
         in the returned ``Measured`` when the phase is flushed. ``key``: its ``tensor_key``,
         where the caller has it already."""
-        t = tensor.detach()
+        t = tensor  # not detached (one view per tensor): what is done with it runs without grad
         entry = _Entry(t, Measured(t), tensor_key(t) if key is _UNKNOWN else key)
         self._pending.append(entry)
         self._entry_of[id(entry.measured)] = entry
@@ -127,12 +127,14 @@ class PhaseMeasure:
                 return
         entry.places.append(place)
         if entry.copy is None and entry.tensor is not None and (place in self.risky or place not in self.known):
-            entry.copy = entry.tensor.clone()
+            with torch.no_grad():
+                entry.copy = entry.tensor.clone()
             entry.key = tensor_key(entry.copy)  # a clone of a tensor with gaps has none
             self._copied += entry.copy.numel() * entry.copy.element_size()
             if self._copied > self.budget:
                 self.flush(phase_end=False)
 
+    @torch.no_grad()
     def flush(self, phase_end: bool = True) -> None:
         """Measure what is pending (with ``phase_end=False``: only the copies, to free them)."""
         if phase_end:
