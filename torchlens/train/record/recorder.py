@@ -637,21 +637,16 @@ class StepRecorder:
         last = self._last_grad
         if last is not None and _same_values(last[0], last[1], grad):
             return last[2]
-        if grad.numel() <= SMALL and grad.layout == torch.strided and grad.numel() > 0:
-            later = NormsLater(grad)  # computed at the pass's end with the other small ones
-            self._norms_later.append(later)
-            part: Part = (later, None, later)
-            self._last_grad = (grad, grad._version, part)
-            return part
-        norms = self.sampler.norms(grad)
-        if norms is None:
+        if grad.layout != torch.strided or grad.numel() == 0:
             return None
-        # the norms are a new tensor of their own: a sample holding all of them needs no copy
-        whole = self.sampler.sample_n is None or norms.numel() <= self.sampler.sample_n
-        sample = norms if whole else self.sampler.values(norms)
-        part = None if sample is None else (sample, None, norms)  # type: ignore[assignment]
-        if part is not None:  # held until the next one: its memory cannot go to another tensor meanwhile
-            self._last_grad = (grad, grad._version, part)
+        later = NormsLater(grad)
+        if grad.numel() <= SMALL:  # computed at the pass's end with the other small ones
+            self._norms_later.append(later)
+        else:  # now: holding it to the pass's end would hold its memory
+            NormsLater.resolve([later], self.sampler)
+        part: Part = (later, None, later)
+        # held until the next one: its memory cannot go to another tensor meanwhile
+        self._last_grad = (grad, grad._version, part)
         return part
 
     # the gradient hooks: partials of these methods (fewer objects than closures; a logged step
