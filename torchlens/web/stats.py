@@ -164,6 +164,25 @@ def histograms(
     return unpack(packed_host, bins)
 
 
+def stack_rows(n: int, parts: Sequence[Tuple[Sequence[int], Histograms, Sequence[int]]]) -> Histograms:
+    """``n`` rows of histograms gathered from others: each part ``(rows, h, taken)`` puts the
+    rows ``taken`` of ``h`` at ``rows``.
+
+    Example:
+        >>> a = histograms([torch.tensor([0.0, 1.0])], 0.0, bins=2)
+        >>> b = histograms([torch.tensor([5.0, 7.0])], 0.0, bins=2)
+        >>> stack_rows(2, [([1], a, [0]), ([0], b, [0])]).lo.tolist()
+        [5.0, 0.0]
+    """
+    bins = next((h.counts.shape[1] for _, h, _ in parts), NUM_BINS)
+    out = Histograms(np.zeros((n, bins), np.float32), np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
+    for rows, h, taken in parts:
+        if len(rows):
+            for field in ("counts", "lo", "hi", "nonfinite", "sums", "sums_of_squares", "exact"):
+                getattr(out, field)[list(rows)] = getattr(h, field)[list(taken)]
+    return out
+
+
 def _per_device(
     samples: Sequence[torch.Tensor],
     reject_proportion: float,

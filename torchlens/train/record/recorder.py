@@ -44,6 +44,7 @@ from ..measure import (
     Measured,
     PhaseMeasure,
     local_shard,
+    measurable,
     measure,
     summary_norm,
     tensor_key,
@@ -172,14 +173,16 @@ class RecorderWiring:
     (the graph's metadata pass, evaluation); ``on_gradient()`` called by every gradient hook;
     ``timed(hook)`` the hook with its time counted (the step timeline); ``copy_limit``: bytes the
     copies of large CPU tensors may hold (None: the default; 0: no copies); ``measure_soon``:
-    starts measuring copies on the writer thread while training goes on (None: they are
-    measured when the step is written)."""
+    starts measuring values on the writer thread while training goes on, True when it took
+    them (None: they are measured when the step is written); ``wait_measured``: returns when
+    the writer thread has measured all it took."""
 
     gate: Callable[[], bool] = lambda: True
     on_gradient: Callable[[], None] = lambda: None
     timed: Optional[Callable[[Callable[..., Any]], Callable[..., Any]]] = None
     copy_limit: Optional[int] = None
-    measure_soon: Optional[Callable[[List[LazySummary]], None]] = None
+    measure_soon: Optional[Callable[[List[LazySummary]], bool]] = None
+    wait_measured: Callable[[], None] = lambda: None
 
 
 class StepRecorder:
@@ -244,6 +247,11 @@ class StepRecorder:
         self.gate = wiring.gate  # False while nothing may be recorded
         self.on_gradient = wiring.on_gradient  # every gradient hook calls it
         self.measure_soon = wiring.measure_soon
+        self.wait_measured = wiring.wait_measured
+        # large CPU parameters and gradients read where they lie by the writer thread (no copy),
+        # with their _version when seen: ``settle`` waits for the reading and checks them
+        self._in_place: List[Tuple[LazySummary, torch.Tensor, int]] = []
+        self.dropped = 0  # readings dropped so far: what was computed from them is stale
         if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
             for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
                 if hasattr(self, name):
@@ -319,6 +327,7 @@ class StepRecorder:
         """At the end of a backward pass: sample the ``.grad`` of each parameter it reached (a
         later backward of the same step replaces it). True if it reached any."""
         touched, self.touched = self.touched, {}
+        self.settle()  # the gradients read as they arrived, before the caller may change them
         self._flush_split()
         if "params_grad" in self.kinds:
             for p, owners in touched.values():
@@ -365,6 +374,7 @@ class StepRecorder:
         """The step's data (``collect``); its hooks are removed and the recorder is emptied."""
         if self.touched or self.split:  # a backward pass whose end was not seen (it raised)
             self.collect_param_grads()
+        self.settle()
         for h in self._param_hooks + self._tensor_hooks:
             h.remove()
         self._param_hooks, self._tensor_hooks = [], []
@@ -417,7 +427,7 @@ class StepRecorder:
         if "params" in self.kinds:
             for name, p in module._parameters.items():
                 if p is not None and not _is_lazy(p):
-                    self._add((cid, "params", name), self._values(p, (cid, "params", name)))
+                    self._add((cid, "params", name), self._values(p, (cid, "params", name), stable=True))
         if "io_grad" in self.kinds and not isinstance(module, self.ignore_io_grad):
             return self._alias_inputs(module, cid, (args, kwargs, found), frame)
         return None
@@ -573,11 +583,13 @@ class StepRecorder:
             self.version += 1
             self.pending.setdefault(key, []).append(part)
 
-    def _values(self, t: torch.Tensor, place: Optional[Key] = None) -> Optional[Part]:
+    def _values(self, t: torch.Tensor, place: Optional[Key] = None, stable: bool = False) -> Optional[Part]:
         """A sample of ``t`` and its statistics over all values, taken now (before any later
         in-place change), or at the end of the phase with the phase's other tensors on a GPU
         (``place``: where it was seen, see ``PhaseMeasure``); the same for a tensor already
-        measured unchanged in this step."""
+        measured unchanged in this step. ``stable``: nothing may change ``t`` before the step's
+        next ``settle`` (a parameter until backward ends or the optimizer steps, a gradient
+        until its backward pass ends), so a large CPU one is read where it lies."""
         t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
         seen = self._seen.get(id(t))
         batched = t.device.type in self.batch_devices
@@ -589,6 +601,10 @@ class StepRecorder:
         if key is not None:  # measured with its phase (its key: what its layout depends on)
             later = (self.batched if batched else self.host_phase).add(t, place, key)
             return self._remember(t, (later, later, None))
+        if stable and t.is_cpu and t.numel() > SMALL:
+            read = self._read_in_place(t)
+            if read is not None:
+                return self._remember(t, read)
         # a large CPU tensor is copied into the pool (measured later), a small one the phase
         # cannot read (float8, say) copied now; a GPU tensor the phase cannot read measured now
         part: Part
@@ -604,6 +620,37 @@ class StepRecorder:
                 return None
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         return self._remember(t, part)
+
+    def _read_in_place(self, t: torch.Tensor) -> Optional[Part]:
+        """``t`` measured and sampled where it lies by the writer thread, which takes it at once
+        (a copy would cost a pass over its values on this thread); None where no writer thread
+        takes it."""
+        if self.measure_soon is None or not measurable(t):
+            return None
+        lazy = LazySummary(t.detach())
+        lazy.draw = self.later_sampler.values_of
+        if not self.measure_soon([lazy]):
+            return None
+        self._in_place.append((lazy, t, t._version))
+        return (lazy, lazy, None)
+
+    def settle(self) -> None:
+        """Return when the values read where they lie are read: before anything may change
+        them (the end of a backward pass, an optimizer step, the step's end). A tensor changed
+        since it was seen (in place, inside the forward pass, say) may have been read half old
+        and half new: its reading is dropped (no statistics and an empty sample this step)."""
+        if not self._in_place:
+            return
+        read, self._in_place = self._in_place, []
+        self.wait_measured()
+        LazySummary.resolve([lazy for lazy, _, _ in read])  # any the writer did not take (it failed)
+        changed = [lazy for lazy, t, version in read if t._version != version]
+        for lazy in changed:
+            lazy.summary = None
+            lazy.sample = torch.empty(0)  # CPU float32, as the samples it stands for
+        if changed:
+            self.dropped += len(changed)
+            self._summaries.clear()  # the series' summaries computed from them (the writer is idle)
 
     def _flush_phases(self) -> None:
         self.batched.flush()
@@ -698,19 +745,16 @@ class StepRecorder:
             self.on_gradient()
             self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
             if self.measure_soon is not None and "params_grad" in self.kinds:
-                self._copy_grad_now(param.grad)
+                self._read_grad_now(param.grad)
 
-    def _copy_grad_now(self, grad: Optional[torch.Tensor]) -> None:
-        """A large CPU gradient is copied as it arrives and measured on the writer thread while
-        the backward pass goes on, instead of all of them when it has ended (training then
-        waits for them at the optimizer step). Read again at the pass's end (a shared parameter
-        gets more), ``_values`` takes the same copy if the gradient has not changed since."""
-        if grad is None or not grad.is_cpu or grad.numel() <= SMALL:
-            return  # small ones are copied together at the pass's end, GPU ones measured there
-        part = self._values(grad)
-        lazy = part[1] if part is not None else None
-        if isinstance(lazy, LazySummary) and not lazy.measured:
-            self.measure_soon([lazy])  # type: ignore[misc]
+    def _read_grad_now(self, grad: Optional[torch.Tensor]) -> None:
+        """A large CPU gradient is read where it lies by the writer thread as it arrives, while
+        the backward pass goes on, instead of all of them when it has ended (training would
+        wait for them at the optimizer step). Read again at the pass's end, ``_values`` takes
+        the same reading if the gradient has not changed since (a shared parameter gets more:
+        then ``settle`` drops the first reading and the final gradient is copied)."""
+        if grad is not None and grad.is_cpu and grad.numel() > SMALL:
+            self._values(grad, stable=True)  # small ones are measured together at the pass's end
 
 
 def _hook_error(module: nn.Module, cid: str, name: str, error: Exception) -> InplaceGradientError:

@@ -115,14 +115,18 @@ class Watch:
             # gradients measured as they arrive; not under torch.distributed, where they are
             # averaged in place after the backward pass
             measure_soon=None if self._ranks is not None else self._measure_soon,
+            wait_measured=self._wait_measured,
         )
         sampler = Sampler(options.sample_n)  # one fixed seed: the same training gives the same run
         classes = tuple(options.ignore_io_grad_classes)
         return StepRecorder(unwrap(model), self.kinds, sampler, classes, input_grads=options.input_grads, wiring=wiring)
 
-    def _measure_soon(self, lazies: List[LazySummary]) -> None:
+    def _measure_soon(self, lazies: List[LazySummary]) -> bool:
+        return self._steps is not None and self._steps.measure_soon(lazies)
+
+    def _wait_measured(self) -> None:
         if self._steps is not None:
-            self._steps.measure_soon(lazies)
+            self._steps.wait_measured()
 
     def _next_logged(self) -> bool:
         """Whether the next forward is a logged step's (the compile switch asks after each)."""
@@ -441,6 +445,8 @@ class Watch:
 
     def _optimizer_pre(self, outer: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._timeline.optimizer_pre(self._machine.logged_step(), outer)
+        if outer and self._machine.logging:
+            self.recorder.settle()  # the parameters read where they lie, before the step changes them
 
     def _make_durable(self) -> None:
         """A logged step's optimizer step has ended: its writes are committed before training

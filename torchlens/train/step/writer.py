@@ -15,17 +15,18 @@ The backends (wandb, TensorBoard) get each step once, when it ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from ...web.stats import histograms
+from ...web.stats import Histograms, histograms, stack_rows
 from ..measure import LazySummary, RankGroup, step_histograms
 from ..record import NormsLater, StepData, StepRecorder
 from ..store import RunWriter
@@ -53,10 +54,18 @@ class StepWriter:
         self._written = 0  # logged steps written so far
         self._clean: Optional[Tuple[int, int]] = None  # (step, recorder version) last written whole
         self._last: Any = None  # the histograms of that write (set by the writer thread)
-        # one write waiting at most; a step's writes overlap its own optimizer step only: when
-        # that ends (``durable``), and when the next step starts, they are in the run, so a
-        # killed process loses at most the step in flight
-        self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue(maxsize=1)
+        # (step, the recorder's dropped count, key -> (parts, last part, row), histograms) of
+        # the forward's series, binned during the backward pass (set by the writer thread)
+        self._ahead: Optional[Tuple[Optional[int], int, Dict[Any, Tuple[int, Any, int]], Histograms]] = None
+        # a step's writes overlap its own optimizer step only: when that ends (``durable``), and
+        # when the next step starts, they are in the run, so a killed process loses at most the
+        # step in flight. Never full: a hook handing over work must not wait for the thread.
+        self._jobs: "queue.Queue[Optional[Tuple[Callable[[], None], bool]]]" = queue.Queue()
+        self._write_room = threading.Semaphore(2)  # one write running and one waiting, at most
+        # copies handed over and not measured yet: one job measures all there are when it runs
+        self._to_measure: List[LazySummary] = []
+        self._measure_jobs = 0  # measuring jobs queued or running
+        self._measured = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self.failed = False  # a write failed: the run is not complete (its status says so)
@@ -142,16 +151,87 @@ class StepWriter:
         end, which training waits for, is then left with the gradients alone."""
         if not self._threaded:  # written on the training thread: nothing to overlap
             return
-        self.measure_soon(self.sink.recorder.unmeasured())
-
-    def measure_soon(self, lazies: List[LazySummary]) -> None:
-        """Measure ``lazies`` (copies nothing else writes to) on the writer thread, in turn with
-        the writes: at once when steps are written on the training thread (they would be
-        measured there anyway, when the step is written)."""
-        if not self._threaded or not lazies:
-            return
+        recorder = self.sink.recorder
+        self.measure_soon(recorder.unmeasured())
+        data, step, dropped = recorder.collect(), recorder.step, recorder.dropped
+        with self._measured:  # counted as measuring: ``wait_measured`` waits for it too
+            self._measure_jobs += 1
         self._start()
-        self._jobs.put(lambda: LazySummary.resolve(lazies))
+        self._jobs.put((functools.partial(self._bin_ahead, step, data, dropped), False))
+
+    def _bin_ahead(self, step: Optional[int], data: StepData, dropped: int) -> None:
+        """While the backward pass runs (the writer is idle then): the forward's series binned,
+        kept for the write at the pass's end, which bins only what changed since; and the log
+        checkpointed."""
+        try:
+            if self._error is None:
+                h = histograms(data.summarize().samples, self.sink.reject, summaries=data.summaries)
+                known = {
+                    key: (n, parts[n - 1], i)
+                    for i, (key, parts, n) in enumerate(zip(data.keys, data.parts, data.counts))
+                }
+                self._ahead = (step, dropped, known, h)
+        finally:
+            with self._measured:
+                self._measure_jobs -= 1
+                self._measured.notify_all()
+        if self.sink.run is not None:
+            self.sink.run.checkpoint()
+
+    def _histograms(self, step: int, data: StepData) -> Histograms:
+        """The step's histograms: the rows binned ahead (``_bin_ahead``) whose series have not
+        changed since, and the others binned now."""
+        w = self.sink
+        ahead, self._ahead = self._ahead, None
+        if w.ranks is not None or ahead is None or ahead[:2] != (step, w.recorder.dropped):
+            return step_histograms(w.ranks, data, w.reject, step)
+        data.summarize()
+        known, old = ahead[2], ahead[3]
+        fresh, reused, rows = [], [], []
+        for i, (key, parts, n) in enumerate(zip(data.keys, data.parts, data.counts)):
+            k = known.get(key)
+            if k is not None and k[0] == n and k[1] is parts[n - 1]:
+                reused.append(i)
+                rows.append(k[2])
+            else:
+                fresh.append(i)
+        new = histograms([data.samples[i] for i in fresh], w.reject, summaries=[data.summaries[i] for i in fresh])
+        return stack_rows(len(data.keys), [(fresh, new, list(range(len(fresh)))), (reused, old, rows)])
+
+    def measure_soon(self, lazies: List[LazySummary]) -> bool:
+        """Measure ``lazies`` (values nothing changes until they are measured) on the writer
+        thread, in turn with the writes; False when steps are written on the training thread
+        (they are measured there, when the step is written)."""
+        if not self._threaded:
+            return False
+        if not lazies:
+            return True
+        with self._measured:
+            queued = bool(self._to_measure)  # a job that will take these too is waiting
+            self._to_measure.extend(lazies)
+            if not queued:
+                self._measure_jobs += 1
+        if not queued:
+            self._start()
+            self._jobs.put((self._measure_handed, False))
+        return True
+
+    def wait_measured(self) -> None:
+        """Return when everything handed to ``measure_soon`` so far is measured (the writes
+        queued meanwhile may still run)."""
+        with self._measured:
+            self._measured.wait_for(lambda: self._measure_jobs == 0)
+
+    def _measure_handed(self) -> None:
+        """Measure every value handed over so far, together (the small ones in one batch)."""
+        with self._measured:
+            lazies, self._to_measure = self._to_measure, []
+        try:
+            LazySummary.resolve(lazies)
+        finally:
+            with self._measured:
+                self._measure_jobs -= 1
+                self._measured.notify_all()
 
     def _start(self) -> None:
         if self._thread is None:
@@ -179,19 +259,24 @@ class StepWriter:
                 self._write(step, data, new_calls, keep)
 
         self._start()
-        self._jobs.put(job)
+        self._write_room.acquire()
+        self._jobs.put((job, True))
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
+            item = self._jobs.get()
+            if item is None:
+                self._jobs.task_done()
+                return
+            job, is_write = item
             try:
-                if job is None:
-                    return
-                if self._error is None:
+                if self._error is None or not is_write:  # a measuring job counts down whatever came before
                     job()
             except BaseException as error:  # handed to the training thread at its next write
                 self._error = error
             finally:
+                if is_write:
+                    self._write_room.release()
                 self._jobs.task_done()
 
     def _raise_failure(self) -> None:
@@ -205,7 +290,7 @@ class StepWriter:
         start = time.perf_counter_ns()
         if new_calls and w.run is not None:
             w.run.add_calls(new_calls)
-        h = step_histograms(w.ranks, data, w.reject, step)  # global under torch.distributed
+        h = self._histograms(step, data)  # global under torch.distributed
         if keep:
             self._last = h
         if w.run is None:  # a rank other than 0: its counts went to rank 0

@@ -97,6 +97,11 @@ class RunWriter:
         self.db = connect(self.path)
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = NORMAL")  # a killed process loses nothing committed
+        # the log is copied back into the database by ``checkpoint``, called while training does
+        # not wait for the writer (a backward pass), not by whichever commit crosses 1000 pages
+        # (a step's rows touch a page per series: that is every few steps, and training waits)
+        self.db.execute("PRAGMA wal_autocheckpoint = 0")
+        self.commits_unchecked = 0  # commits since the last checkpoint
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
@@ -217,7 +222,21 @@ class RunWriter:
             self._add_timeline(timeline, prune=new and ordinal % 1000 == 999)
         if new:
             self.num_logged += 1
+        self.commits_unchecked += 1
+        self.checkpoint(due=32)  # when no idle moment called it (the log stays bounded)
         return new
+
+    def checkpoint(self, due: int = 4) -> None:
+        """Copy the log back into the database once ``due`` commits have gone to it (several
+        steps rewrite the same pages: one copy of each). Passive: a reader is never blocked,
+        and pages a reader still needs wait for a later checkpoint."""
+        if self.db is None or self.commits_unchecked < due:
+            return
+        self.commits_unchecked = 0
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.OperationalError:  # busy: the next one copies them
+            pass
 
     def write_timeline(self, rows: Sequence[tuple]) -> None:
         """Store timeline rows left when no step is written any more (at close)."""
