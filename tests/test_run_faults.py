@@ -204,3 +204,24 @@ def test_one_damaged_run_does_not_hide_the_others(tmp_path):
     assert runs["good"]["steps"] == 3 and "error" not in runs["good"], runs
     assert "damaged" in runs["bad"]["error"], runs
     assert good
+
+
+def test_the_run_log_stays_bounded_without_the_checkpoints_of_idle_moments(tmp_path):
+    import numpy as np
+
+    from torchlens.train.store import RunWriter
+
+    bins = 32
+    writer = RunWriter(str(tmp_path / "run"), "M", {}, bins)
+    keys = [(f"m{i}:1", "io", "output 0") for i in range(300)]  # a page per series: a large log per step
+    n = len(keys)
+    wal = os.path.join(str(tmp_path / "run"), "run.db-wal")
+    sizes = []
+    for step in range(120):
+        writer.write_step(step, keys, np.ones((n, bins)), np.zeros(n), hi=np.ones(n), nonfinite=np.zeros(n))
+        sizes.append(os.path.getsize(wal))
+    writer.close()
+    assert sizes[-1] <= 2 * max(sizes[:40]), f"the log grew with the steps: {sizes[39]} then {sizes[-1]} bytes"
+    run = tl.open_run(str(tmp_path / "run"))
+    assert run.series(*keys[-1]).steps.tolist()[-1] == 119
+    run.close()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import socket
 import sqlite3
+import threading
 import urllib.request
 
 import numpy as np
@@ -820,3 +822,116 @@ def test_large_gradients_measured_as_they_arrive_keep_the_final_accumulated_valu
                 (g.min().item(), g.max().item(), g.mean().item()), rel=1e-6
             ), (module, step)
     run.close()
+
+
+class ShiftAfterUse(nn.Module):
+    """A large weight read in place, and a large offset the forward changes in place after its
+    call saw it (``add`` saves nothing for backward, so backward still runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(160, 160)  # 25,600 weights: above the size measured in batches
+        self.shift = Shift(20000)
+
+    def forward(self, x):
+        y = self.shift(x.repeat(1, 125)).view(x.shape[0], 125, 160).mean(1)
+        with torch.no_grad():
+            self.shift.offset.add_(1.0)  # after the call: its reading may mix old and new values
+        return self.lin(y)
+
+
+class Shift(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.offset = nn.Parameter(torch.linspace(-1.0, 1.0, n))
+
+    def forward(self, x):
+        return x + self.offset
+
+
+def test_parameters_read_where_they_lie_match_the_forward_and_a_changed_one_is_dropped(tmp_path):
+    torch.manual_seed(0)
+    model = ShiftAfterUse()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0, optimizer=opt)
+    seen, offsets = [], []
+    for _ in range(3):
+        seen.append(model.lin.weight.detach().clone())
+        offsets.append(model.shift.offset.detach().clone())
+        opt.zero_grad()
+        model(torch.randn(4, 160)).pow(2).mean().backward()
+        opt.step()
+    w.close()
+    run = tl.open_run(w.run_dir)
+    weight = run.series("lin:1", "params", "weight")
+    for step, values in enumerate(seen):
+        v = values.double()
+        assert (weight.min[step], weight.max[step], weight.mean[step]) == pytest.approx(
+            (v.min().item(), v.max().item(), v.mean().item()),
+            rel=1e-6,
+            abs=1e-9,  # a mean near 0
+        )
+    offset = run.series("shift:1", "params", "offset")
+    assert math.isnan(offset.mean[0]) and math.isnan(offset.min[0]), "a reading of a changed parameter was kept"
+    for step in (1, 2):  # copied when seen from then on: the values its call saw
+        v = offsets[step].double()
+        assert (offset.min[step], offset.max[step], offset.mean[step]) == pytest.approx(
+            (v.min().item(), v.max().item(), v.mean().item()), rel=1e-6, abs=1e-9
+        )
+    run.close()
+
+
+def test_handing_values_to_a_busy_writer_never_waits(tmp_path):
+    from torchlens.train.measure import LazySummary
+
+    w = quiet_watch(nn.Linear(3, 2), tmp_path)
+    writer = w._steps
+    gate = threading.Event()
+    writer._start()
+    writer._jobs.put((gate.wait, False))  # the writer thread is busy until the gate opens
+    lazies = [LazySummary(torch.arange(float(n + 1))) for n in range(6)]
+    handing = threading.Thread(target=lambda: [writer.measure_soon([lazy]) for lazy in lazies])
+    handing.start()
+    handing.join(timeout=10)
+    try:
+        assert not handing.is_alive(), "handing values to a busy writer thread waited for it"
+    finally:
+        gate.set()
+    writer.wait_measured()
+    assert all(lazy.measured for lazy in lazies)
+    assert [lazy.summary[1].item() for lazy in lazies] == [n / 2 for n in range(6)]  # the means
+    w.close()
+
+
+class SmallNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 24, 3, padding=1)
+        self.bn = nn.BatchNorm2d(24)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(24 * 8 * 8, 10)  # 15,360 weights
+
+    def forward(self, x):
+        return self.fc(self.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def test_histograms_binned_during_backward_equal_those_binned_at_its_end(tmp_path, monkeypatch):
+    from torchlens.train.measure import step_histograms
+    from torchlens.train.step.writer import StepWriter
+
+    def run_of(name, ahead):
+        torch.manual_seed(0)
+        model = SmallNet()
+        w = quiet_watch(model, tmp_path / name, log=("io", "io_grad", "params", "params_grad", "updates"))
+        if not ahead:  # every row binned when the step is written
+            binned = lambda self, step, data: step_histograms(None, data, self.sink.reject, step)  # noqa: E731
+            monkeypatch.setattr(StepWriter, "_histograms", binned)
+        train(model, [torch.randn(4, 3, 8, 8) for _ in range(3)])
+        w.close()
+        monkeypatch.undo()
+        with sqlite3.connect(os.path.join(w.run_dir, "run.db")) as db:
+            return db.execute("SELECT * FROM columns ORDER BY series_id, slot").fetchall()
+
+    binned_ahead, binned_at_end = run_of("ahead", True), run_of("end", False)
+    assert len(binned_ahead) > 50
+    assert binned_ahead == binned_at_end

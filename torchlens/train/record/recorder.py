@@ -252,6 +252,7 @@ class StepRecorder:
         # with their _version when seen: ``settle`` waits for the reading and checks them
         self._in_place: List[Tuple[LazySummary, torch.Tensor, int]] = []
         self.dropped = 0  # readings dropped so far: what was computed from them is stale
+        self._unstable: Set[int] = set()  # ids of tensors once changed while read: copied since
         if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
             for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
                 if hasattr(self, name):
@@ -625,7 +626,7 @@ class StepRecorder:
         """``t`` measured and sampled where it lies by the writer thread, which takes it at once
         (a copy would cost a pass over its values on this thread); None where no writer thread
         takes it."""
-        if self.measure_soon is None or not measurable(t):
+        if self.measure_soon is None or id(t) in self._unstable or not measurable(t):
             return None
         lazy = LazySummary(t.detach())
         lazy.draw = self.later_sampler.values_of
@@ -638,13 +639,15 @@ class StepRecorder:
         """Return when the values read where they lie are read: before anything may change
         them (the end of a backward pass, an optimizer step, the step's end). A tensor changed
         since it was seen (in place, inside the forward pass, say) may have been read half old
-        and half new: its reading is dropped (no statistics and an empty sample this step)."""
+        and half new: its reading is dropped (no statistics and an empty sample this step), and
+        it is copied when seen from then on."""
         if not self._in_place:
             return
         read, self._in_place = self._in_place, []
         self.wait_measured()
         LazySummary.resolve([lazy for lazy, _, _ in read])  # any the writer did not take (it failed)
         changed = [lazy for lazy, t, version in read if t._version != version]
+        self._unstable.update(id(t) for _, t, version in read if t._version != version)
         for lazy in changed:
             lazy.summary = None
             lazy.sample = torch.empty(0)  # CPU float32, as the samples it stands for

@@ -97,11 +97,7 @@ class RunWriter:
         self.db = connect(self.path)
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = NORMAL")  # a killed process loses nothing committed
-        # the log is copied back into the database by ``checkpoint``, called while training does
-        # not wait for the writer (a backward pass), not by whichever commit crosses 1000 pages
-        # (a step's rows touch a page per series: that is every few steps, and training waits)
-        self.db.execute("PRAGMA wal_autocheckpoint = 0")
-        self.commits_unchecked = 0  # commits since the last checkpoint
+        self.commits_unchecked = 0  # commits since the last ``checkpoint``
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
@@ -223,18 +219,18 @@ class RunWriter:
         if new:
             self.num_logged += 1
         self.commits_unchecked += 1
-        self.checkpoint(due=32)  # when no idle moment called it (the log stays bounded)
         return new
 
-    def checkpoint(self, due: int = 4) -> None:
-        """Copy the log back into the database once ``due`` commits have gone to it (several
-        steps rewrite the same pages: one copy of each). Passive: a reader is never blocked,
-        and pages a reader still needs wait for a later checkpoint."""
-        if self.db is None or self.commits_unchecked < due:
+    def checkpoint(self) -> None:
+        """Copy the log back into the database, called while training does not wait for the
+        writer (a backward pass): a step's rows touch a page per series, so the commit that
+        crosses sqlite's 1000 pages (and copies them then) comes every few steps, and training
+        would wait for it; it then finds them copied. Passive: a reader is never blocked."""
+        if self.db is None or self.commits_unchecked == 0:
             return
         self.commits_unchecked = 0
         try:
-            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # run to its end: no statement left open
         except sqlite3.OperationalError:  # busy: the next one copies them
             pass
 
