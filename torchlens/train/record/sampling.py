@@ -47,6 +47,27 @@ class Sampler:
         picked = flat.index_select(0, index)
         return _float32(picked if other is None else picked - other.index_select(0, index))
 
+    def positions(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
+        """The positions a sample of ``n`` values takes, drawn now (None: all of them), for
+        ``take`` to gather later, on any thread.
+
+        Example:
+            >>> s = Sampler(sample_n=3)
+            >>> s.take(torch.arange(10.0), s.positions(10, torch.device("cpu"))).numel()
+            3
+        """
+        if self.sample_n is None or n <= self.sample_n:
+            return None
+        g = self._generators.get(device) or self._generator(device)
+        return torch.randint(n, (self.sample_n,), generator=g, device=device)
+
+    def take(self, tensor: torch.Tensor, index: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A float32 copy of the values of ``tensor`` at ``index`` (``positions``; None: all)."""
+        if not _has_values(tensor):
+            return None
+        flat = _flat(tensor)
+        return flat.to(torch.float32, copy=True) if index is None else _float32(flat.index_select(0, index))
+
     def values_of(self, tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
         """``values`` of each of ``tensors``, drawn together: one draw and one gather per group of
         equal length (up to ``SMALL`` values), dtype and device, not one each (what a logged

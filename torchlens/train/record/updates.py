@@ -115,6 +115,7 @@ class UpdateHooks:
             self._post_batched(step, params, copies, norms)
             return
         lazies: List[LazySummary] = []
+        unready: List[LazySummary] = []  # those whose weight's norm the writer thread has still to measure
         with torch.no_grad():
             rest = list(zip(params, copies, norms))
             # before - after, computed in the copies (no new memory); the update is its negation,
@@ -126,7 +127,10 @@ class UpdateHooks:
             for p, reverse, norm in rest:
                 lazy = LazySummary(reverse, then=functools.partial(_negated, weight_norm=norm))
                 if reverse.is_cpu:  # sampled with the statistics, on the writer thread
-                    lazy.draw = self._negated_samples
+                    # the positions drawn now, in this thread's order: whichever thread measures
+                    # it takes the same sample (the same training gives the same run)
+                    index = self.recorder.sampler.positions(reverse.numel(), reverse.device)
+                    lazy.draw = functools.partial(self._negated_samples, index)
                     sample: Any = lazy
                 else:
                     sample = self.recorder.sampler.values(reverse)
@@ -134,10 +138,33 @@ class UpdateHooks:
                         continue
                     sample.neg_()
                 lazies.append(lazy)
+                if isinstance(norm, LazySummary) and not norm.measured:
+                    unready.append(lazy)
                 self.recorder.add_update(owners.get(id(p), []), (sample, lazy, None))
         if all(c.device.type == "cpu" for c in copies):
             self._spare[id(optimizer)] = (copies, lazies)
+            self._measure_shared(lazies, unready)
         self.written(step, len(params) - len(rest) + len(lazies))
+
+    def _measure_shared(self, lazies: List[LazySummary], unready: List[LazySummary]) -> None:
+        """Measure the updates on both threads: training waits for them to be written when its
+        optimizer step ends (a killed process keeps the step), so this thread measures half of
+        their values itself while the writer thread measures the other half. Each half draws
+        its samples with its own thread's generator, in that thread's order: the same training
+        gives the same run. ``unready``: left to the writer thread, which measures the weights'
+        norms they need first."""
+        theirs: List[LazySummary] = []
+        mine: List[LazySummary] = []
+        load = [0, 0]  # values in each half
+        left = {id(lazy) for lazy in unready}
+        for lazy in sorted(lazies, key=lambda lazy: -lazy.values.numel()):  # type: ignore[union-attr]
+            half = 0 if load[0] <= load[1] or id(lazy) in left else 1
+            (theirs if half == 0 else mine).append(lazy)
+            load[half] += lazy.values.numel()  # type: ignore[union-attr]
+        hand = self.recorder.measure_soon
+        if not mine or hand is None or not hand(theirs):
+            return  # all measured when the step is written
+        LazySummary.resolve(mine)
 
     def _batched(self, params: List[torch.Tensor]) -> bool:
         """Whether the updates of ``params`` are measured together (``measure/``): all of them
@@ -167,8 +194,10 @@ class UpdateHooks:
             self.recorder.add_update(owners.get(id(p), []), (m, m, None))
         self.written(step, len(params))
 
-    def _negated_samples(self, reverses: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
-        samples = self.recorder.later_sampler.values_of(reverses)
+    def _negated_samples(
+        self, index: Optional[torch.Tensor], reverses: Sequence[torch.Tensor]
+    ) -> List[Optional[torch.Tensor]]:
+        samples = [self.recorder.sampler.take(reverse, index) for reverse in reverses]
         return [None if sample is None else sample.neg_() for sample in samples]
 
     def remove(self) -> None:
