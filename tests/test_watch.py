@@ -935,3 +935,50 @@ def test_histograms_binned_during_backward_equal_those_binned_at_its_end(tmp_pat
     binned_ahead, binned_at_end = run_of("ahead", True), run_of("end", False)
     assert len(binned_ahead) > 50
     assert binned_ahead == binned_at_end
+
+
+class WideInPlace(nn.Module):
+    """Large activations: one the forward changes in place after its call returned (``+=``),
+    one an in-place ReLU overwrites, and steady ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 512)  # 64 x 512 = 32,768 values an output
+        self.b = nn.Linear(512, 512)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.a(x)
+        h += 1.0  # changes a's output after a's call saw it
+        return self.relu(self.b(h))
+
+
+def test_activations_read_where_they_lie_after_the_first_step_keep_the_values_their_calls_saw(tmp_path):
+    torch.manual_seed(0)
+    model = WideInPlace()
+    seen = {}
+
+    def keep(name):
+        def hook(module, args, output):
+            seen.setdefault(name, []).append(output.detach().clone())
+
+        return hook
+
+    handles = [model.a.register_forward_hook(keep("a")), model.b.register_forward_hook(keep("b"))]
+    w = quiet_watch(model, tmp_path, sample_n=None, reject_outlier_proportion=0.0, log=("io",))
+    train(model, [torch.randn(64, 64) for _ in range(4)])
+    w.close()
+    for h in handles:
+        h.remove()
+    assert ("b:1", "io", "input 0") in w.recorder._steady, "no activation was read where it lies"
+    assert {("a:1", "io", "output 0"), ("b:1", "io", "output 0")} <= w.recorder._unsteady  # changed in place
+    run = tl.open_run(w.run_dir)
+    for name in ("a", "b"):
+        s = run.series(f"{name}:1", "io", "output 0")
+        assert list(s.steps) == [0, 1, 2, 3]
+        for step, values in enumerate(seen[name][-4:]):  # before them: the watch's trace of the graph
+            v = values.double()
+            assert (s.min[step], s.max[step], s.mean[step]) == pytest.approx(
+                (v.min().item(), v.max().item(), v.mean().item()), rel=1e-6, abs=1e-9
+            ), (name, step)
+    run.close()

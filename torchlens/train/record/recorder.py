@@ -253,6 +253,12 @@ class StepRecorder:
         self._in_place: List[Tuple[LazySummary, torch.Tensor, int]] = []
         self.dropped = 0  # readings dropped so far: what was computed from them is stale
         self._unstable: Set[int] = set()  # ids of tensors once changed while read: copied since
+        # activations read where they lie, settled when their forward pass ends; the places
+        # (call, "io", name) whose activation the pass leaves unchanged, and those it changes
+        self._in_place_forward: List[Tuple[LazySummary, torch.Tensor, int, Key]] = []
+        self._steady: Set[Key] = set()
+        self._unsteady: Set[Key] = set()
+        self._learning: List[Tuple[Key, Any, int]] = []  # (place, weak ref, _version) copied this pass
         if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
             for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
                 if hasattr(self, name):
@@ -315,6 +321,7 @@ class StepRecorder:
         """The forward pass has ended: the module hooks do nothing until the next ``begin_forward``
         (``remove_forward_hooks`` takes them off). The pass's tensors are measured now, together."""
         self.forward_active = False
+        self._settle_forward()
         self._flush_phases()
 
     def remove_forward_hooks(self) -> None:
@@ -602,10 +609,12 @@ class StepRecorder:
         if key is not None:  # measured with its phase (its key: what its layout depends on)
             later = (self.batched if batched else self.host_phase).add(t, place, key)
             return self._remember(t, (later, later, None))
-        if stable and t.is_cpu and t.numel() > SMALL:
-            read = self._read_in_place(t)
+        if t.is_cpu and t.numel() > SMALL and (stable or place in self._steady):
+            read = self._read_in_place(t, None if stable else place)
             if read is not None:
                 return self._remember(t, read)
+        if place is not None and not stable and place not in self._unsteady and self.measure_soon is not None:
+            self._learning.append((place, weakref.ref(t), t._version))  # copied now; learnt at the pass's end
         # a large CPU tensor is copied into the pool (measured later), a small one the phase
         # cannot read (float8, say) copied now; a GPU tensor the phase cannot read measured now
         part: Part
@@ -622,18 +631,57 @@ class StepRecorder:
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         return self._remember(t, part)
 
-    def _read_in_place(self, t: torch.Tensor) -> Optional[Part]:
+    def _read_in_place(self, t: torch.Tensor, place: Optional[Key] = None) -> Optional[Part]:
         """``t`` measured and sampled where it lies by the writer thread, which takes it at once
         (a copy would cost a pass over its values on this thread); None where no writer thread
-        takes it."""
+        takes it. ``place``: an activation's, settled when its forward pass ends (else when
+        the backward pass does)."""
         if self.measure_soon is None or id(t) in self._unstable or not measurable(t):
             return None
         lazy = LazySummary(t.detach())
         lazy.draw = self.later_sampler.values_of
         if not self.measure_soon([lazy]):
             return None
-        self._in_place.append((lazy, t, t._version))
+        if place is None:
+            self._in_place.append((lazy, t, t._version))
+        else:
+            self._in_place_forward.append((lazy, t, t._version, place))
         return (lazy, lazy, None)
+
+    def _settle_forward(self) -> None:
+        """When a forward pass ends: learn which places' activations nothing changed during
+        the pass (read where they lie from the next step on: they are not copied) and which it
+        changed in place (copied when seen, as before: ``ReLU(inplace=True)`` overwrites a
+        batch norm's output, ``out += identity`` a block's); wait for the activations read where
+        they lie, and drop the reading of one changed since it was seen (its place is copied
+        from then on). Nothing reads them after this: the caller may change them."""
+        learning, self._learning = self._learning, []
+        for place, ref, version in learning:
+            t = ref()
+            if t is not None and t._version == version:
+                self._steady.add(place)
+            else:  # changed, or gone (not known unchanged): copied when seen
+                self._unsteady.add(place)
+        read, self._in_place_forward = self._in_place_forward, []
+        if not read:
+            return
+        self.wait_measured()
+        LazySummary.resolve([lazy for lazy, _, _, _ in read])  # any the writer did not take (it failed)
+        changed = [(lazy, place) for lazy, t, version, place in read if t._version != version]
+        for _, place in changed:
+            self._steady.discard(place)
+            self._unsteady.add(place)
+        self._drop([lazy for lazy, _ in changed])
+
+    def _drop(self, readings: List[LazySummary]) -> None:
+        """Readings of tensors changed while they may have been read: no statistics and an
+        empty sample this step; what was computed from them is stale."""
+        for lazy in readings:
+            lazy.summary = None
+            lazy.sample = torch.empty(0)  # CPU float32, as the samples it stands for
+        if readings:
+            self.dropped += len(readings)
+            self._summaries.clear()  # the series' summaries computed from them (the writer is idle)
 
     def settle(self) -> None:
         """Return when the values read where they lie are read: before anything may change
@@ -641,19 +689,15 @@ class StepRecorder:
         since it was seen (in place, inside the forward pass, say) may have been read half old
         and half new: its reading is dropped (no statistics and an empty sample this step), and
         it is copied when seen from then on."""
+        if self._in_place_forward or self._learning:  # a forward pass whose end was not seen
+            self._settle_forward()
         if not self._in_place:
             return
         read, self._in_place = self._in_place, []
         self.wait_measured()
         LazySummary.resolve([lazy for lazy, _, _ in read])  # any the writer did not take (it failed)
-        changed = [lazy for lazy, t, version in read if t._version != version]
         self._unstable.update(id(t) for _, t, version in read if t._version != version)
-        for lazy in changed:
-            lazy.summary = None
-            lazy.sample = torch.empty(0)  # CPU float32, as the samples it stands for
-        if changed:
-            self.dropped += len(changed)
-            self._summaries.clear()  # the series' summaries computed from them (the writer is idle)
+        self._drop([lazy for lazy, t, version in read if t._version != version])
 
     def _flush_phases(self) -> None:
         self.batched.flush()
