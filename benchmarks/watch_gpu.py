@@ -31,6 +31,18 @@ with the ATen operations it runs. On the CPU, torch's eager ``row_stats`` runs o
 of rows, where a GPU runs one kernel per dtype (kernels.py): the time and the count include it.
 
     python benchmarks/watch_gpu.py --measure [--scale 4096]
+
+``--host`` measures, on the CPU, the host's work of a logged step where kernels cost almost
+nothing, as on a GPU: a ResNet-18 of the same layers at an eighth of the width (8 to 64
+channels), batch 2 at 32x32, one thread, the batched path forced (what a CUDA step runs), and
+the row statistics that Triton computes in one launch on a GPU replaced by one small operation
+(their numbers are then not real: this mode times, it does not check). Printed per step, as
+medians over blocks that take turns with a plain step: the training thread's CPU time, the wall
+time, and the part of it spent waiting for the writer thread at the end of the optimizer step
+(the write a killed process must find in the run). On a GPU the same wait also waits for the
+step's kernels.
+
+    python benchmarks/watch_gpu.py --host [--rounds 12]
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -76,7 +88,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (no figure)")
     parser.add_argument("--measure", action="store_true", help="time the measuring path alone, on the CPU")
     parser.add_argument("--scale", type=int, default=4096, help="--measure: tensors this many times smaller")
+    parser.add_argument("--host", action="store_true", help="time a logged step's host work, on the CPU")
     args = parser.parse_args()
+    if args.host:
+        host_only(args.rounds or 12, args.block or 10, args.json)
+        return
     if args.measure:
         measure_only(args.scale, args.json)
         return
@@ -272,6 +288,108 @@ def measure_only(scale: int, json_path: object) -> None:
 
 
 VARIANTS_5 = ("io", "io_grad", "params", "params_grad", "updates")
+
+
+class _Block(nn.Module):
+    """torchvision's BasicBlock (two 3x3 convolutions, the residual added in place)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample: Optional[nn.Module] = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        out += identity
+        return self.relu(out)
+
+
+def narrow_resnet18(width: int = 8, classes: int = 10) -> nn.Module:
+    """ResNet-18's layers (62 modules, the same series) at ``width`` channels in its first stage."""
+    stages, cin = [], width
+    for i, cout in enumerate([width, 2 * width, 4 * width, 8 * width]):
+        stages.append(nn.Sequential(_Block(cin, cout, 1 if i == 0 else 2), _Block(cout, cout, 1)))
+        cin = cout
+    return nn.Sequential(
+        nn.Conv2d(3, width, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+        *stages,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(cin, classes),
+    )
+
+
+def host_only(rounds: int, block: int, json_path: object) -> None:
+    """The host's work of a logged step, on the CPU (see ``--host`` in the module)."""
+    from torchlens.train.measure import batch
+    from torchlens.train.step import writer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    base = narrow_resnet18()
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    models = {name: copy.deepcopy(base) for name in ("plain", "logged")}
+    optimizers = {k: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for k, m in models.items()}
+    w = tl.watch(models["logged"], run_dir=tempfile.mkdtemp(prefix="torchlens-host-"), backend=None, verbose=False)
+    w.recorder.batch_devices = frozenset({"cpu"})  # what a CUDA step runs
+    batch.row_stats = lambda x: x.new_zeros(x.shape[0], 8, dtype=torch.float64)  # one launch on a GPU
+    waited = [0.0]
+    durable = writer.StepWriter.durable
+
+    def timed_durable(self: object) -> None:
+        start = time.perf_counter()
+        durable(self)  # type: ignore[arg-type]
+        waited[0] += time.perf_counter() - start
+
+    writer.StepWriter.durable = timed_durable  # type: ignore[assignment]
+
+    def run_block(name: str, steps: int) -> tuple:
+        model, opt = models[name], optimizers[name]
+        waited[0] = 0.0
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(steps):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return (time.thread_time() - cpu) / steps, (time.perf_counter() - wall) / steps, waited[0] / steps
+
+    try:
+        for name in models:
+            run_block(name, 5)
+        found: Dict[str, List[tuple]] = {name: [] for name in models}
+        for r in range(rounds):
+            for name in list(models)[r % 2 :] + list(models)[: r % 2]:
+                found[name].append(run_block(name, block))
+    finally:
+        writer.StepWriter.durable = durable  # type: ignore[assignment]
+        w.close()
+    med = {name: [statistics.median(v[i] for v in found[name]) * 1e3 for i in range(3)] for name in models}
+    result = {
+        "model": "ResNet-18 layers at 8-64 channels, batch 2 at 32x32, the batched path on the CPU",
+        "series": len(tl.open_run(w.run_dir).series_names()),
+        "plain": dict(zip(("thread_ms", "wall_ms"), med["plain"][:2])),
+        "logged": dict(zip(("thread_ms", "wall_ms", "durable_wait_ms"), med["logged"])),
+    }
+    print(result["model"], f"({result['series']} series), {rounds} rounds of {block} steps")
+    print(f"  plain step:  training thread {med['plain'][0]:.2f} ms, wall {med['plain'][1]:.2f} ms")
+    print(
+        f"  logged step: training thread {med['logged'][0]:.2f} ms, wall {med['logged'][1]:.2f} ms, "
+        f"of which waiting for the write {med['logged'][2]:.2f} ms"
+    )
+    if json_path:
+        with open(str(json_path), "w") as f:
+            json.dump(result, f, indent=2)
 
 if __name__ == "__main__":
     main()
