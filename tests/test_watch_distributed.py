@@ -23,6 +23,15 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 slow = pytest.mark.slow  # two spawned processes: about 20 s each on a shared 2-core machine
 
 
+def _leave_group() -> None:
+    """Wait for the other rank, then leave (a rank once ended with SIGABRT on a loaded machine;
+    tearing gloo's connections down while the peer may still use them is a known cause)."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def _samples(rank: int, world: int) -> list:
     """Each rank's share of three series (one with a nan, one constant, one empty on a rank)."""
     g = torch.Generator().manual_seed(0)
@@ -52,7 +61,7 @@ def _worker(rank: int, world: int, init: str, out: str, case: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(result, f)
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 def _run(case: str) -> list:
@@ -126,7 +135,7 @@ def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump((w.run_dir, w._ranks.collectives), f)
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 def _series(run_dir: str) -> dict:
@@ -186,7 +195,7 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
             model.zero_grad(set_to_none=True)
         w.close()
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 @slow
@@ -224,7 +233,7 @@ def test_ddp_model_without_a_process_group_is_a_clear_error(tmp_path):
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     finally:
-        dist.destroy_process_group()
+        _leave_group()
     with pytest.raises(tl.RankMismatchError, match="no process group is initialised"):
         tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
     assert not (tmp_path / "run").exists()
@@ -277,7 +286,7 @@ def _branch_worker(rank: int, world: int, init: str, out: str) -> None:
             pickle.dump(error, f)
     finally:
         _leave_together(out, rank, world)
-        dist.destroy_process_group()
+        _leave_group()
 
 
 @slow
@@ -350,7 +359,7 @@ def _nan_worker(rank: int, world: int, init: str, out: str) -> None:
     finally:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(results, f)
-        dist.destroy_process_group()
+        _leave_group()
 
 
 @slow
@@ -397,4 +406,4 @@ def test_the_ranks_nonfinite_decision_names_the_rank_whose_own_values_went_bad(t
         assert group.first_nonfinite(None, no) == 0 and group.first_nonfinite(no, None) == 0
         assert group.collectives == 6  # one each
     finally:
-        dist.destroy_process_group()
+        _leave_group()
