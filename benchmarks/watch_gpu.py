@@ -39,8 +39,9 @@ the row statistics that Triton computes in one launch on a GPU replaced by one s
 (their numbers are then not real: this mode times, it does not check). Printed per step, as
 medians over blocks that take turns with a plain step: the training thread's CPU time, the wall
 time, and the part of it spent waiting for the writer thread at the end of the optimizer step
-(the write a killed process must find in the run). On a GPU the same wait also waits for the
-step's kernels.
+(the write a killed process must find in the run), with the default ``durable=True`` and with
+``durable=False``. On a GPU the same wait also waits for the step's kernels. A block ends when
+its watch has written its steps.
 
     python benchmarks/watch_gpu.py --host [--rounds 12]
 """
@@ -338,10 +339,15 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
     torch.manual_seed(0)
     base = narrow_resnet18()
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
-    models = {name: copy.deepcopy(base) for name in ("plain", "logged")}
+    variants = {"logged": {}, "not durable": {"durable": False}}
+    models = {name: copy.deepcopy(base) for name in ("plain", *variants)}
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for k, m in models.items()}
-    w = tl.watch(models["logged"], run_dir=tempfile.mkdtemp(prefix="torchlens-host-"), backend=None, verbose=False)
-    w.recorder.batch_devices = frozenset({"cpu"})  # what a CUDA step runs
+    folder = tempfile.mkdtemp(prefix="torchlens-host-")
+    watches = []
+    for i, (name, options) in enumerate(variants.items()):
+        w = tl.watch(models[name], run_dir=f"{folder}/{i}", backend=None, verbose=False, **options)
+        w.recorder.batch_devices = frozenset({"cpu"})  # what a CUDA step runs
+        watches.append(w)
     batch.row_stats = lambda x: x.new_zeros(x.shape[0], 8, dtype=torch.float64)  # one launch on a GPU
     waited = [0.0]
     durable = writer.StepWriter.durable
@@ -362,31 +368,37 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        for w in watches:  # a block ends with its writes done: they count for the variant that made them
+            w.flush()
         return (time.thread_time() - cpu) / steps, (time.perf_counter() - wall) / steps, waited[0] / steps
 
     try:
         for name in models:
             run_block(name, 5)
         found: Dict[str, List[tuple]] = {name: [] for name in models}
+        names = list(models)
         for r in range(rounds):
-            for name in list(models)[r % 2 :] + list(models)[: r % 2]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 found[name].append(run_block(name, block))
     finally:
         writer.StepWriter.durable = durable  # type: ignore[assignment]
-        w.close()
+        for w in watches:
+            w.close()
     med = {name: [statistics.median(v[i] for v in found[name]) * 1e3 for i in range(3)] for name in models}
-    result = {
+    fields = ("thread_ms", "wall_ms", "durable_wait_ms")
+    result: Dict[str, object] = {
         "model": "ResNet-18 layers at 8-64 channels, batch 2 at 32x32, the batched path on the CPU",
-        "series": len(tl.open_run(w.run_dir).series_names()),
-        "plain": dict(zip(("thread_ms", "wall_ms"), med["plain"][:2])),
-        "logged": dict(zip(("thread_ms", "wall_ms", "durable_wait_ms"), med["logged"])),
+        "series": len(tl.open_run(watches[0].run_dir).series_names()),
+        **{name: dict(zip(fields, med[name])) for name in models},
+        "ratio": {name: statistics.median(v[1] / p[1] for v, p in zip(found[name], found["plain"])) for name in variants},
     }
     print(result["model"], f"({result['series']} series), {rounds} rounds of {block} steps")
     print(f"  plain step:  training thread {med['plain'][0]:.2f} ms, wall {med['plain'][1]:.2f} ms")
-    print(
-        f"  logged step: training thread {med['logged'][0]:.2f} ms, wall {med['logged'][1]:.2f} ms, "
-        f"of which waiting for the write {med['logged'][2]:.2f} ms"
-    )
+    for name in variants:
+        print(
+            f"  {name + ':':<12} training thread {med[name][0]:.2f} ms, wall {med[name][1]:.2f} ms "
+            f"({result['ratio'][name]:.2f}x), of which waiting for the write {med[name][2]:.2f} ms"  # type: ignore[index]
+        )
     if json_path:
         with open(str(json_path), "w") as f:
             json.dump(result, f, indent=2)

@@ -13,6 +13,8 @@ taking turns in blocks of steps so that all of them see the same machine:
                     requires grad (the default);
 * ``no input grads`` -- the same with ``input_grads=False``: the extra backward work of the
                     data's gradient strip is the difference between the two;
+* ``not durable``  -- ``log_freq=1`` with ``durable=False``: the optimizer step does not wait
+                    for the step's write (a killed process may lose the last logged steps);
 * ``5 kinds logged`` -- ``log_freq=1`` with the fifth kind, ``updates`` (the parameters copied
                     before each optimizer step, their change recorded after it);
 * ``5 no input grads`` -- the same with ``input_grads=False``;
@@ -204,6 +206,7 @@ VARIANTS: Dict[str, Dict] = {
     "not logged": dict(log_freq=100),
     "logged": dict(log_freq=1),
     "no input grads": dict(log_freq=1, input_grads=False),
+    "not durable": dict(log_freq=1, durable=False),
     "5 kinds logged": dict(log=FIVE),
     "5 no input grads": dict(log=FIVE, input_grads=False),
     "5 not logged": dict(log=FIVE, log_freq=100),

@@ -335,6 +335,7 @@ def _cases(tmp: pathlib.Path, model: nn.Module, x: torch.Tensor) -> List[Case]:
         "input_grads": BOOL,
         "on_nonfinite": CHOICE,
         "optimizer": [5, "adam", ODD, [5]],
+        "durable": BOOL,
     }
     cases += [Case("watch", tl.watch, wa, a, v) for a, v in watch_args.items()]
     cases += [
@@ -494,7 +495,7 @@ def test_every_bad_argument_is_refused_clearly(tmp_path, monkeypatch):
         f"\n{len(functions)} functions, {len(cases)} arguments, {calls} calls, {refused} refused; slowest {slowest:.2f} s"
     )
     assert not problems, f"{len(problems)} of {calls} calls:\n" + "\n".join(problems)
-    assert len(functions) == 30 and len(cases) == 156
+    assert len(functions) == 30 and len(cases) == 157
     # every public function, and every method of a history or run that takes an argument, is fuzzed
     public = {n for n in tl.__all__ if inspect.isfunction(getattr(tl, n))}
     public |= {"Run"} | {f"ModelHistory.{n}" for n in ("save", "to_html", "export", "show", "rerun")}
@@ -504,4 +505,4 @@ def test_every_bad_argument_is_refused_clearly(tmp_path, monkeypatch):
         if inspect.isfunction(v) and not n.startswith("_") and len(inspect.signature(v).parameters) > 1
     }
     assert public == functions, public ^ functions
-    assert calls == refused == 812
+    assert calls == refused == 817

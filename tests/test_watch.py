@@ -982,3 +982,51 @@ def test_activations_read_where_they_lie_after_the_first_step_keep_the_values_th
                 (v.min().item(), v.max().item(), v.mean().item()), rel=1e-6, abs=1e-9
             ), (name, step)
     run.close()
+
+
+def _step_while_the_writer_is_busy(model, opt, w) -> bool:
+    """One training step taken while the watch's writer thread is held busy: whether it returned
+    before the writer was let go (the writer is let go after 2 s either way)."""
+    gate, done = threading.Event(), threading.Event()
+    w._steps._jobs.put((gate.wait, False))  # the writer thread is busy until the gate opens
+
+    def step():
+        opt.zero_grad()
+        model(torch.rand(8, 4)).sum().backward()
+        opt.step()
+        done.set()
+
+    training = threading.Thread(target=step)
+    training.start()
+    returned = done.wait(timeout=2)
+    gate.set()
+    training.join(timeout=60)
+    assert not training.is_alive()
+    return returned
+
+
+def test_durable_false_lets_training_run_ahead_of_the_writes_and_loses_nothing(tmp_path):
+    runs = {}
+    for durable in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = quiet_watch(model, tmp_path / f"run_{durable}", durable=durable)
+        torch.manual_seed(1)
+        for _ in range(2):  # the first logged step also writes the call graph, and waits for that
+            opt.zero_grad()
+            model(torch.rand(8, 4)).sum().backward()
+            opt.step()
+        # a durable step waits for its write when its optimizer step ends; the other goes on
+        assert _step_while_the_writer_is_busy(model, opt, w) is (not durable)
+        w.close()
+        runs[durable] = tl.open_run(w.run_dir)
+        assert runs[durable].options["durable"] is durable
+    durable_run, fast_run = runs[True], runs[False]
+    assert list(fast_run.steps) == list(durable_run.steps) == [0, 1, 2]
+    assert fast_run.series_names() == durable_run.series_names()
+    for key in durable_run.series_names():  # the same steps, written later
+        a, b = durable_run.series(*key), fast_run.series(*key)
+        np.testing.assert_array_equal(a.counts, b.counts)
+        np.testing.assert_array_equal(a.min, b.min)
+        np.testing.assert_array_equal(a.max, b.max)

@@ -284,7 +284,7 @@ def _fileformat(name: str, value: Any, caller: str) -> Any:
 _FLAGS = (
     "detach_saved_tensors save_function_args save_gradients verbose backward training replay verify "
     "reuse_structure overwrite inline_single_op_modules disable_inplace delay_log_multibackward "
-    "manual_steps input_grads"
+    "manual_steps input_grads durable"
 )
 RULES: Dict[str, Callable[[str, Any, str], Any]] = {
     **{flag: _flag for flag in _FLAGS.split()},

@@ -65,6 +65,7 @@ class WatchOptions:
     input_grads: bool = True
     on_nonfinite: Optional[str] = None
     optimizer: Any = None
+    durable: bool = True
 
     def __post_init__(self) -> None:
         self._check()
@@ -74,6 +75,7 @@ class WatchOptions:
             "ignore_io_grad_classes": tuple(self.ignore_io_grad_classes),
             "reject_outlier_proportion": float(self.reject_outlier_proportion),
             "input_grads": bool(self.input_grads),
+            "durable": bool(self.durable),
             "optimizer": _optimizers(self.optimizer),
         }
         check_mode(self.on_nonfinite)
@@ -105,6 +107,7 @@ class WatchOptions:
             "disable_inplace": self.disable_inplace,
             "delay_log_multibackward": self.delay_log_multibackward,
             "input_grads": self.input_grads,
+            "durable": self.durable,
         }
 
     def _check(self) -> None:

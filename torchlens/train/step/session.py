@@ -86,6 +86,7 @@ class Watch:
                 reject=self.reject,
                 run_dir=self.run_dir,
                 backends=self.backends,
+                durable=options.durable,
             )
         )
         link = SentinelLink(
@@ -584,6 +585,7 @@ def watch(
     input_grads: bool = True,
     on_nonfinite: Optional[str] = None,
     optimizer: Any = None,
+    durable: bool = True,
 ) -> Watch:
     """Record histograms of every module call's inputs, outputs, their gradients and the
     parameters while ``model`` trains; read them with ``tl.open_run(w.run_dir)``.
@@ -644,6 +646,11 @@ def watch(
         on_nonfinite: ``None``, ``'warn'``, ``'raise'`` or ``'trace'``: check every step for NaN/Inf
             in the outputs and gradients (``torchlens.train.health.sentinel``); warn once naming the step
             and call, raise ``tl.NonfiniteError`` from ``backward()``, or also name the operation.
+        durable: a logged step is in the run before its optimizer step returns, so a process
+            killed afterwards (``kill -9``) keeps every finished step (the default). False: the
+            step is written while training goes on, and a killed process may lose the last
+            logged step or two; a logged step then costs less, most on a GPU, where that wait
+            also waits for the step's kernels. ``flush()`` and ``close()`` wait in both cases.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -680,6 +687,7 @@ def watch(
         input_grads=input_grads,
         on_nonfinite=on_nonfinite,
         optimizer=optimizer,
+        durable=durable,
     )
     _refuse_watched(model)
     return Watch(model, options)

@@ -44,6 +44,7 @@ class StepSink:
     reject: float  # reject_outlier_proportion
     run_dir: Optional[str]
     backends: List[Any] = field(default_factory=list)  # wandb, TensorBoard: each step once, when it ends
+    durable: bool = True  # a step's writes are committed before its optimizer step returns
 
 
 class StepWriter:
@@ -120,8 +121,13 @@ class StepWriter:
     def durable(self) -> None:
         """Return when the writes handed over so far are committed: called when a step's
         optimizer step has ended and when the step ends, so that a process killed afterwards
-        (``kill -9``) has every finished step in its run."""
-        self.wait()
+        (``kill -9``) has every finished step in its run. Not durable (``tl.watch(durable=
+        False)``): returns at once (at most two writes wait, see ``_write_room``), raising a
+        write that failed meanwhile."""
+        if self.sink.durable:
+            self.wait()
+        else:
+            self._raise_failure()
 
     def wait(self) -> None:
         """Return when every step handed over is written; a write that failed raises here."""
