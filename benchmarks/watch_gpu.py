@@ -390,7 +390,9 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
         "model": "ResNet-18 layers at 8-64 channels, batch 2 at 32x32, the batched path on the CPU",
         "series": len(tl.open_run(watches[0].run_dir).series_names()),
         **{name: dict(zip(fields, med[name])) for name in models},
-        "ratio": {name: statistics.median(v[1] / p[1] for v, p in zip(found[name], found["plain"])) for name in variants},
+        "ratio": {
+            name: statistics.median(v[1] / p[1] for v, p in zip(found[name], found["plain"])) for name in variants
+        },
     }
     print(result["model"], f"({result['series']} series), {rounds} rounds of {block} steps")
     print(f"  plain step:  training thread {med['plain'][0]:.2f} ms, wall {med['plain'][1]:.2f} ms")
@@ -402,6 +404,7 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
     if json_path:
         with open(str(json_path), "w") as f:
             json.dump(result, f, indent=2)
+
 
 if __name__ == "__main__":
     main()
