@@ -30,9 +30,14 @@ class Batch:
     tensor's device)."""
 
     tables: Dict[torch.device, torch.Tensor]
-    rows: List[Optional[torch.Tensor]]
     samples: List[Optional[torch.Tensor]]
     where: List[Optional[Tuple[torch.device, int]]]
+
+    @property
+    def rows(self) -> List[Optional[torch.Tensor]]:
+        """Each tensor's row of its device's table (made when asked: a logged step reads the
+        rows of the tables' host copies instead, on the writer thread)."""
+        return [None if w is None else self.tables[w[0]][w[1]] for w in self.where]
 
 
 def measure_batch(
@@ -60,7 +65,6 @@ def measure_batch(
     compiled = _compiled(keys)
     layout = cache.get(keys, sample_n, compiled) if cache is not None else plan(keys, sample_n, compiled)
     n = len(tensors)
-    rows: List[Optional[torch.Tensor]] = [None] * n
     samples: List[Optional[torch.Tensor]] = [None] * n
     where: List[Optional[Tuple[torch.device, int]]] = [None] * n
     tables: Dict[torch.device, torch.Tensor] = {}
@@ -69,9 +73,9 @@ def measure_batch(
             device = group.device
             table, found = _measure_group(group, tensors, sample_n, generator(device))
             tables[device] = table
-            for j, (i, row, sample) in enumerate(zip(group.members, table.unbind(0), found)):
-                rows[i], samples[i], where[i] = row, sample, (device, j)
-    return Batch(tables, rows, samples, where)
+            for j, (i, sample) in enumerate(zip(group.members, found)):
+                samples[i], where[i] = sample, (device, j)
+    return Batch(tables, samples, where)
 
 
 def _compiled(keys: Sequence[Optional[tuple]]) -> bool:

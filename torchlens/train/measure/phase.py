@@ -35,11 +35,15 @@ class Measured(LazySummary):
     (its ``EXACT_FIELDS`` on the host, read once the phase's copy has arrived: reading waits for
     it) are set when the phase is flushed."""
 
-    __slots__ = ("_row", "event")
+    __slots__ = ("_row", "event", "_table", "_at")
 
     def __init__(self, values: torch.Tensor) -> None:
         self._row: Optional[torch.Tensor] = None
         self.event: Any = None
+        # the phase's host table and this tensor's row in it: the row is taken when read (on
+        # the writer thread), not one view per tensor when the phase ends (on the training one)
+        self._table: Optional[torch.Tensor] = None
+        self._at = 0
         super().__init__(values)
 
     @property  # type: ignore[override]
@@ -48,11 +52,14 @@ class Measured(LazySummary):
         if event is not None:
             event.synchronize()  # waits for this copy alone: not a device synchronisation
             self.event = None
+        table = self._table
+        if table is not None:
+            self._row, self._table = table[self._at], None
         return self._row
 
     @summary.setter
     def summary(self, row: Optional[torch.Tensor]) -> None:
-        self._row = row
+        self._row, self._table = row, None
 
 
 class _Entry:
@@ -204,14 +211,13 @@ class PhaseMeasure:
         for device, table in batch.tables.items():
             if line is not None:
                 table[:, 9] = line(table)
-            rows, event = _to_host(table)
-            host[device] = (rows.unbind(0), event)
+            host[device] = _to_host(table)
         for m, where, sample in zip(measured, batch.where, batch.samples):
             if where is None:  # not measurable in a batch (e.g. complex): as the per-tensor path does
                 m.summary, m.sample, m.values = None, None, None
                 continue
             rows, event = host[where[0]]
-            m.sample, m._row, m.event = sample, rows[where[1]], event
+            m.sample, m._table, m._at, m.event = sample, rows, where[1], event
             m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
 
 

@@ -451,7 +451,8 @@ class Watch:
 
     def _make_durable(self) -> None:
         """A logged step's optimizer step has ended: its writes are committed before training
-        goes on, so a process killed from now on (``kill -9``) keeps the step in its run."""
+        goes on, so a process killed from now on (``kill -9``) keeps the step in its run
+        (unless ``durable=False``: see ``StepWriter.durable``)."""
         start = _now()
         if self._machine.logging and self._writer is not None and not self.closed:
             self._writes().durable()
@@ -650,7 +651,9 @@ def watch(
             killed afterwards (``kill -9``) keeps every finished step (the default). False: the
             step is written while training goes on, and a killed process may lose the last
             logged step or two; a logged step then costs less, most on a GPU, where that wait
-            also waits for the step's kernels. ``flush()`` and ``close()`` wait in both cases.
+            also waits for the step's kernels. ``flush()`` and ``close()`` wait in both cases,
+            and so does the end of each logged step with a ``wandb`` or ``tensorboard`` backend
+            (they are given the step's histograms then).
 
     Example:
         >>> import tempfile, torch, torchlens as tl
