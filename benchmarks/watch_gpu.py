@@ -348,6 +348,7 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
         w = tl.watch(models[name], run_dir=f"{folder}/{i}", backend=None, verbose=False, **options)
         w.recorder.batch_devices = frozenset({"cpu"})  # what a CUDA step runs
         watches.append(w)
+    row_stats = batch.row_stats
     batch.row_stats = lambda x: x.new_zeros(x.shape[0], 8, dtype=torch.float64)  # one launch on a GPU
     waited = [0.0]
     durable = writer.StepWriter.durable
@@ -382,6 +383,7 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
                 found[name].append(run_block(name, block))
     finally:
         writer.StepWriter.durable = durable  # type: ignore[assignment]
+        batch.row_stats = row_stats
         for w in watches:
             w.close()
     med = {name: [statistics.median(v[i] for v in found[name]) * 1e3 for i in range(3)] for name in models}

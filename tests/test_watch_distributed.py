@@ -23,13 +23,21 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 slow = pytest.mark.slow  # two spawned processes: about 20 s each on a shared 2-core machine
 
 
-def _leave_group() -> None:
-    """Wait for the other rank, then leave (a rank once ended with SIGABRT on a loaded machine;
-    tearing gloo's connections down while the peer may still use them is a known cause)."""
-    try:
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _leave_together(out: str, rank: int, world: int, seconds: float = 30.0) -> None:
+    """Wait (bounded) until every rank has written its result, without a collective: after a
+    mismatch a rank that tears its gloo group down while a peer still uses it can abort the peer."""
+    import time
+
+    open(f"{out}.left{rank}", "w").close()
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(f"{out}.left{r}") for r in range(world)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _leave(out: str, rank: int, world: int) -> None:
+    """Leave the process group once every rank is done with it (``_leave_together``)."""
+    _leave_together(out, rank, world)
+    dist.destroy_process_group()
 
 
 def _samples(rank: int, world: int) -> list:
@@ -61,7 +69,7 @@ def _worker(rank: int, world: int, init: str, out: str, case: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(result, f)
     finally:
-        _leave_group()
+        _leave(out, rank, world)
 
 
 def _run(case: str) -> list:
@@ -135,7 +143,7 @@ def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump((w.run_dir, w._ranks.collectives), f)
     finally:
-        _leave_group()
+        _leave(out, rank, world)
 
 
 def _series(run_dir: str) -> dict:
@@ -195,7 +203,7 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
             model.zero_grad(set_to_none=True)
         w.close()
     finally:
-        _leave_group()
+        _leave(out, rank, world)
 
 
 @slow
@@ -233,7 +241,7 @@ def test_ddp_model_without_a_process_group_is_a_clear_error(tmp_path):
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     finally:
-        _leave_group()
+        dist.destroy_process_group()
     with pytest.raises(tl.RankMismatchError, match="no process group is initialised"):
         tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False)
     assert not (tmp_path / "run").exists()
@@ -249,17 +257,6 @@ class _Branchy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.a(x)
         return self.b(x) if dist.get_rank() == 1 else x * 1.0
-
-
-def _leave_together(out: str, rank: int, world: int, seconds: float = 30.0) -> None:
-    """Wait (bounded) until every rank has written its result, without a collective: after a
-    mismatch a rank that tears its gloo group down while a peer still uses it can abort the peer."""
-    import time
-
-    open(f"{out}.left{rank}", "w").close()
-    deadline = time.monotonic() + seconds
-    while not all(os.path.exists(f"{out}.left{r}") for r in range(world)) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _branch_worker(rank: int, world: int, init: str, out: str) -> None:
@@ -285,8 +282,7 @@ def _branch_worker(rank: int, world: int, init: str, out: str) -> None:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(error, f)
     finally:
-        _leave_together(out, rank, world)
-        _leave_group()
+        _leave(out, rank, world)
 
 
 @slow
@@ -359,7 +355,7 @@ def _nan_worker(rank: int, world: int, init: str, out: str) -> None:
     finally:
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(results, f)
-        _leave_group()
+        _leave(out, rank, world)
 
 
 @slow
@@ -406,4 +402,4 @@ def test_the_ranks_nonfinite_decision_names_the_rank_whose_own_values_went_bad(t
         assert group.first_nonfinite(None, no) == 0 and group.first_nonfinite(no, None) == 0
         assert group.collectives == 6  # one each
     finally:
-        _leave_group()
+        dist.destroy_process_group()
