@@ -1030,3 +1030,28 @@ def test_durable_false_lets_training_run_ahead_of_the_writes_and_loses_nothing(t
         np.testing.assert_array_equal(a.counts, b.counts)
         np.testing.assert_array_equal(a.min, b.min)
         np.testing.assert_array_equal(a.max, b.max)
+
+
+def test_durable_false_still_raises_a_write_that_failed(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = quiet_watch(model, tmp_path / "run", durable=False)
+
+    def step():
+        opt.zero_grad()
+        model(torch.rand(8, 4)).sum().backward()
+        opt.step()
+
+    step()
+    w.flush()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    w._writer.write_step = full_disk
+    with pytest.raises(RuntimeError, match="writing a logged step to the run failed"):
+        step()  # raised here if the writer got to it already, else by the flush below
+        w.flush()
+    assert w._steps.failed
+    w.close()
+    assert tl.open_run(w.run_dir).status == "failed"
