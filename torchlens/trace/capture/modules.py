@@ -50,6 +50,7 @@ class ModelInventory:
         modules: List[nn.Module] = []
         parameters: List[torch.Tensor] = []
         buffer_list: List[torch.Tensor] = []
+        weighted: Set[str] = set()  # modules holding parameters, themselves or below them
         stack = [("", model)]
         while stack:  # depth first, children in registration order: named_modules' order
             address, module = stack.pop()
@@ -65,17 +66,22 @@ class ModelInventory:
                 children.setdefault(address.rpartition(".")[0], []).append(address)
                 children.setdefault(address, [])
             prefix = address + "." if address else ""
+            holds = False
             for name, p in module._parameters.items():
                 if p is not None and id(p) not in params:
                     params[id(p)] = prefix + name
                     parameters.append(p)
+                    holds = True
+            ancestor = address
+            while holds and ancestor and ancestor not in weighted:  # it and its ancestors (not the root)
+                weighted.add(ancestor)
+                ancestor = ancestor.rpartition(".")[0]
             for name, b in module._buffers.items():
                 if b is not None and id(b) not in buffers:
                     buffers[id(b)] = prefix + name
                     buffer_list.append(b)
             subs = [(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]
             stack.extend(reversed(subs))
-        weighted = {address.rsplit(".", i)[0] for address in params.values() for i in range(1, address.count(".") + 1)}
         has_lazy = any(is_lazy(p) for p in parameters)
         inventory = cls(
             module_addresses,
@@ -90,23 +96,23 @@ class ModelInventory:
             parameters=parameters,
             buffers=buffer_list,
         )
-        inventory.param_info = {
-            address: (p.shape, p.numel(), p.numel() * p.element_size())
-            for p, address in zip(parameters, params.values())
-            if not is_lazy(p)
-        }
+        inventory.describe_parameters()
         for module in modules:
             tensors_held(module.__dict__, inventory.constants)
         return inventory
 
+    def describe_parameters(self) -> None:
+        """``param_info`` of the parameters that exist (a lazy one has no shape yet)."""
+        info: Dict[str, Tuple[torch.Size, int, int]] = {}
+        for p, address in zip(self.parameters, self.param_addresses.values()):
+            if not (self.has_lazy and is_lazy(p)):
+                info[address] = (p.shape, p.numel(), p.numel() * p.element_size())
+        self.param_info = info
+
     def describe_materialised(self) -> None:
         """After a pass that created lazy parameters: their shapes, and the modules' new types
         (a ``LazyLinear`` becomes a ``Linear``). The objects, so their ids, are unchanged."""
-        self.param_info = {
-            address: (p.shape, p.numel(), p.numel() * p.element_size())
-            for p, address in zip(self.parameters, self.param_addresses.values())
-            if not is_lazy(p)
-        }
+        self.describe_parameters()
         for module in self.modules:
             self.module_types[self.module_addresses[id(module)]] = type(module).__name__
 
