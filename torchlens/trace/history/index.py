@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from ..records.position import Position
 from ..records.tensor_log import TensorLogEntry
@@ -68,56 +68,58 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     Also sets ``lookup_keys`` (what ``print(entry)`` lists); ordinals index ``entries``.
     """
     lookup = Lookup()
-    # key -> (what it names, its labels as an ordered set: a module may return a tensor twice)
-    shared: Dict[str, Tuple[str, Dict[str, None]]] = {}
-    # per entry: the keys it was given, and the keys of its places in module outputs
-    given: List[Tuple[List[Key], List[Key]]] = []
+    # key -> (what it names, as _what's arguments; its labels as an ordered set: a module may
+    # return a tensor twice). Most keys name one entry: their message is never made.
+    shared: Dict[str, Tuple[Tuple[Any, ...], Dict[str, None]]] = {}
+    # per entry: the names it was given (its places in module outputs among them)
+    given: List[List[str]] = []
 
     # inlined dict stores and f-strings: this runs for every entry of every pass (decode steps)
     total = len(entries)
     for i, e in enumerate(entries):
         e.module_passes = module_passes
         label, layer_label, short_label, pass_num = e.label, e.layer_label, e.short_label, e.pass_num
-        keys: List[Key] = [i - total, i, label]
+        keys: List[str] = [label]
         lookup[i] = e
         lookup[i - total] = e
         lookup[label] = e
-        lookup[f"{layer_label}:{pass_num}"] = e
+        with_pass = f"{layer_label}:{pass_num}"
+        lookup[with_pass] = e
         lookup[f"{short_label}:{pass_num}"] = e
         if e.num_passes == 1:
-            keys.append(f"{layer_label}:1")
+            keys.append(with_pass)
             lookup[layer_label] = e
             lookup[short_label] = e
         else:
-            what = f"layer {layer_label} has {e.num_passes} passes"
-            shared.setdefault(layer_label, (what, {}))[1][label] = None
-            shared.setdefault(short_label, (what, {}))[1][label] = None
-        module_keys: List[Key] = []
+            for name in (layer_label, short_label):
+                held = shared.get(name)
+                if held is None:
+                    held = shared[name] = (("layer", layer_label, e.num_passes), {})
+                held[1][label] = None
         if e.module_output_positions:
             for (address, module_pass), position in e.module_output_positions.items():
                 if position != ():
                     out_key = output_key(address, module_pass, position)
                     lookup[out_key] = e
-                    module_keys.append(out_key)
+                    keys.append(out_key)
         for address, module_pass in e.output_of_modules:
             with_pass = f"{address}:{module_pass}"
             passes = module_passes.get(address, 1)
-            shared.setdefault(with_pass, (f"module call {with_pass} returned several tensors", {}))[1][label] = None
-            if address not in shared:
-                shared[address] = (
-                    f"module {address} has {passes} passes"
-                    if passes > 1
-                    else f"module {address} returned several tensors",
-                    {},
-                )
-            shared[address][1][label] = None
+            held = shared.get(with_pass)
+            if held is None:
+                held = shared[with_pass] = (("call", with_pass), {})
+            held[1][label] = None
+            held = shared.get(address)
+            if held is None:
+                held = shared[address] = (("module", address, passes), {})
+            held[1][label] = None
             if passes == 1:
                 keys.append(address)
             keys.append(with_pass)
         if e.address:
             lookup[e.address] = e
             keys.append(e.address)
-        given.append((keys, module_keys))
+        given.append(keys)
     by_label = {e.label: e for e in entries}
     for shared_key, (what, labels) in shared.items():
         if shared_key in lookup:
@@ -128,13 +130,28 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
             suggest = functools.partial(
                 _specific_keys, weakref.ref(lookup), by_label, key=shared_key, labels=list(labels)
             )
-            lookup[shared_key] = Ambiguous(what, list(labels), suggest=suggest)
+            lookup[shared_key] = Ambiguous(_what(*what), list(labels), suggest=suggest)
     get = lookup.get
-    for i, (e, (keys, module_keys)) in enumerate(zip(entries, given)):
+    for i, (e, names) in enumerate(zip(entries, given)):
         # the two ordinals (only this entry's) first, then the names it alone answers to, sorted
-        names = sorted(set(keys[2:] + module_keys))
-        e.lookup_keys = [i - total, i, *(k for k in names if get(k) is e)]
+        names.sort()
+        found: List[Key] = [i - total, i]
+        previous = None
+        for k in names:  # sorted: a name given twice is next to itself
+            if k != previous and get(k) is e:
+                found.append(k)
+            previous = k
+        e.lookup_keys = found
     return lookup
+
+
+def _what(kind: str, name: str, passes: int = 1) -> str:
+    """What an ambiguous key names (its message is made only for the keys that are)."""
+    if kind == "layer":
+        return f"layer {name} has {passes} passes"
+    if kind == "call" or passes == 1:
+        return f"module {'call ' if kind == 'call' else ''}{name} returned several tensors"
+    return f"module {name} has {passes} passes"
 
 
 def _specific_keys(
