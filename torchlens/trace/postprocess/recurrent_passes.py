@@ -23,7 +23,8 @@ The invariant:
 * Inputs, outputs and buffers are layers of their own.
 
 Passes are numbered in execution order. Cost: one sweep over the records and their edges, plus
-hashing each record's key.
+hashing each record's key (a call site by the identity of its records: within a pass the same
+code and bytecode offset is always the same record).
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ def group_passes(
                 known = per_stack[id(stack)] = (stack, tuple([a for a, _ in stack]), _frame_depth(stack, depths))
             depth = known[2]
             frames = e.call_frames if depth is None else e.call_frames[depth:]
-            key = ("site", e.func_name, known[1], frames, e.output_index)
+            # a site by identity: a pass records one tuple per code and offset (capture/stack.py),
+            # and hashing the tuple itself would hash each code object's bytecode and constants
+            key = ("site", e.func_name, known[1], tuple(map(id, frames)), e.output_index)
         anchors[e.raw_index] = anchor
         groups.setdefault(key, []).append((e, anchor[1]))
     layers: List[List[TensorLogEntry]] = []
     for key, occurrences in groups.items():
-        if key[0] == "site":
+        if key[0] == "site" and len(occurrences) > 1:
             layers.extend(_split_by_anchor(occurrences))
         else:
             layers.append([e for e, _ in occurrences])
