@@ -2,20 +2,24 @@
 
 ``Records`` appends ``TensorLogEntry`` objects in execution order with the fields that capture
 fills (``raw_index`` is the position in the list, as the tracer makes it). Call sites are plain
-tuples: post-processing only hashes and slices ``call_frames``, so ``site(line)`` stands for
-the tracer's ``((code, line, bytecode offset), ...)``.
+tuples: post-processing only slices ``call_frames`` and tells sites apart by identity, so
+``site(line)`` stands for the tracer's ``((code, line, bytecode offset), ...)``, one tuple per
+line and offset as the tracer's stack walker keeps them.
 """
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torchlens.trace.records.tensor_log import TensorLogEntry
 
 ModuleStack = Tuple[Tuple[str, int], ...]
 
 
+_SITES: Dict[Tuple[int, int], tuple] = {}
+
+
 def site(*lines: int, offset: int = 0) -> tuple:
     """A call stack of frames at ``lines`` (outermost first), each at bytecode ``offset``."""
-    return tuple(("forward", line, offset) for line in lines)
+    return tuple(_SITES.setdefault((line, offset), ("forward", line, offset)) for line in lines)
 
 
 class Records:

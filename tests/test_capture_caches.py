@@ -72,6 +72,10 @@ def test_source_lines_of_repeated_and_distinct_call_sites() -> None:
     # three passes of relu at one instruction; sigmoid and add at two instructions of one line
     assert len(seen["relu"]) == 1 and seen["sigmoid"] != seen["add"]
     assert len([e for e in history.layer_list if e.layer_type == "relu"]) == 3
+    # one record per code and offset in a pass: post-processing tells call sites apart by identity
+    relus = [e.call_frames for e in history.layer_list if e.layer_type == "relu"]
+    assert all(frames[-1] is relus[0][-1] for frames in relus)
+    assert [e.num_passes for e in history.layer_list if e.layer_type == "relu"] == [3, 3, 3]
 
 
 def test_call_stacks_taken_from_known_frames_equal_full_walks(monkeypatch):
