@@ -1,11 +1,8 @@
-"""The graph page's statistics (a histogram and moments per saved activation) are cheap: building
-the page of GPT-2 costs no more than tracing it (issue 42: it cost 6-9x, one slow histogram per
-op); and they are the values' own, also where an op's are taken from its parent."""
+"""The graph page's statistics (a histogram and moments per saved activation) are the values' own,
+also where an op's are taken from its parent. What building the page costs next to the trace is
+measured by ``benchmarks/page_build_cost.py`` (a timing, not a test)."""
 
 from __future__ import annotations
-
-import statistics
-import time
 
 import pytest
 import torch
@@ -52,25 +49,3 @@ def test_tensor_stats_counts_and_bins():
     assert ints["min"] == 0 and ints["max"] == 9 and sum(ints["hist"]) == 10
     assert tensor_stats(torch.full((4,), 2.0, dtype=torch.bfloat16))["hist"] == [4]
     assert tensor_stats(torch.zeros(2, 0)) == {"n": 0, "nonfinite": 0}
-
-
-def test_the_page_of_gpt2_costs_no_more_than_its_trace():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2)).eval()  # GPT-2 small's width
-    x = torch.randint(0, model.config.vocab_size, (1, 64))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # CPU time of this process alone, comparable between the two
-    try:
-        tl.log_forward_pass(model, x, random_seed=0).to_html()  # warm
-        traced, paged = [], []
-        for _ in range(3):
-            start = time.process_time()
-            h = tl.log_forward_pass(model, x, random_seed=0)
-            traced.append(time.process_time() - start)
-            start = time.process_time()
-            h.to_html()
-            paged.append(time.process_time() - start)
-    finally:
-        torch.set_num_threads(threads)
-    assert statistics.median(paged) <= statistics.median(traced), (paged, traced)
