@@ -70,7 +70,7 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     lookup = Lookup()
     # key -> (what it names, as _what's arguments; its labels as an ordered set: a module may
     # return a tensor twice). Most keys name one entry: their message is never made.
-    shared: Dict[str, Tuple[Tuple[Any, ...], Dict[str, None]]] = {}
+    shared: Shared = {}
     # per entry: the names it was given (its places in module outputs among them)
     given: List[List[str]] = []
 
@@ -83,19 +83,16 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         lookup[i] = e
         lookup[i - total] = e
         lookup[label] = e
-        with_pass = f"{layer_label}:{pass_num}"
-        lookup[with_pass] = e
+        layer_pass = f"{layer_label}:{pass_num}"
+        lookup[layer_pass] = e
         lookup[f"{short_label}:{pass_num}"] = e
         if e.num_passes == 1:
-            keys.append(with_pass)
+            keys.append(layer_pass)
             lookup[layer_label] = e
             lookup[short_label] = e
         else:
-            for name in (layer_label, short_label):
-                held = shared.get(name)
-                if held is None:
-                    held = shared[name] = (("layer", layer_label, e.num_passes), {})
-                held[1][label] = None
+            _share(shared, layer_label, ("layer", layer_label, e.num_passes), label)
+            _share(shared, short_label, ("layer", layer_label, e.num_passes), label)
         if e.module_output_positions:
             for (address, module_pass), position in e.module_output_positions.items():
                 if position != ():
@@ -105,14 +102,8 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
         for address, module_pass in e.output_of_modules:
             with_pass = f"{address}:{module_pass}"
             passes = module_passes.get(address, 1)
-            held = shared.get(with_pass)
-            if held is None:
-                held = shared[with_pass] = (("call", with_pass), {})
-            held[1][label] = None
-            held = shared.get(address)
-            if held is None:
-                held = shared[address] = (("module", address, passes), {})
-            held[1][label] = None
+            _share(shared, with_pass, ("call", with_pass), label)
+            _share(shared, address, ("module", address, passes), label)
             if passes == 1:
                 keys.append(address)
             keys.append(with_pass)
@@ -145,13 +136,27 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     return lookup
 
 
+Shared = Dict[str, Tuple[Tuple[Any, ...], Dict[str, None]]]
+
+
+def _share(shared: Shared, key: str, what: Tuple[Any, ...], label: str) -> None:
+    """``key`` names the entry ``label`` among others maybe; ``what``: the first naming's
+    ``_what`` arguments."""
+    held = shared.get(key)
+    if held is None:
+        held = shared[key] = (what, {})
+    held[1][label] = None
+
+
 def _what(kind: str, name: str, passes: int = 1) -> str:
     """What an ambiguous key names (its message is made only for the keys that are)."""
     if kind == "layer":
         return f"layer {name} has {passes} passes"
-    if kind == "call" or passes == 1:
-        return f"module {'call ' if kind == 'call' else ''}{name} returned several tensors"
-    return f"module {name} has {passes} passes"
+    if kind == "call":
+        return f"module call {name} returned several tensors"
+    if passes > 1:
+        return f"module {name} has {passes} passes"
+    return f"module {name} returned several tensors"
 
 
 def _specific_keys(
