@@ -67,16 +67,14 @@ def _ways_out() -> str:
 
 class MemoryCheck(PassHook):
     """Adds up the bytes of the activations saved in one pass, per device, and warns once when
-    they pass what was free on that device when the check was made (see the module docstring).
+    they pass what was free on that device when the pass started (see the module docstring).
     A pass hook: each pass it enters starts counting from zero."""
 
     def __init__(self, devices: Iterable[torch.device]) -> None:
         self.devices = set(devices)
+        # read when a pass that saves starts, or before a planned one (``check_estimate``): a
+        # pass saving nothing (``layers_to_save=None``) never reads it
         self.free: Dict[torch.device, int] = {}
-        for device in self.devices:
-            free = free_memory(device)
-            if free is not None:
-                self.free[device] = free
         self.saved: Dict[torch.device, int] = {}
         self.warned = False
 
@@ -114,6 +112,7 @@ class MemoryCheck(PassHook):
     def check_estimate(self, estimate: Dict[torch.device, int]) -> None:
         """Before a pass whose saved bytes per device are known (``estimate``): warn if they do
         not fit."""
+        self.read_free()
         for device, nbytes in estimate.items():
             free = self.free.get(device)
             if free is not None and nbytes > free:
@@ -124,8 +123,17 @@ class MemoryCheck(PassHook):
                 )
                 return
 
+    def read_free(self) -> None:
+        """What is free on each device now: the limit the saved bytes are checked against."""
+        self.free = {}
+        for device in self.devices:
+            free = free_memory(device)
+            if free is not None:
+                self.free[device] = free
+
     def pass_started(self, records: PassRecords) -> None:
         self.saved.clear()
+        self.read_free()
 
     def on_save(self, entry: TensorLogEntry, value: object) -> None:
         """One activation was saved (called during the pass, only for saved activations)."""
