@@ -369,6 +369,39 @@ def test_module_hooks_stay_between_logged_steps_and_record_only_their_forwards(t
     assert hooks() == [0, 0, 0]
 
 
+def test_parameter_hooks_stay_between_logged_steps_and_follow_a_changed_model(tmp_path):
+    """Logged steps in a row keep one hook per parameter (not registered anew each step); a
+    step that is not logged runs without them; a parameter replaced between steps gets the hook
+    (and its gradients are recorded under its owner), the old one keeps none."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = quiet_watch(model, tmp_path, log_freq=3)
+    hooks = lambda: [list(p._post_accumulate_grad_hooks or {}) for p in model.parameters()]  # noqa: E731
+    train(model, [torch.randn(3, 4)])  # step 0, logged
+    first = hooks()
+    assert all(len(h) == 1 for h in first)
+    train(model, [torch.randn(3, 4)])  # step 1, not logged
+    assert hooks() == [[]] * 4
+    train(model, [torch.randn(3, 4)])  # step 2, not logged
+    train(model, [torch.randn(3, 4)])  # step 3, logged
+    again = hooks()
+    assert all(len(h) == 1 for h in again)
+    w.close()
+    w = quiet_watch(model, tmp_path / "every", log_freq=1)
+    train(model, [torch.randn(3, 4)])
+    kept = hooks()
+    train(model, [torch.randn(3, 4)] * 2)
+    assert hooks() == kept  # the same handles throughout
+    old = model[2].weight
+    model[2].weight = nn.Parameter(old.detach().clone())  # e.g. a weight re-tied or re-initialised
+    train(model, [torch.randn(3, 4)])
+    assert not old._post_accumulate_grad_hooks and len(model[2].weight._post_accumulate_grad_hooks) == 1
+    w.close()
+    assert hooks() == [[]] * 4
+    run = tl.open_run(w.run_dir)
+    grads = run.series("2:1", "params_grad", "weight")
+    assert len(grads.steps) == 4 and (grads.counts.sum(axis=1) > 0).all()
+
+
 def test_model_is_left_exactly_as_before(tmp_path):
     model = make_resnet()
     before = {name: sorted(vars(m)) for name, m in model.named_modules()}

@@ -243,6 +243,10 @@ class StepRecorder:
         self._hooked: List[int] = []  # ids of the modules the module hooks are on, in order
         self.forward_active = False  # between begin_forward and end_forward: the module hooks record
         self._param_hooks: list = []
+        # the parameters the hooks are on (id -> parameter) and their owners: kept from one
+        # logged step to the next while they stay the same (as the module hooks are)
+        self._hooked_params: Dict[int, nn.Parameter] = {}
+        self._param_owners: Dict[int, List[Tuple[str, str]]] = {}
         self._tensor_hooks: list = []
         self.gate = wiring.gate  # False while nothing may be recorded
         self.on_gradient = wiring.on_gradient  # every gradient hook calls it
@@ -280,7 +284,9 @@ class StepRecorder:
     # ----- the step's life ----------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """Hooks on the parameters, also without ``params_grad``: a backward pass that reaches
-        them is the one that ends the step (``torch.autograd.grad`` of a penalty does not)."""
+        them is the one that ends the step (``torch.autograd.grad`` of a penalty does not).
+        Those of the last logged step are kept while the parameters and their owners are the
+        same; ``remove_param_hooks`` takes them off."""
         self.step = step
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
@@ -294,10 +300,20 @@ class StepRecorder:
                 if p is not None and p.requires_grad and not _is_lazy(p):
                     owners.setdefault(id(p), []).append((address, name))
                     params[id(p)] = p
-        for pid, p in params.items():
-            self._param_hooks.append(
-                p.register_post_accumulate_grad_hook(functools.partial(self._record_grad, owners[pid], step))
-            )
+        same = owners == self._param_owners and all(self._hooked_params.get(i) is p for i, p in params.items())
+        if not same:
+            self.remove_param_hooks()
+            for pid, p in params.items():
+                self._param_hooks.append(
+                    p.register_post_accumulate_grad_hook(functools.partial(self._record_grad, owners[pid]))
+                )
+            self._hooked_params, self._param_owners = params, owners
+
+    def remove_param_hooks(self) -> None:
+        """Take the parameters' hooks off (a step that is not logged, or the watch's end)."""
+        for h in self._param_hooks:
+            h.remove()
+        self._param_hooks, self._hooked_params, self._param_owners = [], {}, {}
 
     def begin_forward(self, include_model: bool = False) -> None:
         """Hooks on every module for one forward pass (the model itself is called directly by
@@ -383,9 +399,9 @@ class StepRecorder:
         if self.touched or self.split:  # a backward pass whose end was not seen (it raised)
             self.collect_param_grads()
         self.settle()
-        for h in self._param_hooks + self._tensor_hooks:
+        for h in self._tensor_hooks:
             h.remove()
-        self._param_hooks, self._tensor_hooks = [], []
+        self._tensor_hooks = []
         data = self.collect()
         self.step = None
         self.pending, self.param_grads, self.reasons, self.split = {}, {}, {}, []
@@ -787,8 +803,8 @@ class StepRecorder:
         for entry in self.split:
             self._flush(entry)
 
-    def _record_grad(self, owners: List[Tuple[str, str]], step: int, param: torch.Tensor) -> None:
-        if self.step == step:
+    def _record_grad(self, owners: List[Tuple[str, str]], param: torch.Tensor) -> None:
+        if self.step is not None:  # a gradient arriving while a logged step runs is that step's
             self.on_gradient()
             self.touched[id(param)] = (param, owners)  # .grad is read when backward has ended
             if self.measure_soon is not None and "params_grad" in self.kinds:

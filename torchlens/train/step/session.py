@@ -467,6 +467,7 @@ class Watch:
         self._sentinel.step_started(step)
         if not m.logging:  # kept from a logged step before: a step not logged runs without them
             self.recorder.remove_forward_hooks()
+            self.recorder.remove_param_hooks()
             return
         # lazy modules get their parameters in the traced pass (hooks after it); FSDP swaps the
         # parameters in it (hooks before it, on the sharded ones that receive the gradients)
@@ -523,6 +524,7 @@ class Watch:
         self._compile.unwatch_compile()
         self._machine.depth = 0
         self.recorder.remove_forward_hooks()
+        self.recorder.remove_param_hooks()
         self.recorder.end_step()
         for m in self._inplace_flags:
             m.inplace = True
