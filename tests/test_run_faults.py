@@ -225,3 +225,29 @@ def test_the_run_log_stays_bounded_without_the_checkpoints_of_idle_moments(tmp_p
     run = tl.open_run(str(tmp_path / "run"))
     assert run.series(*keys[-1]).steps.tolist()[-1] == 119
     run.close()
+
+
+def test_a_step_appends_about_its_own_rows_to_the_log(tmp_path):
+    """A step's rows (one per series) are written side by side: its commit logs well under a
+    page per series (in key order, each row split its series' full page: about three pages a
+    row, and the log's automatic checkpoint ran inside nearly every durable commit)."""
+    import numpy as np
+
+    from torchlens.train.store import RunWriter
+
+    bins = 64
+    writer = RunWriter(str(tmp_path / "run"), "M", {}, bins)
+    keys = [(f"m{i}:1", "io", "output 0") for i in range(300)]
+    n = len(keys)
+    wal = os.path.join(str(tmp_path / "run"), "run.db-wal")
+    for step in range(100):
+        writer.write_step(step, keys, np.ones((n, bins)), np.zeros(n), hi=np.ones(n), nonfinite=np.zeros(n))
+    writer.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = os.path.getsize(wal)
+    writer.write_step(100, keys, np.ones((n, bins)), np.zeros(n), hi=np.ones(n), nonfinite=np.zeros(n))
+    pages = (os.path.getsize(wal) - before) / (writer.db.execute("PRAGMA page_size").fetchone()[0] + 24)
+    writer.close()
+    assert pages < n, f"one step logged {pages:.0f} pages for {n} series"
+    run = tl.open_run(str(tmp_path / "run"))
+    assert run.series(*keys[-1]).steps.tolist()[-5:] == [96, 97, 98, 99, 100]
+    run.close()
