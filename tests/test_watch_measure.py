@@ -223,6 +223,21 @@ def test_phase_learns_the_places_changed_in_place():
     assert lost.summary is None and lost.sample.numel() == 0 and "other" in pm.risky
 
 
+def test_a_tensor_whose_storage_is_freed_before_its_phase_ends_gets_no_values():
+    """FSDP frees a parameter by shrinking its storage to nothing: its version does not move,
+    its values are gone all the same."""
+    pm = PhaseMeasure(4, lambda d: None)
+    pm.add(torch.ones(8), place="fc.weight")
+    pm.flush()  # the place is known now: its tensors are read at the phase's end, not copied
+    freed = torch.ones(8)
+    measured = pm.add(freed, place="fc.weight")
+    version = freed._version
+    freed.untyped_storage().resize_(0)
+    assert freed._version == version
+    pm.flush()
+    assert measured.summary is None and measured.sample.numel() == 0 and "fc.weight" in pm.risky
+
+
 def test_copies_are_measured_early_past_the_budget():
     pm = PhaseMeasure(4, lambda d: None, budget=1000)
     tensors = [torch.full((100,), float(i)) for i in range(5)]

@@ -63,20 +63,20 @@ class Measured(LazySummary):
 
 
 class _Entry:
-    __slots__ = ("tensor", "version", "nbytes", "copy", "places", "measured", "key")
+    __slots__ = ("tensor", "version", "address", "copy", "places", "measured", "key")
 
     def __init__(self, tensor: torch.Tensor, measured: Measured, key: Any) -> None:
         self.tensor: Optional[torch.Tensor] = tensor
         self.key = key  # the tensor's ``tensor_key`` (its copy's, once copied)
         self.version = tensor._version
-        self.nbytes = _storage_bytes(tensor)
+        self.address = _address(tensor)
         self.copy: Optional[torch.Tensor] = None
         self.places: List[Place] = []
         self.measured = measured
 
     def unchanged(self) -> bool:
         t = self.tensor
-        return t is not None and t._version == self.version and _storage_bytes(t) == self.nbytes
+        return t is not None and t._version == self.version and _address(t) == self.address
 
 
 class PhaseMeasure:
@@ -248,10 +248,12 @@ def _to_host(table: torch.Tensor) -> tuple:
     return host, event
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
-    """The size of ``t``'s storage (FSDP frees a parameter by shrinking it to nothing)."""
+def _address(t: torch.Tensor) -> int:
+    """Where ``t``'s values are: FSDP frees a parameter by shrinking its storage to nothing, which
+    moves it (asking for the storage itself would give the tensor a Python storage object, one
+    more object for the garbage collector per tensor for as long as the tensor lives)."""
     try:
-        return t.untyped_storage().nbytes()
+        return t.data_ptr()
     except (RuntimeError, NotImplementedError):  # no storage to speak of
         return -1
 
