@@ -385,6 +385,15 @@ def test_no_memory_warning_when_activations_go_to_disk_or_nothing_is_saved(net, 
         tl.get_model_metadata(net, X)
 
 
+def test_free_memory_is_read_by_passes_that_save_and_only_by_them(net, monkeypatch):
+    reads = []
+    monkeypatch.setattr(tl.trace.capture.memory, "free_memory", lambda device: reads.append(device) or 1 << 40)
+    tl.log_forward_pass(net, X, layers_to_save=None)
+    assert reads == []  # nothing saved: nothing to check against
+    tl.log_forward_pass(net, X)
+    assert reads == [torch.device("cpu")]  # once, when the saving pass starts
+
+
 def test_free_memory_is_read():
     free = tl.trace.capture.memory.free_memory(torch.device("cpu"))
     assert free is None or free > 0
