@@ -139,9 +139,16 @@ def _wandb_records(path):
     """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records).
     wandb-core writes the file in the background, after wandb.finish() returns: wait for its
     final 'exit' record."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + 30
     while True:
-        records = list(_read_wandb_file(path))
+        try:
+            records = list(_read_wandb_file(path))
+        except DecodeError:  # a record read while it was being written: read the file again
+            if time.monotonic() > deadline:
+                raise
+            records = []
         if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
             return records
         time.sleep(0.1)
@@ -159,7 +166,7 @@ def _read_wandb_file(path):
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
-        if kind == 0:  # not written yet
+        if kind == 0 or pos + 7 + length > len(raw):  # not written yet, or not all of it
             return
         data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):  # full, first
