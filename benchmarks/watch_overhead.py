@@ -35,7 +35,8 @@ and leaving out the writer thread's work (which a second core takes in the wall-
 With ``--ops``, no timing: the number of ATen operations of one plain step and what a logged
 step (four kinds) adds to it, on every thread (the writer thread's too), as ``torch.profiler``
 counts them on the CPU, for two MLPs (10 and 200 modules of width 64) and ResNet-18: what the
-watch launches per watched tensor, which on a GPU is what its cost grows with.
+watch launches per watched tensor, which on a GPU is what its cost grows with. Each model is
+counted twice: measured as a CPU step measures (``cpu``) and as a CUDA step does (``cuda``).
 
 With ``--backends``, ResNet-18's logged step is also measured with each backend: the run
 database alone, ``tensorboard`` and ``wandb`` (offline: nothing leaves the machine), as ratios
@@ -127,9 +128,13 @@ def aten_ops(run: Callable[[], None]) -> Tuple[int, int]:
     return len(names), sum(name not in VIEWS for name in names)
 
 
-def step_ops(make: Callable) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
+def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
     """The series of a logged step of the model ``make`` builds, the ATen operations of its
-    plain step, and those of its logged step (four kinds): all, and views aside."""
+    plain step, and those of its logged step (four kinds): all, and views aside. ``batched``:
+    the step's tensors measured as a CUDA step measures them (together at each phase's end, on
+    the training thread) rather than as a CPU step does (copied, measured on the writer thread)."""
+    from torchlens.train.measure import batch as measure_batch
+
     torch.manual_seed(0)
     model, loss_of = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -143,13 +148,19 @@ def step_ops(make: Callable) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
     for _ in range(2):
         step()
     plain = aten_ops(step)
+    row_stats = measure_batch.row_stats
+    if batched:  # a GPU reads all rows of a dtype in one Triton launch: one operation stands for it
+        measure_batch.row_stats = lambda x: x.new_empty(x.shape[0], 8, dtype=torch.float64).zero_()
     with tempfile.TemporaryDirectory() as folder:
         w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log_freq=1)
+        if batched:
+            w.recorder.batch_devices = frozenset({"cpu"})
         for _ in range(2):  # the first logged steps learn the layouts and build the graph
             step()
             w.flush()
         logged = aten_ops(lambda: (step(), w.flush()))
         w.close()
+        measure_batch.row_stats = row_stats
         run = tl.open_run(folder)
         series = len(run.series_names())
         run.close()
@@ -159,11 +170,14 @@ def step_ops(make: Callable) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
 def count_ops() -> None:
     """Print the ATen operations of a plain step and those a logged step adds."""
     print("ATen operations, on every thread; in brackets, views aside (no kernel on a GPU)")
-    print(f"{'model':<10} {'series':>7} {'plain step':>18} {'a logged step adds':>19}")
+    print("path: 'cpu' as a CPU step measures; 'cuda' as a CUDA step does, run here on the CPU (its")
+    print("      row statistics stubbed by two operations: one Triton launch per dtype on a GPU)")
+    print(f"{'model':<10} {'path':<5} {'series':>7} {'plain step':>18} {'a logged step adds':>19}")
     for name, make in (("mlp-10", lambda: mlp(10)), ("mlp-200", lambda: mlp(200)), ("resnet18", resnet18)):
-        series, plain, logged = step_ops(make)
-        added = f"{logged[0] - plain[0]} ({logged[1] - plain[1]})"
-        print(f"{name:<10} {series:>7} {f'{plain[0]} ({plain[1]})':>18} {added:>19}")
+        for path in ("cpu", "cuda"):
+            series, plain, logged = step_ops(make, batched=path == "cuda")
+            added = f"{logged[0] - plain[0]} ({logged[1] - plain[1]})"
+            print(f"{name:<10} {path:<5} {series:>7} {f'{plain[0]} ({plain[1]})':>18} {added:>19}")
 
 
 CLOCK = time.perf_counter

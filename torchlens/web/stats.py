@@ -215,7 +215,7 @@ def _bin(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int) -
     values, segments = _flatten(samples, device)
     nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
 
-    values, segments = _flatten(reject_outliers(samples, reject_proportion), device)
+    values, segments = _kept_values(samples, reject_proportion, device)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
         0, segments, torch.where(finite, values, float("inf")), "amin"
@@ -248,6 +248,59 @@ def _to_host(values: torch.Tensor) -> torch.Tensor:
     event.record(torch.cuda.current_stream(values.device))
     event.synchronize()
     return host
+
+
+def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: torch.device) -> tuple:
+    """``reject_outliers`` of every sample, end to end, with the index of the sample each value
+    came from; a rejected value is NaN (binning leaves non-finite values out). The samples are
+    handled in groups by the power of two their length rounds up to, each one matrix padded with
+    NaN to the group's longest (a median and a top-k per group, not per length: a step's samples
+    have many lengths, and the padding at most doubles what is read). The values kept are those of ``reject_outliers``
+    but for ties at the far end.
+
+    Example:
+        >>> values, segments = _kept_values([torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)], 0.25,
+        ...                                 torch.device("cpu"))
+        >>> sorted(v for v in values.tolist() if v == v), segments.tolist()
+        ([1.0, 1.0, 1.0, 2.0, 3.0], [0, 0, 0, 0, 0, 1, 1, 1])
+    """
+    if proportion <= 0:
+        return _flatten(samples, device)
+    groups: Dict[int, List[int]] = {}
+    for i, s in enumerate(samples):
+        if s.numel():
+            groups.setdefault(1 << (s.numel() - 1).bit_length(), []).append(i)
+    if not groups:
+        return _flatten(samples, device)
+    values, segments = [], []
+    for members in groups.values():
+        lengths = np.array([samples[i].numel() for i in members], np.int64)
+        width = int(lengths.max())
+        keep = lengths - (proportion * lengths).astype(np.int64)
+        keep = np.where((keep < 1) | (keep >= lengths), lengths, keep)  # too short to reject from
+        # one row per sample and one spare column, always NaN: where a sample drops fewer
+        # values than the group's most, its remaining top-k places point there
+        batch = torch.full((len(members), width + 1), float("nan"), dtype=samples[members[0]].dtype, device=device)
+        starts = np.arange(len(members)) * (width + 1) - (np.cumsum(lengths) - lengths)
+        at = np.repeat(starts, lengths) + np.arange(lengths.sum())  # each value's place in its row
+        batch.view(-1).index_copy_(0, _on(at, device), torch.cat([samples[i] for i in members]))
+        body = batch[:, :width]
+        median = body.nanmedian(dim=1, keepdim=True).values
+        distance = (body - median).abs().nan_to_num(nan=float("inf"))  # pads and NaN: the farthest
+        far = width - keep  # each row's values to drop, its pads included
+        k = int(far.max())
+        if k:
+            farthest = distance.topk(k, dim=1, sorted=True).indices
+            beyond = np.arange(k)[None, :] >= far[:, None]
+            batch.scatter_(1, farthest.masked_fill_(_on(beyond, device), width), float("nan"))
+        values.append(batch.view(-1))
+        segments.append(np.repeat(np.asarray(members, np.int64), width + 1))
+    return torch.cat(values), _on(np.concatenate(segments), device)
+
+
+def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` (copied without waiting where it can)."""
+    return torch.from_numpy(array).to(device, non_blocking=True)
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
