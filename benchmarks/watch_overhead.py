@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.train.measure.kernels import Kernels
 
 
 def resnet18():
@@ -128,6 +129,27 @@ def aten_ops(run: Callable[[], None]) -> Tuple[int, int]:
     return len(names), sum(name not in VIEWS for name in names)
 
 
+class OneOpKernels(Kernels):
+    """The measuring kernels as a CUDA step launches them, on the CPU: each launch one
+    operation (a zero fill of its output), so that ``--ops`` counts what a GPU runs."""
+
+    def applies(self, device: torch.device) -> bool:
+        return True
+
+    def get(self) -> tuple:
+        return ()
+
+    def rows(self, ptrs: torch.Tensor, row_src: torch.Tensor, row_at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(row_src.numel(), 8, dtype=torch.float64).zero_()
+
+    def merge(self, stats: torch.Tensor, runs: torch.Tensor, numel: torch.Tensor, pads: torch.Tensor) -> torch.Tensor:
+        return torch.empty(numel.numel(), 10, dtype=torch.float64).zero_()
+
+    def gather(self, ptrs: torch.Tensor, index: tuple, out: torch.Tensor, dtype: torch.dtype) -> bool:
+        out.zero_()
+        return True
+
+
 def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
     """The series of a logged step of the model ``make`` builds, the ATen operations of its
     plain step, and those of its logged step (four kinds): all, and views aside. ``batched``:
@@ -148,9 +170,9 @@ def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int
     for _ in range(2):
         step()
     plain = aten_ops(step)
-    row_stats = measure_batch.row_stats
-    if batched:  # a GPU reads all rows of a dtype in one Triton launch: one operation stands for it
-        measure_batch.row_stats = lambda x: x.new_empty(x.shape[0], 8, dtype=torch.float64).zero_()
+    kernels = measure_batch.TRITON
+    if batched:  # a GPU runs the Triton kernels: one operation stands for each launch
+        measure_batch.TRITON = OneOpKernels()
     with tempfile.TemporaryDirectory() as folder:
         w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log_freq=1)
         if batched:
@@ -160,7 +182,7 @@ def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int
             w.flush()
         logged = aten_ops(lambda: (step(), w.flush()))
         w.close()
-        measure_batch.row_stats = row_stats
+        measure_batch.TRITON = kernels
         run = tl.open_run(folder)
         series = len(run.series_names())
         run.close()
@@ -170,8 +192,8 @@ def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int
 def count_ops() -> None:
     """Print the ATen operations of a plain step and those a logged step adds."""
     print("ATen operations, on every thread; in brackets, views aside (no kernel on a GPU)")
-    print("path: 'cpu' as a CPU step measures; 'cuda' as a CUDA step does, run here on the CPU (its")
-    print("      row statistics stubbed by two operations: one Triton launch per dtype on a GPU)")
+    print("path: 'cpu' as a CPU step measures; 'cuda' as a CUDA step does, run here on the CPU (each")
+    print("      launch of a measuring Triton kernel counted as one operation, its values not computed)")
     print(f"{'model':<10} {'path':<5} {'series':>7} {'plain step':>18} {'a logged step adds':>19}")
     for name, make in (("mlp-10", lambda: mlp(10)), ("mlp-200", lambda: mlp(200)), ("resnet18", resnet18)):
         for path in ("cpu", "cuda"):
