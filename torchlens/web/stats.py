@@ -299,8 +299,9 @@ def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: tor
 
 
 def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` (copied without waiting where it can)."""
-    return torch.from_numpy(array).to(device, non_blocking=True)
+    """A host array on ``device``: on a GPU copied from pinned memory, without waiting."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
 def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
