@@ -489,6 +489,86 @@ def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp
     assert added(60) <= added(5) + 12
 
 
+class _OneLaunch:
+    """The measuring kernels as a CUDA step launches them, run on the CPU: each launch one
+    operation (a zero fill of its output; the values are not what is checked here)."""
+
+    def applies(self, device):
+        return True
+
+    def get(self):
+        return ()
+
+    def rows(self, ptrs, row_src, row_at, dtype):
+        return torch.zeros(row_src.numel(), 8, dtype=torch.float64)
+
+    def merge(self, stats, runs, numel, pads):
+        return torch.zeros(numel.numel(), 10, dtype=torch.float64)
+
+    def gather(self, ptrs, index, out, dtype):
+        out.zero_()
+        return True
+
+
+_VIEWS = frozenset(
+    "aten::" + name
+    for name in (
+        "detach view view_as reshape _reshape_alias t transpose permute expand unsqueeze squeeze "
+        "select slice split split_with_sizes unbind as_strided alias narrow flatten unflatten"
+    ).split()
+)
+
+
+def _computing_ops_on_every_thread(run) -> int:
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    config = _ExperimentalConfig(profile_all_threads=True)  # the writer thread's binning counts
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        run()
+    return sum(e.name.startswith("aten::") and e.name not in _VIEWS for e in prof.events())
+
+
+def test_the_cuda_path_adds_operations_that_do_not_grow_with_tensors_of_many_lengths(tmp_path, monkeypatch):
+    from torchlens.train.measure import batch
+
+    monkeypatch.setattr(batch, "TRITON", _OneLaunch())
+
+    def added(layers):
+        torch.manual_seed(0)
+        widths = [8 + 3 * i for i in range(layers + 1)]  # every layer its own shapes and lengths
+        model = nn.Sequential(*[m for i in range(layers) for m in (nn.Linear(widths[i], widths[i + 1]), nn.ReLU())])
+        model.append(nn.Linear(widths[-1], 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        plain = _computing_ops_on_every_thread(step)
+        w = tl.watch(
+            model,
+            run_dir=str(tmp_path / f"run{layers}"),
+            backend=None,
+            verbose=False,
+            log=("io", "params", "params_grad"),
+        )
+        w.recorder.batch_devices = frozenset({"cpu"})  # measured as on a GPU
+        for _ in range(2):  # the first logged steps learn the layouts
+            step()
+            w.flush()
+        logged = _computing_ops_on_every_thread(lambda: (step(), w.flush()))
+        w.close()
+        return logged - plain
+
+    # 6 against 40 layers of distinct widths (samples of about 80 distinct lengths): the
+    # measuring and the binning, outlier rejection included, are a fixed number of operations
+    few, many = added(6), added(40)
+    assert many <= few + 30, (few, many)
+
+
 def test_a_small_cpu_tensor_changed_later_in_its_phase_keeps_the_values_it_had(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True), nn.Linear(8, 1))
     w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("io",))
