@@ -280,10 +280,11 @@ def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: tor
         keep = np.where((keep < 1) | (keep >= lengths), lengths, keep)  # too short to reject from
         # one row per sample and one spare column, always NaN: where a sample drops fewer
         # values than the group's most, its remaining top-k places point there
-        batch = torch.full((len(members), width + 1), float("nan"), dtype=samples[members[0]].dtype, device=device)
+        flat = torch.cat([samples[i] for i in members])
+        batch = torch.full((len(members), width + 1), float("nan"), dtype=flat.dtype, device=device)
         starts = np.arange(len(members)) * (width + 1) - (np.cumsum(lengths) - lengths)
         at = np.repeat(starts, lengths) + np.arange(lengths.sum())  # each value's place in its row
-        batch.view(-1).index_copy_(0, _on(at, device), torch.cat([samples[i] for i in members]))
+        batch.view(-1).index_copy_(0, _on(at, device), flat)
         body = batch[:, :width]
         median = body.nanmedian(dim=1, keepdim=True).values
         distance = (body - median).abs().nan_to_num(nan=float("inf"))  # pads and NaN: the farthest
