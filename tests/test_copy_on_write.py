@@ -76,6 +76,33 @@ def test_writing_into_inputs_and_outputs_after_the_pass_changes_nothing():
     assert torch.allclose(out_entry.activation, expected_out) and torch.allclose(last_op.activation, expected_out)
 
 
+def test_the_output_of_a_history_is_not_copied():
+    # log_forward_pass hands the model's output to no one: nothing can write into it afterwards
+    model, x = Plain(), torch.randn(2, 4)
+    produced = {}
+    model.fc2.register_forward_hook(lambda m, i, out: produced.setdefault("fc2", out))
+    h = tl.log_forward_pass(model, x)
+    out_entry = h[h.output_layers[0]]
+    last_op = h[out_entry.parent_layers[0]]
+    assert out_entry.activation.data_ptr() == last_op.activation.data_ptr() == produced["fc2"].data_ptr()
+
+
+def test_a_pass_that_hands_out_its_output_copies_it_once():
+    from torchlens.trace.capture.save_plan import SavePlan
+    from torchlens.trace.traced_pass import traced_pass
+
+    model, x = Plain(), torch.randn(2, 4)
+    expected = model(x).detach()
+    traced = traced_pass(model, (x,), {}, SavePlan(save_all=True), seed=0)
+    h = traced.history
+    out_entry = h[h.output_layers[0]]
+    last_op = h[out_entry.parent_layers[0]]
+    with torch.no_grad():
+        traced.output.add_(100)  # the caller's output is not the saved one
+    assert torch.equal(out_entry.activation, expected) and torch.equal(last_op.activation, expected)
+    assert out_entry.activation.data_ptr() == last_op.activation.data_ptr()  # one copy for both
+
+
 class KeepsState(nn.Module):
     """Stores an intermediate on itself and writes into it in a later call (a static cache)."""
 

@@ -190,9 +190,11 @@ def log_forward_pass(
 
     def plan(**which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
-        return make(
+        made = make(
             output_device=output_device, activation_postfunc=activation_postfunc, detach=detach_saved_tensors, **which
         )
+        made.hands_out_output = False  # the history is returned, not the output: nothing can write into it
+        return made
 
     decomposing = decompositions(decomposed)
 

@@ -19,7 +19,7 @@ name) and tensors sharing memory with parameters or buffers are always copied at
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, cast
 
 import torch
 
@@ -73,10 +73,15 @@ class SharedActivations:
             return
         key = storage_key(tensor)
         kept = self.by_storage.pop(key, None) if key is not None else None
+        copies: Dict[Any, torch.Tensor] = {}  # one copy of each view held by several entries
         for entry, version in kept or ():
             saved = entry.activation
             if saved._version == version:
-                entry.activation = saved.clone()
+                view = _view_key(saved)
+                copy = copies.get(view)
+                if copy is None:
+                    copy = copies[view] = saved.clone()
+                entry.activation = copy
             else:  # already changed by a write the tracer did not see
                 self.stale.append(entry)
 
@@ -92,6 +97,16 @@ class SharedActivations:
                     stale.append(entry)
         self.by_storage = {}
         return stale
+
+
+def _view_key(t: torch.Tensor) -> Any:
+    """What makes two saved tensors the same values: the object itself where it carries autograd
+    history (its copy keeps that history), else where its view of the memory lies (an output
+    saved both as its operation's and as the model's output: one copy of a large logits tensor,
+    not two)."""
+    if t.requires_grad:
+        return id(t)
+    return (t.data_ptr(), t.dtype, t.shape, t.stride())
 
 
 __all__ = ["SharedActivations", "storage_key"]

@@ -171,6 +171,7 @@ def run_pass(
             model, (args, kwargs), plan, stale, versions=versions, random_seed=random_seed, hooks=hooks, session=session
         )
     seed = random_seed if isinstance(random_seed, int) else -1  # -1: it started from given generator states
+    output = output if plan.hands_out_output else None
     return PassResult.of(tracer, model_name=type(model).__name__, random_seed=seed, elapsed=elapsed, output=output)
 
 
@@ -246,7 +247,8 @@ def _run_model(
     tracer.mark_buffer_writes()
     stale: List[TensorLogEntry] = []
     if tracer.shared is not None:  # what the caller and model hold is only walked to copy from it
-        stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, output))
+        handed_out = output if tracer.plan.hands_out_output else None
+        stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, handed_out))
     if inventory.has_lazy:
         inventory.describe_materialised()
     return output, stale

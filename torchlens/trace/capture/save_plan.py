@@ -46,6 +46,9 @@ class SavePlan:
         self.save_gradients = save_gradients
         self.postfunc_error: Optional[BaseException] = None  # the error the postfunc raised, if any
         self.copy_at_once = False  # True: never keep an activation uncopied (see capture/copy_on_write.py)
+        # whether the pass's caller gets the model's output (``PassResult.output``), and may write
+        # into it: the saved activations it holds are then copied at the end of the pass
+        self.hands_out_output = True
 
     # subclasses that write activations elsewhere (save_to) say False
     keeps_tensors = True
