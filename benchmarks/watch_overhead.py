@@ -174,15 +174,17 @@ def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int
     if batched:  # a GPU runs the Triton kernels: one operation stands for each launch
         measure_batch.TRITON = OneOpKernels()
     with tempfile.TemporaryDirectory() as folder:
-        w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log_freq=1)
-        if batched:
-            w.recorder.batch_devices = frozenset({"cpu"})
-        for _ in range(2):  # the first logged steps learn the layouts and build the graph
-            step()
-            w.flush()
-        logged = aten_ops(lambda: (step(), w.flush()))
-        w.close()
-        measure_batch.TRITON = kernels
+        try:
+            w = tl.watch(model, run_dir=folder, backend=None, verbose=False, log_freq=1)
+            if batched:
+                w.recorder.batch_devices = frozenset({"cpu"})
+            for _ in range(2):  # the first logged steps learn the layouts and build the graph
+                step()
+                w.flush()
+            logged = aten_ops(lambda: (step(), w.flush()))
+            w.close()
+        finally:
+            measure_batch.TRITON = kernels
         run = tl.open_run(folder)
         series = len(run.series_names())
         run.close()

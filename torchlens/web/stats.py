@@ -255,8 +255,8 @@ def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: tor
     came from; a rejected value is NaN (binning leaves non-finite values out). The samples are
     handled in groups by the power of two their length rounds up to, each one matrix padded with
     NaN to the group's longest (a median and a top-k per group, not per length: a step's samples
-    have many lengths, and the padding at most doubles what is read). The values kept are those of ``reject_outliers``
-    but for ties at the far end.
+    have many lengths, and the padding at most doubles what is read). The values kept are those
+    of ``reject_outliers`` but for ties at the far end.
 
     Example:
         >>> values, segments = _kept_values([torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)], 0.25,
