@@ -523,7 +523,8 @@ def test_a_fork_waits_for_the_writes_under_way(tmp_path, monkeypatch):
     w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=("params_grad",))
     try:
         model(torch.randn(4, 3)).sum().backward()  # its write is handed over, and sleeps
-        assert w._steps._jobs.unfinished_tasks == 1
+        # the write (it sleeps), and maybe the job queued before it (binning ahead, a checkpoint)
+        assert w._steps._jobs.unfinished_tasks >= 1
         pid = os.fork()
         if pid == 0:  # the child leaves at once, touching nothing
             os._exit(0)
