@@ -7,12 +7,17 @@ process, ``time.process_time``, medians over interleaved rounds):
 * **per op**: ``(trace - plain forward) / ops`` in microseconds, for models whose kernels cost
   little, so that the tracer's own Python is what is measured: ResNet-18 on a 1x3x32x32 input
   and a GPT-2 of 12 layers at width 64 on 8 tokens; also ``layers_to_save=None``.
+* **collector**: the garbage collector's time per trace in a loop of ``--traces`` traces,
+  split by generation (``gc.callbacks``). A pass pauses automatic collection, so this is
+  what its history costs afterwards: the first young collection scans the whole history it
+  returned, and the full collections that the histories promoted on the way trigger walk every
+  object of the process (all of torch's), however small the model.
 * **heap**: the same ResNet-18 trace in this (small) process, then after ``gc.freeze()`` and two
   million more live objects (a notebook with a dataset loaded, a server that froze its heap
   before forking): the ratio of the two medians. A pass that walked the heap would cost several
   times more in the big process; one that does not costs the same.
 
-    python benchmarks/capture_per_op.py [--rounds 15] [--objects 2000000]
+    python benchmarks/capture_per_op.py [--rounds 15] [--traces 300] [--objects 2000000]
 """
 
 from __future__ import annotations
@@ -80,6 +85,33 @@ def per_op(model: nn.Module, x: torch.Tensor, rounds: int) -> str:
     )
 
 
+def collector(model: nn.Module, x: torch.Tensor, traces: int) -> str:
+    """Milliseconds of garbage collection per trace, by generation, and their share of the trace."""
+    spent = [0.0, 0.0, 0.0]
+    runs = [0, 0, 0]
+    started = [0.0]
+
+    def timer(phase: str, info: Dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[info["generation"]] += time.perf_counter() - started[0]
+            runs[info["generation"]] += 1
+
+    tl.log_forward_pass(model, x)
+    gc.callbacks.append(timer)
+    try:
+        start = time.perf_counter()
+        for _ in range(traces):
+            tl.log_forward_pass(model, x)
+        total = time.perf_counter() - start
+    finally:
+        gc.callbacks.remove(timer)
+    per_trace = [s / traces * 1e3 for s in spent]
+    by_generation = ", ".join(f"gen{g} {ms:.2f} ms ({runs[g]} runs)" for g, ms in enumerate(per_trace))
+    return f"{sum(per_trace):.2f} ms of {total / traces * 1e3:.2f} ms per trace ({sum(spent) / total:.1%}): {by_generation}"
+
+
 def heap(model: nn.Module, x: torch.Tensor, rounds: int, objects: int) -> str:
     trace = {"trace": lambda: tl.log_forward_pass(model, x)}
     small = medians(trace, rounds)["trace"]
@@ -96,12 +128,14 @@ def heap(model: nn.Module, x: torch.Tensor, rounds: int, objects: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--traces", type=int, default=300)
     parser.add_argument("--objects", type=int, default=2_000_000)
     options = parser.parse_args()
     torch.set_num_threads(1)
     found = models()
     for name, (model, x) in found.items():
         print(f"{name:24s} {per_op(model, x, options.rounds)}")
+        print(f"{'  collector':24s} {collector(model, x, options.traces)}")
     model, x = found["resnet18 32x32"]
     print(f"{'heap, resnet18 32x32':24s} {heap(model, x, options.rounds, options.objects)}")
 
