@@ -7,8 +7,8 @@ process, ``time.process_time``, medians over interleaved rounds):
 * **per op**: ``(trace - plain forward) / ops`` in microseconds, for models whose kernels cost
   little, so that the tracer's own Python is what is measured: ResNet-18 on a 1x3x32x32 input
   and a GPT-2 of 12 layers at width 64 on 8 tokens; also ``layers_to_save=None``.
-* **collector**: the garbage collector's time per trace in a loop of ``--traces`` traces,
-  split by generation (``gc.callbacks``). A pass pauses automatic collection, so this is
+* **collector**: the garbage collector's wall time per trace in a loop of ``--traces`` traces,
+  split by generation (``gc.callbacks``; the trace's own time here is wall time too). A pass pauses automatic collection, so this is
   what its history costs afterwards: the first young collection scans the whole history it
   returned, and the full collections that the histories promoted on the way trigger walk every
   object of the process (all of torch's), however small the model.
