@@ -55,8 +55,10 @@ class StackWalker:
         # offset then, how many records of ``chain_records`` lie at or above it). A frame met
         # again at the same offset is still inside the same call, and so are all its callers
         # (none can move on while it runs): its records and theirs are taken from there. Only
-        # frames with no resumable frame above them; ids of frames no longer listed are stale
-        # (their place holds another frame, or none).
+        # frames with no resumable frame above them, and none of a skipped code (a walk passes
+        # those on to the next frame listed: cheaper than listing three frames of torch's module
+        # call per module); ids of frames no longer listed are stale (their place holds another
+        # frame, or none).
         self.chain_frames: List[types.FrameType] = []
         self.chain: Dict[int, Tuple[int, int, int]] = {}
         self.chain_records: Tuple[Site, ...] = ()
@@ -84,6 +86,11 @@ class StackWalker:
             code = at.f_code
             if code is stop:
                 break
+            known = code_sites.get(id(code))
+            sites = known[1] if known is not None else self.sites_of(code)
+            if sites is _SKIPPED and not code.co_flags & _RESUMABLE:
+                at = at.f_back  # torch's module call, a wrapper: no record, never listed as a stop
+                continue
             lasti = at.f_lasti
             held = chain.get(id(at))
             if held is not None and held[1] == lasti and held[0] < len(listed) and listed[held[0]] is at:
@@ -93,8 +100,6 @@ class StackWalker:
             if code.co_flags & _RESUMABLE:
                 resumable = len(new)
             new.append((at, lasti, len(found)))
-            known = code_sites.get(id(code))
-            sites = known[1] if known is not None else self.sites_of(code)
             if sites is not _SKIPPED:
                 site = sites.get(lasti)
                 if site is None:
@@ -140,12 +145,14 @@ class StackWalker:
             code = frame.f_code
             if code is stop:
                 break
+            known = code_sites.get(id(code))
+            if (known[1] if known is not None else self.sites_of(code)) is _SKIPPED:
+                frame = frame.f_back  # never listed (see walk)
+                continue
             held = chain.get(id(frame))
             if held is not None and held[1] == frame.f_lasti and held[0] < len(listed) and listed[held[0]] is frame:
                 return count + held[2]  # a known frame still in the same call (see walk)
-            known = code_sites.get(id(code))
-            if (known[1] if known is not None else self.sites_of(code)) is not _SKIPPED:
-                count += 1
+            count += 1
             frame = frame.f_back
         return count
 
