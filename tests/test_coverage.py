@@ -404,6 +404,39 @@ def test_tensors_made_during_the_pass_by_untraced_calls_are_still_gaps(grad):
     assert not tl.validate_model_activations(StashesUntraced(), x, random_seed=0)
 
 
+class KeepsUntracedOnItself(nn.Module):
+    """Holds a constant, and stores a tensor an untraced call made during the pass as a module
+    attribute before using either: where constants live is looked at only then, mid-pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.ones(3)
+
+    def forward(self, x):
+        self.scale = torch._C._VariableFunctions.exp(x)
+        return x * self.scale + self.offset
+
+
+def test_constants_are_looked_for_only_when_a_tensor_has_no_record(monkeypatch):
+    """A pass whose every tensor has a record never scans the model's attributes and globals;
+    the first tensor without one makes it look, once, and what it finds there that the pass
+    itself made (untraced) is still a gap, not a constant."""
+    from torchlens.trace.capture import run
+
+    looks = []
+    real = run.held_constants
+    monkeypatch.setattr(run, "held_constants", lambda *a: looks.append(1) or real(*a))
+    tl.log_forward_pass(nn.Sequential(nn.Linear(3, 3), nn.ReLU()), torch.randn(2, 3), layers_to_save=None)
+    assert looks == []
+    model, x = KeepsUntracedOnItself(), torch.randn(3)
+    model(x)  # the attribute exists from an earlier call too: the pass's own value is new
+    h = tl.log_forward_pass(model, x, random_seed=0)
+    assert looks == [1]
+    (gap,) = h.untraced_layers
+    assert h["mul_1"].parent_layers == ["input_1_0", gap]
+    assert h["add_1"].parent_layers == [h["mul_1"].label]  # self.offset: a constant, no node
+
+
 def test_the_pass_leaves_the_garbage_collector_as_it_was():
     """A pass tells old tensors from new ones by the collector's youngest generation: it never
     freezes, disables or collects, and its marker and callback are gone after a pass, also

@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .decorate import FUNCTION_TYPES, WrapperTable
-from .modules import tensors_held
 
 
 def _is_torch_or_builtins(module_name: str) -> bool:
@@ -29,8 +28,9 @@ class BoundReferences:
         self.model = model
         self.modules = modules  # the model's modules, when the caller has them already
         self.replaced: List[Tuple[Any, str, Any, Any]] = []  # (dict-like owner, key, original, wrapper)
-        # tensors among those globals: constants (found here cheaply; see capture/preexisting.py)
-        self.global_tensors: Dict[int, torch.Tensor] = {}
+        # the globals of the files the model's classes come from: where constants may live too
+        # (see modules.held_constants), looked into for tensors only if a pass needs them
+        self.global_namespaces: List[Dict[str, Any]] = []
         self.found: Optional[List[Tuple[Any, str, Any, Any]]] = None  # what the first install replaced
 
     def install(self) -> None:
@@ -47,7 +47,6 @@ class BoundReferences:
 
     def _find(self) -> None:
         seen_classes, seen_globals = set(), set()
-        seen_containers: Dict[int, int] = {}  # every module's globals hold __builtins__: looked into once
         for module in self.modules if self.modules is not None else self.model.modules():
             cls = type(module)
             if cls not in seen_classes:
@@ -57,7 +56,7 @@ class BoundReferences:
                     if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
                         seen_globals.add(id(mod))
                         self._wrap_in(vars(mod), all_values=True)
-                        tensors_held(vars(mod), self.global_tensors, depth=1, seen=seen_containers)
+                        self.global_namespaces.append(vars(mod))
             self._wrap_in(vars(module), all_values=False)
 
     def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import gc
 import sysconfig
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -47,6 +47,8 @@ class PassStart:
     >>> during = torch.zeros(1)
     >>> start.existed(before), start.existed(during)
     (True, False)
+    >>> [t is before for t in start.existing([during, before])]
+    [True]
     >>> start.end()
     """
 
@@ -73,6 +75,20 @@ class PassStart:
         if moved is not None and moved() is tensor:
             return False
         return not any(o is tensor for o in self._made_since_start(young))
+
+    def existing(self, tensors: Iterable[torch.Tensor]) -> List[torch.Tensor]:
+        """Those of ``tensors`` that were alive when the pass began: ``existed`` for many, with
+        one look at the youngest generation."""
+        if self._notes is not None:
+            return [t for t in tensors if self.existed(t)]
+        young = gc.get_objects(generation=0)
+        made = {id(o) for o in self._made_since_start(young) if issubclass(type(o), _Tensor)}
+        found = []
+        for t in tensors:
+            moved = self._moved_on.get(id(t))
+            if id(t) not in made and not (moved is not None and moved() is t):
+                found.append(t)
+        return found
 
     def end(self) -> None:
         if self._callback is not None:

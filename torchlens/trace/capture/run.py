@@ -23,7 +23,7 @@ from .hooks import Args, Kwargs, PassHook, PassRecords
 from .lean import LeanTracer
 from .memory import ActivationMemoryWarning
 from .meta import active_modes, data_dependent_error, is_value_error, lost_op_notes, meta_note
-from .modules import LazyInitialisation, ModelInventory, ModelState, tensors_held
+from .modules import LazyInitialisation, ModelInventory, ModelState, held_constants, tensors_held
 from .preexisting import PassStart
 from .rng import RngState, seed_everything
 from .save_plan import SavePlan, has_torchlens_note
@@ -198,7 +198,7 @@ def _installed(
         seed_everything(random_seed)
         ops.install(table)
         bound_refs.install()
-        tracer.known = {**bound_refs.global_tensors, **inventory.constants}
+        tracer.find_constants = functools.partial(held_constants, inventory.modules, bound_refs.global_namespaces)
         handles.append(nn.modules.module.register_module_forward_pre_hook(tracer.module_pre_hook))
         handles.append(nn.modules.module.register_module_forward_hook(tracer.module_post_hook, always_call=True))
         ops.ACTIVE.tracer = tracer

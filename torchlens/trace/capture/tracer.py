@@ -31,7 +31,7 @@ Invariants the hot path relies on (break one and traces go subtly wrong, not lou
   (``live``), never by attributes set on them, so nothing outlives the pass on the tensor.
 - *Old or new.* A tensor that reaches the model's own operation without a record is a
   constant if it existed when the pass began (``pass_start``, see ``capture/preexisting.py``:
-  the garbage collector is frozen for the pass), else an ``untraced`` node: made during the
+  the collector's youngest generation tells), else an ``untraced`` node: made during the
   pass by a call torchlens does not log. Where the model holds a constant does not matter.
 - *One thread.* Only the thread that started the pass is traced (``thread_id``); calls from
   other threads go straight to the original function.
@@ -140,10 +140,12 @@ class Tracer:
             self.write_watchers.insert(0, self.shared.before_write)
         self.entries: List[TensorLogEntry] = []
         self.live: Dict[int, Tuple[weakref.ref[torch.Tensor], TensorLogEntry]] = {}
-        # tensors known to have existed before the pass, id -> tensor: found cheaply at the
-        # start (module attributes, globals of the model's files), or by asking pass_start
+        # tensors known to have existed before the pass, id -> tensor: those held where constants
+        # mostly live (module attributes, globals of the model's files: ``find_constants``, looked
+        # at once, when the first tensor without a record arrives), or found by asking pass_start
         # (once per tensor). Only a tensor made during the pass by a call we do not log is a gap.
         self.known: Dict[int, torch.Tensor] = {}
+        self.find_constants: Optional[Callable[[], Dict[int, torch.Tensor]]] = None  # set by run_pass
         self.pass_start: Optional[PassStart] = None  # set by run_pass
         self.parent_placeholders: List[ParentRef] = []
         self.module_stack: ModuleStack = ()
@@ -455,6 +457,13 @@ class Tracer:
         """Not recorded, not a parameter, and not a tensor that existed before the pass."""
         if id(tensor) in self.inventory.param_addresses or self.known.get(id(tensor)) is tensor:
             return False
+        if self.find_constants is not None and self.pass_start is not None:
+            # the first tensor of unknown age: take the constants where they mostly live, once
+            # (those of them made during the pass by a call not logged are left out: gaps)
+            found, self.find_constants = self.find_constants(), None
+            self.known.update((id(t), t) for t in self.pass_start.existing(found.values()))
+            if self.known.get(id(tensor)) is tensor:
+                return False
         if self.pass_start is not None and self.pass_start.existed(tensor):
             self.known[id(tensor)] = tensor  # a constant: later uses need not ask again
             return False
