@@ -114,3 +114,32 @@ def test_call_stacks_taken_from_known_frames_equal_full_walks(monkeypatch):
     torch.manual_seed(0)
     assert stacks() == cached
     assert any(len(f) > 2 for f in cached[0]) and cached[1]
+
+
+def test_one_walk_of_the_model_serves_the_checks_and_the_pass(monkeypatch):
+    """``log_forward_pass`` walks the model's modules once, for its checks and its pass; a
+    second pass (labels to resolve first) makes its own inventory, after the first one ran."""
+    from torchlens.trace.capture import modules
+
+    walks = []
+    real_of, real_walk = modules.ModelInventory.of.__func__, modules.traced_modules
+
+    def counted_of(cls, model):
+        walks.append("inventory")
+        return real_of(cls, model)
+
+    def counted_walk(model):
+        walks.append("walk")
+        return real_walk(model)
+
+    monkeypatch.setattr(modules.ModelInventory, "of", classmethod(counted_of))
+    monkeypatch.setattr(modules, "traced_modules", counted_walk)
+    model, x = nn.Sequential(nn.Linear(3, 3), nn.ReLU()), torch.randn(2, 3)
+    history = tl.log_forward_pass(model, x)
+    assert walks == ["inventory"] and history["linear_1_1"].num_params == 12
+    walks.clear()
+    history = tl.log_forward_pass(model, x, layers_to_save=["relu_1_2"])
+    assert walks.count("inventory") == 2 and history["relu_1_2"].activation is not None
+    walks.clear()
+    history = tl.log_forward_pass(model, x, device="meta")  # parameters swapped for the pass: walked again
+    assert walks.count("inventory") == 2 and history["linear_1_1"].activation.is_meta

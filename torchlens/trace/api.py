@@ -18,7 +18,9 @@ from .capture import (
     FastPathOff,
     MemoryCheck,
     MetaCopies,
+    ModelInventory,
     PassHook,
+    PassSession,
     RngState,
     SavePlan,
     automatic_collection_paused,
@@ -29,7 +31,6 @@ from .capture import (
     eager_only,
     inputs_on,
     is_meta_pass,
-    model_tensors,
     refuse_meta,
     seed_everything,
     tensors_in,
@@ -54,13 +55,14 @@ def _streamed_save(path: Any, save_gradients: bool) -> Any:
     return StreamedSave(path, save_gradients)
 
 
-def _check_meta_model(held: List[Tuple[str, torch.Tensor]], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-    """A model on ``meta`` (``held``: its parameters and buffers, by address) called with real
-    inputs: say so, naming both devices, instead of torch's "Tensor on device meta is not on the
+def _check_meta_model(inventory: ModelInventory, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """A model on ``meta`` (its parameters and buffers: ``inventory``) called with real inputs:
+    say so, naming both devices, instead of torch's "Tensor on device meta is not on the
     expected device cpu!" from inside the pass."""
-    on_meta = next((address for address, t in held if t.is_meta), None)
-    if on_meta is None:
+    meta = next((t for t in inventory.parameters + inventory.buffers if t.is_meta), None)
+    if meta is None:
         return
+    on_meta = inventory.param_addresses.get(id(meta)) or inventory.buffer_addresses[id(meta)]
     devices = sorted({str(t.device) for _, t in tensors_in((args, kwargs)) if not t.is_meta})
     if devices:
         raise MetaDeviceError(
@@ -149,7 +151,9 @@ def log_forward_pass(
     """
     require_model(model, "log_forward_pass")
     check_arguments("log_forward_pass", locals())  # flags, seed, paths, functions: torchlens/arguments.py
-    model, notes = traceable_model(model)  # TorchScript is refused; torch.compile'd: the original module
+    # TorchScript is refused; torch.compile'd: the original module. Its inventory serves the
+    # checks below and the (first) pass: one walk of the model's modules in all
+    model, notes, inventory = traceable_model(model)
     vis = dict(vis_mode=vis_mode, vis_nesting_depth=vis_nesting_depth, vis_direction=vis_direction)
     vis.update(vis_outpath=vis_outpath, vis_fileformat=vis_fileformat, vis_save_only=vis_save_only)
     drawing = log_draw(draw, vis)  # None: no drawing
@@ -165,9 +169,9 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
     check_device(device)
-    held = list(model_tensors(model))  # one walk of the model for the meta and memory checks
+    held = inventory.parameters + inventory.buffers
     if device is None:
-        _check_meta_model(held, args, kwargs)
+        _check_meta_model(inventory, args, kwargs)
     decomposed = check_decompose(decompose)
     if device is not None:  # meta copies of the inputs here, of the parameters during the pass
         args, kwargs = inputs_on("meta", args, kwargs)
@@ -186,7 +190,9 @@ def log_forward_pass(
     )  # before the pass: bad paths fail now
 
     # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
-    memory = MemoryCheck.for_pass([t for _, t in held], args, kwargs, output_device) if stream is None else None
+    memory = MemoryCheck.for_pass(held, args, kwargs, output_device) if stream is None else None
+    # the first pass takes the inventory made above (a meta pass swaps the parameters: not that one)
+    session = PassSession(first=inventory) if device is None else None
 
     def plan(**which: Any) -> SavePlan:
         make = SavePlan if stream is None else stream.plan
@@ -214,7 +220,15 @@ def log_forward_pass(
             # cache, a tensor the model writes into) must be used once, by the pass they get
             look = plan()
             looked = traced_pass(
-                model, args, kwargs, look, seed=seed, hooks=hooks(look), fresh_inputs=True, keep_buffers=True
+                model,
+                args,
+                kwargs,
+                look,
+                seed=seed,
+                hooks=hooks(look),
+                fresh_inputs=True,
+                keep_buffers=True,
+                session=session,
             )
             if looked.copy_note is not None:
                 notes.append(f"layers_to_save needed a first pass to resolve labels: {looked.copy_note}")
@@ -256,7 +270,7 @@ def log_forward_pass(
                 save_function_args=save_function_args,
                 save_gradients=save_gradients,
             )
-            traced = traced_pass(model, args, kwargs, only, seed=seed, hooks=hooks(only))
+            traced = traced_pass(model, args, kwargs, only, seed=seed, hooks=hooks(only), session=session)
             result, history = traced.result, traced.history
             resolve_request(request, history)  # unknown keys raise, with close matches
     notes += compiled_function_notes(result.records, result.code_ids)  # known once they have run

@@ -32,6 +32,10 @@ class ModelInventory:
     modules: List[nn.Module] = field(default_factory=list)
     parameters: List[torch.Tensor] = field(default_factory=list)
     buffers: List[torch.Tensor] = field(default_factory=list)
+    # addresses of the torch.compile'd submodules (traced through the modules they wrap) and of
+    # the outermost TorchScript ones (opaque): what the user is told about before a pass
+    compiled: List[str] = field(default_factory=list)
+    scripted: List[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelInventory":
@@ -47,14 +51,22 @@ class ModelInventory:
         parameters: List[torch.Tensor] = []
         buffer_list: List[torch.Tensor] = []
         weighted: Set[str] = set()  # modules holding parameters, themselves or below them
+        compiled: List[str] = []
+        scripted: List[str] = []
         stack = [("", model)]
         while stack:  # depth first, children in registration order: named_modules' order
             address, module = stack.pop()
-            if "_orig_mod" in module._modules and is_compiled(module):
+            wraps = "_orig_mod" in module._modules and is_compiled(module)
+            if wraps:
                 # torch.compile(sub): the module it wraps, as sub (an OptimizedModule always holds one)
                 module = module._modules["_orig_mod"]  # type: ignore[assignment]
             if id(module) in module_addresses:
                 continue
+            if address and (wraps or isinstance(module, _ScriptModule)):
+                if wraps:
+                    compiled.append(address)
+                if isinstance(module, _ScriptModule) and not any(address.startswith(s + ".") for s in scripted):
+                    scripted.append(address)
             module_addresses[id(module)] = address
             module_types[address] = type(module).__name__
             modules.append(module)
@@ -91,6 +103,8 @@ class ModelInventory:
             modules=modules,
             parameters=parameters,
             buffers=buffer_list,
+            compiled=compiled,
+            scripted=scripted,
         )
         inventory.describe_parameters()
         return inventory
@@ -109,6 +123,9 @@ class ModelInventory:
         self.describe_parameters()
         for module in self.modules:
             self.module_types[self.module_addresses[id(module)]] = type(module).__name__
+
+
+_ScriptModule = torch.jit.ScriptModule
 
 
 def is_compiled(module: nn.Module) -> bool:

@@ -259,7 +259,9 @@ class PassSession:
     steps): its inventory, made again when a module, parameter or buffer was replaced, and the
     torch functions its code bound to its own names (``bound.py``), found once and put in
     place again at each pass. About 1 ms of a pass on a small LLM. Torch and the model are
-    patched only during each pass, as without a session.
+    patched only during each pass, as without a session. ``first``: an inventory the caller
+    made just before the first pass (``log_forward_pass`` makes one to check the model), which
+    that pass takes instead of walking the model again.
 
     Example:
         >>> model, plan = nn.Linear(2, 2), SavePlan()
@@ -269,16 +271,26 @@ class PassSession:
         [3, 3]
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first: Optional[ModelInventory] = None) -> None:
         self._inventory: Optional[ModelInventory] = None
         self._model: Optional[nn.Module] = None
-        self._fingerprint: List[Tuple[int, ...]] = []
+        self._fingerprint: Optional[List[Tuple[int, ...]]] = []
         self._bound: Optional[BoundReferences] = None
+        # the caller's inventory of the model, made just before the first pass (``traceable_model``)
+        # with nothing run since that could change it: that pass takes it as it is
+        self._first = first
 
     def inventory_of(self, model: nn.Module) -> ModelInventory:
+        first, self._first = self._first, None
+        if first is not None and first.modules and first.modules[0] is model:
+            # taken without a fingerprint (as long again as the walk it saves): a later pass
+            # makes its own inventory
+            self._inventory, self._model, self._fingerprint, self._bound = first, model, None, None
+            return first
         if (
             self._inventory is None
             or self._model is not model
+            or self._fingerprint is None
             or _fingerprint(self._inventory.modules) != self._fingerprint
         ):
             self._inventory, self._model = ModelInventory.of(model), model

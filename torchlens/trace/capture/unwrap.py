@@ -4,9 +4,9 @@ original module is traced instead, and compiled parts run eagerly during the pas
 Example:
     >>> import torch
     >>> model = torch.nn.Linear(2, 2)
-    >>> traced, notes = traceable_model(torch.compile(model))
-    >>> traced is model, notes[0].startswith("torch.compile")
-    (True, True)
+    >>> traced, notes, inventory = traceable_model(torch.compile(model))
+    >>> traced is model, notes[0].startswith("torch.compile"), inventory.param_addresses[id(model.weight)]
+    (True, True, 'weight')
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ from ...errors import TorchlensError
 from ..records.position import Position
 from ..records.tensor_log import TensorLogEntry
 from .args import tensors_in
-from .modules import is_compiled, traced_modules
+from .modules import ModelInventory, is_compiled
 
 
 class TorchScriptModelError(TorchlensError, TypeError):
     """The model is a TorchScript module, whose operations run where torchlens cannot see them."""
 
 
-def traceable_model(model: nn.Module) -> Tuple[nn.Module, List[str]]:
-    """The module to trace, and notes for the user about what was changed or cannot be seen.
+def traceable_model(model: nn.Module) -> Tuple[nn.Module, List[str], ModelInventory]:
+    """The module to trace, notes for the user about what was changed or cannot be seen, and
+    the module's inventory (the walk over its modules that found those; a pass run right after
+    takes it instead of walking them again).
 
     A TorchScript model raises ``TorchScriptModelError``: its forward runs in the TorchScript
     interpreter, so the trace would be input -> output with nothing between.
@@ -54,20 +56,18 @@ def traceable_model(model: nn.Module) -> Tuple[nn.Module, List[str]]:
             "code is opaque to torchlens, so the eager module ran instead, with the same parameters."
         )
         model = original
-    modules = list(traced_modules(model))
-    compiled = [address for address, _, is_wrapper in modules if is_wrapper and address]
-    if compiled:
+    inventory = ModelInventory.of(model)
+    if inventory.compiled:
         notes.append(
-            f"torch.compile: compiled submodules ({', '.join(compiled)}) are traced through the modules they wrap "
-            f"(their _orig_mod, shown at the submodule's own address), which {_HOW_COMPILED_CODE_RAN}."
+            f"torch.compile: compiled submodules ({', '.join(inventory.compiled)}) are traced through the modules "
+            f"they wrap (their _orig_mod, shown at the submodule's own address), which {_HOW_COMPILED_CODE_RAN}."
         )
-    scripted = _top_scripted(modules)
-    if scripted:
+    if inventory.scripted:
         notes.append(
-            f"TorchScript submodules ({', '.join(scripted)}) run where torchlens cannot see: their operations are "
-            "missing (their outputs are 'untraced' nodes). Use the eager modules to see inside them."
+            f"TorchScript submodules ({', '.join(inventory.scripted)}) run where torchlens cannot see: their "
+            "operations are missing (their outputs are 'untraced' nodes). Use the eager modules to see inside them."
         )
-    return model, notes
+    return model, notes, inventory
 
 
 @contextlib.contextmanager
@@ -219,15 +219,3 @@ def _code(module: types.ModuleType, class_name: str) -> Optional[types.CodeType]
     cls = vars(module).get(class_name)
     function = vars(cls).get("__call__") if isinstance(cls, type) else None
     return getattr(function, "__code__", None)
-
-
-def _top_scripted(modules: List[Tuple[str, nn.Module, bool]]) -> List[str]:
-    found: List[str] = []
-    for address, module, _ in modules:
-        if (
-            address
-            and isinstance(module, torch.jit.ScriptModule)
-            and not any(address.startswith(outer + ".") for outer in found)
-        ):
-            found.append(address)
-    return found

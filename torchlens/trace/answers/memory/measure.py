@@ -107,7 +107,7 @@ def memory_report(
     trainable = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
     state = optimizer_state(optimizer, trainable)  # before meta copies replace the parameters
     check_device(device)
-    model, notes = traceable_model(model)
+    model, notes, _ = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if device is not None:
         args, kwargs = inputs_on("meta", args, kwargs)

@@ -82,7 +82,7 @@ def find_nonfinite(
     check("find_nonfinite", loss_fn=loss_fn, backward=backward)  # e.g. loss_fn=lambda out: out.logits.mean()
     if not isinstance(random_seed, RngState):
         check("find_nonfinite", random_seed=random_seed)
-    model, notes = traceable_model(model)
+    model, notes, _ = traceable_model(model)
     args, kwargs = as_args(input_args), as_kwargs(input_kwargs)
     if _on_meta(model, (args, kwargs)):  # no values: "every value stayed finite" would be a guess
         raise refuse_meta("find_nonfinite")
