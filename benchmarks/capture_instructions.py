@@ -10,7 +10,9 @@ same figures to the last few digits. It counts:
 * a ``log_forward_pass`` saving everything, and one saving nothing (``layers_to_save=None``),
 
 each repeated ``--calls`` times, and prints instructions per call, the ratio to the plain forward
-and what the trace adds per logged operation. The models are those of ``capture_per_op.py``
+and what the trace adds per logged operation. It also counts the part of a trace that does not
+depend on the operations: a trace of a module that holds the model (all its modules, parameters
+and buffers) but whose forward is one addition (``fixed``). The models are those of ``capture_per_op.py``
 (ResNet-18 on 1x3x32x32, a GPT-2 of 12 layers at width 64 on 8 tokens), whose kernels are cheap,
 so the tracer's own work is most of what is counted.
 
@@ -38,9 +40,37 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
-MODES = ("plain", "all", "none")
+from torch.nn import Module
+
+MODES = ("plain", "all", "none", "fixed")
+
+
+class _Holds(Module):
+    """Holds a model without running it: its trace is what a trace costs whatever the model does."""
+
+    def __init__(self, model: Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Any) -> Any:
+        return x + 1
+
+
+def _runs(model: Module, x: Any) -> Dict[str, Callable[[], Any]]:
+    """The calls counted for one model, by mode."""
+    import torch
+
+    import torchlens as tl
+
+    holder, one = _Holds(model), torch.ones(1)
+    return {
+        "plain": lambda: model(x),
+        "all": lambda: tl.log_forward_pass(model, x),
+        "none": lambda: tl.log_forward_pass(model, x, layers_to_save=None),
+        "fixed": lambda: tl.log_forward_pass(holder, one),
+    }
 
 
 def child(calls: int) -> None:
@@ -58,15 +88,11 @@ def child(calls: int) -> None:
     def control(*request: str) -> None:
         subprocess.run(["callgrind_control", *request, str(os.getpid())], check=True, capture_output=True)
 
-    runs = {
-        "plain": lambda m, x: m(x),
-        "all": lambda m, x: tl.log_forward_pass(m, x),
-        "none": lambda m, x: tl.log_forward_pass(m, x, layers_to_save=None),
-    }
     for index, (name, (model, x)) in enumerate(found.items()):
+        runs = _runs(model, x)
         ops = len(tl.log_forward_pass(model, x, layers_to_save=None))
         for run in runs.values():  # warm: caches, wrappers, the interpreter's specialisations
-            run(model, x)
+            run()
         print(f"model {index} ops {ops} name {name}", flush=True)
         control("--instr=on")
         enabled = gc.isenabled()
@@ -76,7 +102,7 @@ def child(calls: int) -> None:
                 gc.collect()
                 control("--zero")
                 for _ in range(calls):
-                    run(model, x)
+                    run()
                 control(f"--dump=m{index}-{mode}")
         finally:
             if enabled:
@@ -137,7 +163,7 @@ def main(argv: List[str]) -> int:
             f"{name:24s} {ops} ops; plain {plain / 1e6:.1f} M; trace {per_call['all'] / 1e6:.1f} M "
             f"({per_call['all'] / plain:.2f}x), {added['all'] / 1e3:.1f} k per op; "
             f"layers_to_save=None {per_call['none'] / 1e6:.1f} M ({per_call['none'] / plain:.2f}x), "
-            f"{added['none'] / 1e3:.1f} k per op"
+            f"{added['none'] / 1e3:.1f} k per op; fixed {per_call['fixed'] / 1e6:.1f} M"
         )
     return 0
 
