@@ -24,7 +24,11 @@ collector's work comes in lumps that land in one loop or another (``capture_per_
 the collector). Instructions are not time (a kernel's vector instructions do more work each than
 the tracer's), so compare these figures with each other, before and after a change.
 
-    python benchmarks/capture_instructions.py [--calls 3]
+    python benchmarks/capture_instructions.py [--calls 3] [--heap 2000000]
+
+``--heap N`` also counts the first model's trace after ``gc.freeze()`` and N more live objects
+(the heap check of ``capture_per_op.py``, without its noise): a pass that walked the heap would
+count many times more.
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``).
 """
@@ -73,8 +77,9 @@ def _runs(model: Module, x: Any) -> Dict[str, Callable[[], Any]]:
     }
 
 
-def child(calls: int) -> None:
-    """Under callgrind: build the models, then count each mode's loop on its own."""
+def child(calls: int, heap: int) -> None:
+    """Under callgrind: build the models, then count each mode's loop on its own; with ``heap``,
+    the first model's trace again after ``gc.freeze()`` and that many more live objects."""
     import torch
 
     import torchlens as tl
@@ -108,6 +113,22 @@ def child(calls: int) -> None:
             if enabled:
                 gc.enable()
             control("--instr=off")
+    if heap:
+        model, x = next(iter(found.values()))
+        gc.freeze()
+        ballast = [[i] for i in range(heap)]
+        control("--instr=on")
+        gc.disable()
+        try:
+            control("--zero")
+            for _ in range(calls):
+                tl.log_forward_pass(model, x)
+            control("--dump=heap")
+        finally:
+            gc.enable()
+            control("--instr=off")
+            del ballast
+            gc.unfreeze()
 
 
 def counts(folder: Path) -> Dict[str, int]:
@@ -125,10 +146,16 @@ def counts(folder: Path) -> Dict[str, int]:
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=3, help="calls counted per mode (default 3)")
+    parser.add_argument(
+        "--heap",
+        type=int,
+        default=0,
+        help="also count the first model's trace in a frozen heap grown by this many objects",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
-        child(options.calls)
+        child(options.calls, options.heap)
         return 0
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:
@@ -144,6 +171,7 @@ def main(argv: List[str]) -> int:
             __file__,
             "--child",
             f"--calls={options.calls}",
+            f"--heap={options.heap}",
         ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
@@ -164,6 +192,12 @@ def main(argv: List[str]) -> int:
             f"({per_call['all'] / plain:.2f}x), {added['all'] / 1e3:.1f} k per op; "
             f"layers_to_save=None {per_call['none'] / 1e6:.1f} M ({per_call['none'] / plain:.2f}x), "
             f"{added['none'] / 1e3:.1f} k per op; fixed {per_call['fixed'] / 1e6:.1f} M"
+        )
+    if options.heap:
+        small, big = found["m0-all"] / options.calls, found["heap"] / options.calls
+        print(
+            f"the first model's trace after gc.freeze() and {options.heap:,} more objects: {big / 1e6:.1f} M "
+            f"against {small / 1e6:.1f} M in the small process ({big / small:.4f}x)"
         )
     return 0
 
