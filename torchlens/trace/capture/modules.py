@@ -53,9 +53,10 @@ class ModelInventory:
         weighted: Set[str] = set()  # modules holding parameters, themselves or below them
         compiled: List[str] = []
         scripted: List[str] = []
-        stack = [("", model)]
+        parent_of: Dict[str, str] = {}
+        stack = [("", model, "")]
         while stack:  # depth first, children in registration order: named_modules' order
-            address, module = stack.pop()
+            address, module, parent = stack.pop()
             wraps = "_orig_mod" in module._modules and is_compiled(module)
             if wraps:
                 # torch.compile(sub): the module it wraps, as sub (an OptimizedModule always holds one)
@@ -70,9 +71,10 @@ class ModelInventory:
             module_addresses[id(module)] = address
             module_types[address] = type(module).__name__
             modules.append(module)
-            if address:
-                children.setdefault(address.rpartition(".")[0], []).append(address)
-                children.setdefault(address, [])
+            if address:  # its parent was visited before it (depth first): its list exists
+                children[parent].append(address)
+                children[address] = []
+                parent_of[address] = parent
             prefix = address + "." if address else ""
             holds = False
             for name, p in module._parameters.items():
@@ -83,14 +85,17 @@ class ModelInventory:
             ancestor = address
             while holds and ancestor and ancestor not in weighted:  # it and its ancestors (not the root)
                 weighted.add(ancestor)
-                ancestor = ancestor.rpartition(".")[0]
-            for name, b in module._buffers.items():
-                if b is not None and id(b) not in buffers:
-                    buffers[id(b)] = prefix + name
-                    buffer_list.append(b)
-            subs = [(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]
-            stack.extend(reversed(subs))
-        has_lazy = any(is_lazy(p) for p in parameters)
+                ancestor = parent_of[ancestor]
+            if module._buffers:  # most modules have none, and leaves no submodules: skip the loops
+                for name, b in module._buffers.items():
+                    if b is not None and id(b) not in buffers:
+                        buffers[id(b)] = prefix + name
+                        buffer_list.append(b)
+            if module._modules:
+                subs = [(prefix + name, sub, address) for name, sub in module._modules.items() if sub is not None]
+                stack.extend(reversed(subs))
+        # laziness is a class (UninitializedParameter): one parameter of each class tells
+        has_lazy = any(map(is_lazy, {type(p): p for p in parameters}.values()))
         inventory = cls(
             module_addresses,
             module_types,
