@@ -83,6 +83,7 @@ def child(calls: int, heap: int) -> None:
     import torch
 
     import torchlens as tl
+    from torchlens.trace.capture import automatic_collection_paused
 
     sys.path.insert(0, str(Path(__file__).parent))
     from capture_per_op import models
@@ -93,40 +94,33 @@ def child(calls: int, heap: int) -> None:
     def control(*request: str) -> None:
         subprocess.run(["callgrind_control", *request, str(os.getpid())], check=True, capture_output=True)
 
+    def count(loops: Dict[str, Callable[[], Any]]) -> None:
+        """Each loop's ``calls`` calls counted on their own, as a dump of the loop's name."""
+        control("--instr=on")
+        try:
+            with automatic_collection_paused():
+                for dump, run in loops.items():
+                    gc.collect()
+                    control("--zero")
+                    for _ in range(calls):
+                        run()
+                    control(f"--dump={dump}")
+        finally:
+            control("--instr=off")
+
     for index, (name, (model, x)) in enumerate(found.items()):
         runs = _runs(model, x)
         ops = len(tl.log_forward_pass(model, x, layers_to_save=None))
         for run in runs.values():  # warm: caches, wrappers, the interpreter's specialisations
             run()
         print(f"model {index} ops {ops} name {name}", flush=True)
-        control("--instr=on")
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            for mode, run in runs.items():
-                gc.collect()
-                control("--zero")
-                for _ in range(calls):
-                    run()
-                control(f"--dump=m{index}-{mode}")
-        finally:
-            if enabled:
-                gc.enable()
-            control("--instr=off")
+        count({f"m{index}-{mode}": run for mode, run in runs.items()})
     if heap:
-        model, x = next(iter(found.values()))
         gc.freeze()
         ballast = [[i] for i in range(heap)]
-        control("--instr=on")
-        gc.disable()
         try:
-            control("--zero")
-            for _ in range(calls):
-                tl.log_forward_pass(model, x)
-            control("--dump=heap")
+            count({"heap": _runs(*next(iter(found.values())))["all"]})
         finally:
-            gc.enable()
-            control("--instr=off")
             del ballast
             gc.unfreeze()
 
