@@ -633,3 +633,23 @@ def test_a_view_written_in_place_under_no_grad_is_traced():
     expected = _WritesAParameterViewWithoutGrad()(x)
     assert [e.layer_type for e in h] == ["input", "linear", "output"]
     assert torch.allclose(h["output"].activation, expected)
+
+
+def test_old_and_new_tensors_where_the_collector_keeps_no_generations(monkeypatch):
+    """A free-threaded build files no objects by age: the pass notes the tensors alive at its start
+    instead, and tells constants from gaps the same way."""
+    from torchlens.trace.capture import preexisting
+
+    monkeypatch.setattr(preexisting, "_KEPT", False)
+    before = torch.zeros(1)
+    start = preexisting.PassStart()
+    during = torch.zeros(1)
+    try:
+        assert start.existed(before) and not start.existed(during)
+        assert start.existing([during, before]) == [before]
+    finally:
+        start.end()
+    model, x = KeepsUntracedOnItself(), torch.randn(3)
+    h = tl.log_forward_pass(model, x, random_seed=0)
+    (gap,) = h.untraced_layers
+    assert h["add_1"].parent_layers == [h["mul_1"].label]

@@ -169,7 +169,6 @@ def log_forward_pass(
     args = as_args(input_args)
     kwargs = as_kwargs(input_kwargs)
     check_device(device)
-    held = inventory.parameters + inventory.buffers
     if device is None:
         _check_meta_model(inventory, args, kwargs)
     decomposed = check_decompose(decompose)
@@ -190,6 +189,7 @@ def log_forward_pass(
     )  # before the pass: bad paths fail now
 
     # saved bytes against free memory (capture/memory.py); with save_to they go to disk instead
+    held = inventory.parameters + inventory.buffers
     memory = MemoryCheck.for_pass(held, args, kwargs, output_device) if stream is None else None
     # the first pass takes the inventory made above (a meta pass swaps the parameters: not that one)
     session = PassSession(first=inventory) if device is None else None

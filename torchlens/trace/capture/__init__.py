@@ -37,7 +37,7 @@ from .memory import ActivationMemoryWarning, MemoryCheck
 from .meta import MetaCopies, check_device, inputs_on, is_meta_pass, refuse_meta
 
 # the model: its parts, its state a pass must leave as it found it, the random generators
-from .modules import BufferSnapshot, ModelInventory, model_tensors, traced_addresses
+from .modules import BufferSnapshot, ModelInventory, traced_addresses
 from .rng import RngState, seed_everything
 
 # running a pass, and what it hands on
@@ -73,7 +73,6 @@ __all__ = [
     "signature",
     "BufferSnapshot",
     "ModelInventory",
-    "model_tensors",
     "traced_addresses",
     "RngState",
     "seed_everything",

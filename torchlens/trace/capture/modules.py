@@ -157,25 +157,6 @@ def traced_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module, bool]]:
         stack.extend(reversed([(prefix + name, sub) for name, sub in module._modules.items() if sub is not None]))
 
 
-def model_tensors(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
-    """``(address, tensor)`` of every parameter and buffer, each once, as a pass addresses them.
-    One walk without ``named_parameters``' generators (which walk the tree again per call: on a
-    model of 500 modules, ~1 ms each).
-
-    Example:
-        >>> [address for address, _ in model_tensors(nn.Sequential(nn.Linear(1, 1), nn.BatchNorm1d(1)))][:3]
-        ['0.weight', '0.bias', '1.weight']
-    """
-    seen = set()
-    for address, module, _ in traced_modules(model):
-        prefix = address + "." if address else ""
-        for tensors in (module._parameters, module._buffers):
-            for name, t in tensors.items():
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    yield prefix + name, t
-
-
 def traced_addresses(model: nn.Module) -> Tuple[Set[str], Set[str]]:
     """The model's module addresses and buffer addresses, as a pass addresses them."""
     modules = list(traced_modules(model))

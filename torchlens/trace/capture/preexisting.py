@@ -67,28 +67,22 @@ class PassStart:
         gc.callbacks.append(self._callback)
 
     def existed(self, tensor: torch.Tensor) -> bool:
-        if self._notes is not None:
-            noted = self._notes.get(id(tensor))
-            return noted is not None and noted() is tensor
-        young = gc.get_objects(generation=0)  # a collection this triggers has run its callback
-        moved = self._moved_on.get(id(tensor))
-        if moved is not None and moved() is tensor:
-            return False
-        return not any(o is tensor for o in self._made_since_start(young))
+        return bool(self.existing((tensor,)))
 
     def existing(self, tensors: Iterable[torch.Tensor]) -> List[torch.Tensor]:
-        """Those of ``tensors`` that were alive when the pass began: ``existed`` for many, with
-        one look at the youngest generation."""
+        """Those of ``tensors`` that were alive when the pass began, with one look at the
+        youngest generation however many they are."""
         if self._notes is not None:
-            return [t for t in tensors if self.existed(t)]
-        young = gc.get_objects(generation=0)
+            noted = self._notes
+            return [t for t in tensors if (ref := noted.get(id(t))) is not None and ref() is t]
+        young = gc.get_objects(generation=0)  # a collection this triggers has run its callback
         made = {id(o) for o in self._made_since_start(young) if issubclass(type(o), _Tensor)}
-        found = []
-        for t in tensors:
-            moved = self._moved_on.get(id(t))
-            if id(t) not in made and not (moved is not None and moved() is t):
-                found.append(t)
-        return found
+        moved_on = self._moved_on
+        return [
+            t
+            for t in tensors
+            if id(t) not in made and not ((moved := moved_on.get(id(t))) is not None and moved() is t)
+        ]
 
     def end(self) -> None:
         if self._callback is not None:
