@@ -4,11 +4,14 @@
 A run of ``--series`` series (432: a logged ResNet-18 step) written step after step by
 ``RunWriter.write_step``, with the log checkpointed between steps as the watch does during a
 backward pass. Printed every ``--every`` steps: the median time of a step's write (its commit
-included), the pages its commit added to the log, and the median checkpoint; beside it the same
+included) and the longest (a run passing ``max_columns`` = 512 columns merges each pair of
+neighbouring columns, at logged steps 512, 1024, ...: that write waits for it; after the first,
+each step is merged into the column of the step before), the pages its commit added to the
+log, and the median checkpoint; beside it the same
 run written into a ``columns`` table kept in key order (``WITHOUT ROWID``, the layout before
 2026-12-06), in the same process, taking turns. No torch work: this is the host's share.
 
-    .venv/bin/python benchmarks/run_write_speed.py [--series 432] [--steps 400] [--every 100]
+    .venv/bin/python benchmarks/run_write_speed.py [--series 432] [--steps 1100] [--every 100]
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def writer(folder: str, schema: str) -> database.RunWriter:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--series", type=int, default=432)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=1100)
     parser.add_argument("--every", type=int, default=100)
     args = parser.parse_args()
     assert KEY_ORDER != database._SCHEMA, "the key-order layout could not be made from the schema"
@@ -51,7 +54,8 @@ def main() -> None:
     runs = {"rows side by side": writer(f"{root}/a", database._SCHEMA), "key order": writer(f"{root}/b", KEY_ORDER)}
     found: Dict[str, Dict[str, List[float]]] = {k: {"write": [], "pages": [], "checkpoint": []} for k in runs}
     print(f"{n} series; medians over the last {args.every} steps")
-    print(f"{'steps':>6}  " + "  ".join(f"{k + ': write ms, log pages, checkpoint ms':>52}" for k in runs))
+    head = ": write ms, longest ms, log pages, checkpoint ms"
+    print(f"{'steps':>6}  " + "  ".join(f"{k + head:>66}" for k in runs))
     for step in range(args.steps):
         for name, run in runs.items():
             start = time.perf_counter()
@@ -67,7 +71,10 @@ def main() -> None:
             cells = []
             for name in runs:
                 f = {k: statistics.median(v[-args.every :]) for k, v in found[name].items()}
-                cells.append(f"{f['write'] * 1e3:>22.2f} {f['pages']:>14.0f} {f['checkpoint'] * 1e3:>14.2f}")
+                longest = max(found[name]["write"][-args.every :])
+                cells.append(
+                    f"{f['write'] * 1e3:>22.2f} {longest * 1e3:>13.0f} {f['pages']:>14.0f} {f['checkpoint'] * 1e3:>14.2f}"
+                )
             print(f"{step + 1:>6}  " + "  ".join(cells))
     for run in runs.values():
         run.close()

@@ -36,14 +36,12 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from ...arguments import PathNotWritableError
-from ...web.stats import merge
 from ..model import Call
+from .columns import EXACT_COLUMNS, combine_columns, compact_columns
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad", "updates")
-# the statistics over all values stored with each column (x_ in the table)
-EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
 TIMELINE_STEPS = 10_000  # logged steps whose timeline is kept (the newest; older ones are dropped)
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
@@ -112,7 +110,10 @@ class RunWriter:
         self.has_values: set = set()  # series ids that got values (their reason is gone for good)
         self.num_calls = 0
         self._open: Optional[Tuple[int, int]] = None  # (step, ordinal) of the step written last
-        self._before: Dict[Tuple[int, int], Optional[tuple]] = {}  # merged columns before that step
+        # the open slot's columns (series id -> its row as stored), and as they were before the
+        # step written last: a step is merged into them without reading them back
+        self._slot: Dict[int, tuple] = {}
+        self._before: Dict[int, tuple] = {}
         self.timeline_origin = time.perf_counter_ns()  # the step timeline's zero
         meta = {
             "format": FORMAT,
@@ -189,40 +190,38 @@ class RunWriter:
         timeline: Sequence[tuple] = (),
     ) -> bool:
         """Store one logged step (row ``i`` of the arrays belongs to ``keys[i]``), in one transaction;
-                ``reasons``: why the series named there got no values in this step; ``exact``: rows of
-                ``EXACT_FIELDS`` (``Histograms.exact``); ``timeline``: rows of the step timeline, written in
-        the same transaction. Writing the step written last again replaces
-                the columns of the keys given. True when the step is new."""
+        ``reasons``: why the series named there got no values in this step; ``exact``: rows of
+        ``EXACT_FIELDS`` (``Histograms.exact``); ``timeline``: rows of the step timeline, written in
+        the same transaction. Writing the step written last again replaces the columns of the keys
+        given. True when the step is new."""
         new = self._open is None or self._open[0] != step
         if new:
             ordinal = self.num_logged
             if ordinal // self.stride >= self.max_columns:
                 self._compact()
-            self._open, self._before = (step, ordinal), {}
+            if ordinal % self.stride == 0:  # the first step of a new column
+                self._slot = {}
+            self._open, self._before = (step, ordinal), dict(self._slot)
         ordinal = self._open[1]  # type: ignore[index]
         slot = ordinal // self.stride
+        stats = _stored_statistics([k[1] for k in keys], exact)
+        ends = _nullable(np.stack([np.asarray(lo, float), np.asarray(hi, float)], axis=1))
+        blobs = np.ascontiguousarray(counts, np.float32)
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             now = time.time()
             self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, ordinal, now))
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(now),))
-            fresh, merged = [], []
-            stats = _stored_statistics([k[1] for k in keys], exact)
-            ends = _nullable(np.stack([np.asarray(lo, float), np.asarray(hi, float)], axis=1))
-            blobs = np.ascontiguousarray(counts, np.float32)
-            for i, key in enumerate(keys):
-                row = (self._series_id(key), slot, step, step, 1, *ends[i], int(nonfinite[i]), blobs[i].tobytes())
-                row += stats[i]
-                if self.stride == 1 or ordinal % self.stride == 0:
-                    fresh.append(row)
-                else:
-                    merged.append(row)
-            self.db.executemany("INSERT OR REPLACE INTO columns VALUES " + _ROW, fresh)
-            for row in merged:
-                self._merge_into(row)
+            rows = [
+                (self._series_id(key), slot, step, step, 1, *ends[i], int(nonfinite[i]), blobs[i].tobytes(), *stats[i])
+                for i, key in enumerate(keys)
+            ]
+            rows = self._merged(rows)
+            self.db.executemany("INSERT OR REPLACE INTO columns VALUES " + _ROW, rows)
             self._set_reasons([(self._series_id(k), None) for k in keys])
             self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
             self._add_timeline(timeline, prune=new and ordinal % 1000 == 999)
+        self._slot.update((row[0], row) for row in rows)  # only once committed
         if new:
             self.num_logged += 1
         self.commits_unchecked += 1
@@ -268,32 +267,31 @@ class RunWriter:
                 self.db.execute("UPDATE series SET reason = ? WHERE id = ?", (reason, sid))
                 self.reason_of[sid] = reason
 
-    def _merge_into(self, row: tuple) -> None:
-        """Merge a step into the column that holds older steps (as the column was before this
-        step, when the step is written again)."""
-        sid, slot = row[0], row[1]
-        if (sid, slot) not in self._before:
-            self._before[(sid, slot)] = self.db.execute(
-                "SELECT * FROM columns WHERE series_id = ? AND slot = ?", (sid, slot)
-            ).fetchone()
-        old = self._before[(sid, slot)]
-        self.db.execute("INSERT OR REPLACE INTO columns VALUES " + _ROW, row if old is None else _combine(old, row))
+    def _merged(self, rows: List[tuple]) -> List[tuple]:
+        """The rows of a step, each merged into its series' column of older steps (as the column
+        was before this step, when the step is written again): all in one ``combine_columns``."""
+        older = [i for i, row in enumerate(rows) if row[0] in self._before]
+        if not older:
+            return rows
+        merged = combine_columns([self._before[rows[i][0]] for i in older], [rows[i] for i in older], self.bins)
+        rows = list(rows)
+        for i, row in zip(older, merged):
+            rows[i] = row
+        return rows
 
     def _compact(self) -> None:
         """Double the stride: columns ``2k`` and ``2k + 1`` of every series become column ``k``."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             rows = self.db.execute("SELECT * FROM columns ORDER BY series_id, slot").fetchall()
-            combined: Dict[Tuple[int, int], tuple] = {}
-            for row in rows:
-                key = (row[0], row[1] // 2)
-                row = (key[0], key[1]) + tuple(row[2:])
-                prev = combined.get(key)
-                combined[key] = row if prev is None else _combine(prev, row)
+            compacted = compact_columns(rows, self.bins)
             self.db.execute("DELETE FROM columns")
-            self.db.executemany("INSERT INTO columns VALUES " + _ROW, list(combined.values()))
-            self.stride *= 2
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('stride', ?)", (str(self.stride),))
+            self.db.executemany("INSERT INTO columns VALUES " + _ROW, compacted)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('stride', ?)", (str(self.stride * 2),))
+        self.stride *= 2
+        # the next step's column may hold older steps already (an odd max_columns)
+        slot = self.num_logged // self.stride
+        self._slot = {row[0]: row for row in compacted if row[1] == slot}
 
     def close(self, status: str = "finished") -> None:
         if self.db is None:
@@ -310,15 +308,6 @@ class RunWriter:
             pass
         self.db.close()
         self.db = None
-
-
-def _real(x: float) -> Optional[float]:
-    x = float(x)
-    return x if np.isfinite(x) else None
-
-
-def _nan(x: Optional[float]) -> float:
-    return float("nan") if x is None else float(x)
 
 
 def _stored_statistics(kinds: List[str], exact: Optional[np.ndarray]) -> List[tuple]:
@@ -347,46 +336,6 @@ def _nullable(table: np.ndarray) -> list:
     out = table.astype(object)
     out[~np.isfinite(table)] = None
     return out.tolist()
-
-
-def _combine(a: tuple, b: tuple) -> tuple:
-    """One column holding the steps of two (rows of the columns table, a's place kept)."""
-    lo, hi, counts = merge(
-        _nan(a[5]),
-        _nan(a[6]),
-        np.frombuffer(a[8], np.float32),
-        _nan(b[5]),
-        hi_b=_nan(b[6]),
-        counts_b=np.frombuffer(b[8], np.float32),
-    )
-    head = (a[0], a[1], min(a[2], b[2]), max(a[3], b[3]), a[4] + b[4], _real(lo), _real(hi), a[7] + b[7])
-    return head + (np.asarray(counts, np.float32).tobytes(),) + _combine_exact(a, b)
-
-
-def _combine_exact(a: tuple, b: tuple) -> tuple:
-    """Statistics over all values of two columns: counts add up, mean and std are pooled over
-    the finite values, the line is the mean of the steps' lines."""
-    x = dict(zip(EXACT_COLUMNS, (_nan(v) for v in a[9:])))
-    y = dict(zip(EXACT_COLUMNS, (_nan(v) for v in b[9:])))
-    if not np.isfinite(x["count"]) or not np.isfinite(y["count"]):
-        return a[9:] if np.isfinite(x["count"]) else b[9:]
-    out = {k: x[k] + y[k] for k in ("count", "nan", "posinf", "neginf", "zeros")}
-    n_x = x["count"] - x["nan"] - x["posinf"] - x["neginf"]
-    n_y = y["count"] - y["nan"] - y["posinf"] - y["neginf"]
-    n = n_x + n_y
-    out["true_min"] = np.nanmin([x["true_min"], y["true_min"]]) if n else np.nan
-    out["true_max"] = np.nanmax([x["true_max"], y["true_max"]]) if n else np.nan
-    if n:
-        mean = (np.nan_to_num(x["mean"]) * n_x + np.nan_to_num(y["mean"]) * n_y) / n
-        spread = sum(
-            k * (np.nan_to_num(s["std"]) ** 2 + (np.nan_to_num(s["mean"]) - mean) ** 2) for k, s in ((n_x, x), (n_y, y))
-        )
-        out["mean"], out["std"] = mean, float(np.sqrt(spread / n))
-    else:
-        out["mean"] = out["std"] = np.nan
-    lines = [(v, w) for v, w in ((x["line"], a[4]), (y["line"], b[4])) if np.isfinite(v)]
-    out["line"] = sum(v * w for v, w in lines) / sum(w for _, w in lines) if lines else np.nan
-    return tuple(_real(out[k]) for k in EXACT_COLUMNS)
 
 
 def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
