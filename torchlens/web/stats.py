@@ -318,28 +318,6 @@ def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:
     return lo[:, None] + (hi - lo)[:, None] * steps[None, :]
 
 
-def merge(lo_a: float, hi_a: float, counts_a: np.ndarray, lo_b: float, hi_b: float, counts_b: np.ndarray) -> tuple:
-    """One histogram holding two, over the union of their ranges (counts spread evenly within
-    each old bin). Used to keep long runs to a bounded number of columns."""
-    parts = [(lo, hi, c) for lo, hi, c in ((lo_a, hi_a, counts_a), (lo_b, hi_b, counts_b)) if np.isfinite(lo)]
-    bins = len(counts_a)
-    if not parts:
-        return float("nan"), float("nan"), counts_a + counts_b
-    lo = min(p[0] for p in parts)
-    hi = max(p[1] for p in parts)
-    new_edges = np.linspace(lo, hi, bins + 1)
-    total = np.zeros(bins, np.float64)
-    for p_lo, p_hi, c in parts:
-        if p_hi <= p_lo or hi <= lo:  # all values at one point
-            index = 0 if hi <= lo else min(int((p_lo - lo) / (hi - lo) * bins), bins - 1)
-            total[index] += c.sum()
-            continue
-        old_edges = np.linspace(p_lo, p_hi, bins + 1)
-        cumulative = np.concatenate([[0.0], np.cumsum(c, dtype=np.float64)])
-        total += np.diff(np.interp(new_edges, old_edges, cumulative))
-    return lo, hi, total.astype(np.float32)
-
-
 def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
     """min, max, mean, std, fraction of zeros, count of non-finite values and a histogram of
     ``bins`` equal bins between min and max; None for anything that is not a dense tensor of
@@ -409,7 +387,6 @@ __all__ = [
     "unpack",
     "reject_outliers",
     "bin_edges",
-    "merge",
     "NUM_BINS",
     "Histograms",
     "tensor_stats",
