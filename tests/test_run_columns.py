@@ -169,34 +169,43 @@ def test_compaction_merges_neighbouring_slots_of_each_series():
             assert row == here[0]
 
 
-@pytest.mark.parametrize("max_columns", [3, 4])
+@pytest.mark.parametrize("max_columns", [3, 4, 5])
 def test_a_long_run_keeps_every_step_and_a_rewritten_step_once(tmp_path, max_columns):
     """More steps than columns (an odd number of columns leaves the next step in a merged
-    column), each step written twice as a watch does (backward, then the optimizer's updates):
-    every step is counted once, in order, and the pooled mean is the mean of all values."""
+    column), each step written twice as a watch does (backward, then the optimizer's updates),
+    one series seen in every third step only: no series ever holds more than ``max_columns``
+    columns, every step is counted once, in order, and the pooled mean is that of all values."""
     writer = RunWriter(str(tmp_path), "M", {}, bins=BINS, max_columns=max_columns)
-    keys = [("lin:1", "io", "output"), ("lin:1", "params", "weight")]
+    every = [("lin:1", "io", "output"), ("lin:1", "params", "weight")]
+    sometimes = ("lin:1", "io", "input x")
     values = {}
     rng = np.random.default_rng(3)
-    for step in range(23):
+    for step in range(41):
+        keys = every + ([sometimes] if step % 3 == 0 else [])
         for attempt in range(2):  # the second write of a step replaces the first
             data = [rng.normal(step, 1, size=50) for _ in keys]
-            values[step] = data
-            counts = np.stack([np.histogram(d, BINS, (-5, 30))[0] for d in data]).astype(np.float32)
+            values.update(((step, key), d) for key, d in zip(keys, data))
+            counts = np.stack([np.histogram(d, BINS, (-5, 50))[0] for d in data]).astype(np.float32)
             exact = np.array([_exact(d) for d in data])
-            writer.write_step(step, keys, counts, np.full(2, -5.0), np.full(2, 30.0), np.zeros(2), exact=exact)
+            n = len(keys)
+            writer.write_step(step, keys, counts, np.full(n, -5.0), np.full(n, 50.0), np.zeros(n), exact=exact)
+            held = writer.db.execute("SELECT COUNT(*) FROM columns GROUP BY series_id").fetchall()
+            assert max(n for (n,) in held) <= max_columns
     rows = writer.db.execute("SELECT * FROM columns ORDER BY series_id, slot").fetchall()
+    stored_stride = int(writer.db.execute("SELECT value FROM meta WHERE key = 'stride'").fetchone()[0])
+    ids = dict(writer.series_ids)
     writer.close()
-    assert writer.stride == 8
-    for s in range(len(keys)):
-        mine = [r for r in rows if r[0] == rows[0][0] + s]
-        assert [r[4] for r in mine] and sum(r[4] for r in mine) == 23
-        assert mine[0][2] == 0 and mine[-1][3] == 22
-        assert all(a[3] + 1 == b[2] for a, b in zip(mine, mine[1:]))  # contiguous, in order
+    assert writer.stride == stored_stride == 16
+    for key in every + [sometimes]:
+        mine = [r for r in rows if r[0] == ids[key]]
+        seen = sorted(step for step, k in values if k == key)
+        assert sum(r[4] for r in mine) == len(seen)
+        assert mine[0][2] == seen[0] and mine[-1][3] == seen[-1]
+        assert all(a[3] < b[2] for a, b in zip(mine, mine[1:]))  # in order, no step twice
         for r in mine:
-            steps = range(r[2], r[3] + 1)
-            assert np.frombuffer(r[8], np.float32).sum() == 50 * len(steps)
-            everything = np.concatenate([values[k][s] for k in steps])
+            steps = [k for k in seen if r[2] <= k <= r[3]]
+            assert len(steps) == r[4] and np.frombuffer(r[8], np.float32).sum() == 50 * len(steps)
+            everything = np.concatenate([values[(k, key)] for k in steps])
             got = dict(zip(EXACT_COLUMNS, r[9:]))
             assert got["count"] == len(everything)
             assert got["mean"] == pytest.approx(everything.mean(), rel=1e-9)
