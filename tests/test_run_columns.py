@@ -227,3 +227,26 @@ def _exact(values):
         "line": np.nan,
     }
     return [found[k] for k in EXACT_FIELDS]
+
+
+def test_since_reads_the_columns_ending_at_or_after_a_step(tmp_path):
+    """``series(since=k)`` (a live page catching up) is found through the key (series, slot):
+    the same columns as the whole series filtered by their last step, at every stride."""
+    import torchlens as tl
+
+    writer = RunWriter(str(tmp_path), "M", {}, bins=BINS, max_columns=4)
+    key = ("lin:1", "io", "output")
+    for step in range(0, 82, 2):  # steps numbered apart from their ordinals
+        counts = np.ones((1, BINS), np.float32)
+        writer.write_step(
+            step, [key], counts, np.zeros(1), np.ones(1), np.zeros(1), exact=np.array([_exact(np.ones(3))])
+        )
+        run = tl.open_run(str(tmp_path))
+        whole = run.series(*key)
+        for since in (-1, 0, 1, step - 3, step - 1, step, step + 1):
+            part = run.series(*key, since=since)
+            keep = whole.last_steps >= since
+            assert part.steps.tolist() == whole.steps[keep].tolist()
+            assert part.num_steps.tolist() == whole.num_steps[keep].tolist()
+    writer.close()
+    assert writer.stride == 16

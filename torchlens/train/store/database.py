@@ -77,7 +77,6 @@ CREATE TABLE IF NOT EXISTS columns (
     x_count REAL, x_min REAL, x_max REAL, x_mean REAL, x_std REAL, x_nan REAL, x_posinf REAL, x_neginf REAL,
     x_zeros REAL, x_line REAL,
     PRIMARY KEY (series_id, slot));
-CREATE INDEX IF NOT EXISTS columns_by_step ON columns (series_id, last_step);
 CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, ordinal INTEGER NOT NULL, time REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS timeline (
     step INTEGER NOT NULL, thread TEXT NOT NULL, phase TEXT NOT NULL, start_ns INTEGER NOT NULL,

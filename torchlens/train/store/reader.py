@@ -55,6 +55,10 @@ class UnknownSeriesError(TorchlensError, KeyError):
 
 
 _CALL_ID = "a call id such as '0:1' ('' for the model)"
+_SINCE = (
+    " AND last_step >= ? AND slot >= (SELECT MIN(ordinal) FROM steps WHERE step >= ?)"
+    " / (SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'stride')"
+)
 INT64 = 2**63 - 1
 
 
@@ -285,12 +289,14 @@ class Run:
         if not found:
             raise UnknownSeriesError(self._unknown_series(call_id, kind, name))
         exact = ", ".join("x_" + _column(c) for c in EXACT_COLUMNS) if self._has_exact else "NULL"
+        # since: the columns from the one holding the first step at or after it (a column's slot
+        # is its first step's ordinal over the stride), found through the key (series, slot)
         sql = (
             f"SELECT step, last_step, num_steps, lo, hi, nonfinite, counts, {exact} FROM columns WHERE series_id = ?"
-            + (" AND last_step >= ?" if since is not None else "")
+            + (_SINCE if since is not None else "")
             + " ORDER BY slot"
         )
-        rows = self._query(sql, (found[0][0],) + ((int(since),) if since is not None else ()))
+        rows = self._query(sql, (found[0][0],) + ((int(since),) * 2 if since is not None else ()))
         with self._damaged(f"the series {call_id!r} {kind} {name!r}"):
             return self._series(call_id, kind, name, reason=found[0][1], rows=rows)
 
