@@ -6,8 +6,9 @@ A run of ``--series`` series (432: a logged ResNet-18 step) written step after s
 backward pass. Printed every ``--every`` steps: the median time of a step's write (its commit
 included) and the longest (a run passing ``max_columns`` = 512 columns merges each pair of
 neighbouring columns, at logged steps 512, 1024, ...: that write waits for it; after the first,
-each step is merged into the column of the step before), the pages its commit added to the
-log, and the median checkpoint; beside it the same
+each step is merged into the column of the step before), the pages a commit adds to the
+log, and the checkpoint's mean cost a step (``RunWriter.checkpoint``, called once a step as the
+watch does, copies the log back every ``CHECKPOINT_PAGES`` pages); beside it the same
 run written into a ``columns`` table kept in key order (``WITHOUT ROWID``, the layout before
 2026-12-06), in the same process, taking turns. No torch work: this is the host's share.
 
@@ -62,15 +63,14 @@ def main() -> None:
             run.write_step(step, keys, counts, lo, hi=lo + 1, nonfinite=np.zeros(n), exact=exact)
             found[name]["write"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            # the watch's checkpoint (RunWriter.checkpoint), read back: the log held this step's
-            # commit alone, as the last checkpoint copied all it held
-            _, logged, _ = run.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            run.checkpoint()  # as the watch calls it once a step: it copies the log every few steps
             found[name]["checkpoint"].append(time.perf_counter() - start)
-            found[name]["pages"].append(logged)
+            found[name]["pages"].append(run.log_pages_per_commit)
         if (step + 1) % args.every == 0:
             cells = []
             for name in runs:
                 f = {k: statistics.median(v[-args.every :]) for k, v in found[name].items()}
+                f["checkpoint"] = statistics.mean(found[name]["checkpoint"][-args.every :])
                 longest = max(found[name]["write"][-args.every :])
                 cells.append(
                     f"{f['write'] * 1e3:>22.2f} {longest * 1e3:>13.0f} {f['pages']:>14.0f} {f['checkpoint'] * 1e3:>14.2f}"

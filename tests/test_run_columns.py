@@ -250,3 +250,47 @@ def test_since_reads_the_columns_ending_at_or_after_a_step(tmp_path):
             assert part.num_steps.tolist() == whole.num_steps[keep].tolist()
     writer.close()
     assert writer.stride == 16
+
+
+class _Counting:
+    """A connection that counts the checkpoints asked of it."""
+
+    def __init__(self, db):
+        self.db, self.checkpoints = db, 0
+
+    def execute(self, sql, *args):
+        self.checkpoints += "wal_checkpoint" in sql
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+    def __enter__(self):
+        return self.db.__enter__()
+
+    def __exit__(self, *exc):
+        return self.db.__exit__(*exc)
+
+
+@pytest.mark.parametrize("series", [4, 432])
+def test_the_log_is_copied_back_every_few_thousand_pages(tmp_path, series):
+    """``checkpoint`` (called by the watch once a step, while training does not wait) copies the
+    log back once it holds about ``CHECKPOINT_PAGES`` pages: rarely for a small run, about every
+    fourth step for 432 series; the log never grows to sqlite's own threshold."""
+    from torchlens.train.store.database import CHECKPOINT_PAGES, DB_NAME
+
+    writer = RunWriter(str(tmp_path), "M", {}, bins=BINS)
+    counting = writer.db = _Counting(writer.db)
+    keys = [(f"m{i}:1", "io", "output") for i in range(series)]
+    steps = 40
+    for step in range(steps):
+        counts = np.ones((series, BINS), np.float32)
+        exact = np.array([_exact(np.ones(3))] * series)
+        writer.write_step(step, keys, counts, np.zeros(series), np.ones(series), np.zeros(series), exact=exact)
+        writer.checkpoint()
+    per_commit = writer.log_pages_per_commit
+    writer.db = counting.db
+    wal = (tmp_path / (DB_NAME + "-wal")).stat().st_size if (tmp_path / (DB_NAME + "-wal")).exists() else 0
+    writer.close()
+    assert 1 <= counting.checkpoints <= 1 + steps * per_commit / CHECKPOINT_PAGES + 1
+    assert wal <= (CHECKPOINT_PAGES + 2 * per_commit) * (4096 + 24) + 32

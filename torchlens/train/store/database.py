@@ -43,6 +43,7 @@ FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad", "updates")
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
+CHECKPOINT_PAGES = 2000  # log pages (4 KiB) let accumulate before ``RunWriter.checkpoint`` copies them
 TIMELINE_STEPS = 10_000  # logged steps whose timeline is kept (the newest; older ones are dropped)
 HEARTBEAT_S = 10.0  # the heartbeat timer's period; a reader calls a run stopped well after it
 
@@ -101,7 +102,11 @@ class RunWriter:
         self.db = connect(self.path)
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = NORMAL")  # a killed process loses nothing committed
+        # the log is copied back by ``checkpoint`` (while training does not wait); sqlite's own
+        # automatic checkpoint, inside a commit, only past what that lets accumulate
+        self.db.execute(f"PRAGMA wal_autocheckpoint = {4 * CHECKPOINT_PAGES}")
         self.commits_unchecked = 0  # commits since the last ``checkpoint``
+        self._pages_per_commit = float(CHECKPOINT_PAGES)  # log pages a commit adds (the last checkpoint found)
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
@@ -226,18 +231,28 @@ class RunWriter:
         self.commits_unchecked += 1
         return new
 
+    @property
+    def log_pages_per_commit(self) -> float:
+        """Log pages a commit added, as the last ``checkpoint`` found them."""
+        return self._pages_per_commit
+
     def checkpoint(self) -> None:
-        """Copy the log back into the database, called while training does not wait for the
-        writer (a backward pass): a step's rows touch a page per series, so the commit that
-        crosses sqlite's 1000 pages (and copies them then) comes every few steps, and training
-        would wait for it; it then finds them copied. Passive: a reader is never blocked."""
-        if self.db is None or self.commits_unchecked == 0:
+        """Copy the log back into the database once it holds about ``CHECKPOINT_PAGES`` pages,
+        called while training does not wait for the writer (a backward pass): the commit that
+        crosses sqlite's own threshold would copy them, and training would wait for it. Every
+        step's commit rewrites the same pages of the key's index (one per series): copied back
+        every few steps, each goes once, with one pair of syncs. Passive: a reader is never
+        blocked."""
+        if self.db is None or self.commits_unchecked * self._pages_per_commit < CHECKPOINT_PAGES:
             return
-        self.commits_unchecked = 0
+        commits, self.commits_unchecked = self.commits_unchecked, 0
         try:
-            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # run to its end: no statement left open
+            # run to its end: no statement left open
+            _, logged, _ = self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.OperationalError:  # busy: the next one copies them
-            pass
+            return
+        if logged > 0:
+            self._pages_per_commit = max(1.0, logged / commits)
 
     def write_timeline(self, rows: Sequence[tuple]) -> None:
         """Store timeline rows left when no step is written any more (at close)."""
