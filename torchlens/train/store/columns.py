@@ -134,16 +134,17 @@ def _merged_histograms(
     edges = lo[:, None] + np.arange(bins + 1) * (span / bins)[:, None]
     edges[:, -1] = hi
     for part, has in ((a, has_a), (b, has_b)):
-        total += _spread(part, has, lo, span, edges, bins)
+        total += _spread(part, has, lo=lo, span=span, edges=edges)
     return lo, hi, total
 
 
 def _spread(
-    part: Dict[str, np.ndarray], has: np.ndarray, lo: np.ndarray, span: np.ndarray, edges: np.ndarray, bins: int
+    part: Dict[str, np.ndarray], has: np.ndarray, *, lo: np.ndarray, span: np.ndarray, edges: np.ndarray
 ) -> np.ndarray:
     """Each row's histogram of ``part`` in the new bins (``edges``): its cumulative count,
     linear within each old bin, read at the new edges; a histogram of one point (or a new
     range of one point) in the bin holding the point; zero where ``has`` is False."""
+    bins = edges.shape[1] - 1
     p_lo, p_hi, counts = part["lo"], part["hi"], part["counts"]
     cumulative = np.zeros((len(p_lo), bins + 1))
     np.cumsum(counts, axis=1, out=cumulative[:, 1:])

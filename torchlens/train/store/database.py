@@ -248,7 +248,7 @@ class RunWriter:
         commits, self.commits_unchecked = self.commits_unchecked, 0
         try:
             # run to its end: no statement left open
-            _, logged, _ = self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            _, logged, _ = self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[0]
         except sqlite3.OperationalError:  # busy: the next one copies them
             return
         if logged > 0:
