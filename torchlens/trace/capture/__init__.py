@@ -20,7 +20,7 @@ from __future__ import annotations
 
 # tensors inside nested values, at positions as the tracer names them
 from .args import replace_tensors, tensors_in, tensors_in_call
-from .collector import automatic_collection_paused
+from .collector import CollectionPause, automatic_collection_paused
 
 # the functions records hold: what replays and saved histories call
 from .constructors import allocates_uninitialised
@@ -76,6 +76,7 @@ __all__ = [
     "traced_addresses",
     "RngState",
     "seed_everything",
+    "CollectionPause",
     "automatic_collection_paused",
     "storage_key",
     "compiled_function_notes",

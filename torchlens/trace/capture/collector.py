@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator
+from typing import Iterator, Optional
 
 
 @contextlib.contextmanager
@@ -39,4 +39,37 @@ def automatic_collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["automatic_collection_paused"]
+class CollectionPause:
+    """Automatic collection paused from ``pause`` to ``resume``, for a window that opens and
+    closes in different hooks (a logged forward pass: the model's pre-hook, then its post-hook),
+    where a ``with`` block cannot span it. ``resume`` enables the collector again exactly when
+    ``pause`` found it enabled; both do nothing a second time.
+
+    Example:
+        >>> import gc
+        >>> window = CollectionPause()
+        >>> window.pause(); window.pause(); gc.isenabled()
+        False
+        >>> window.resume(); window.resume(); gc.isenabled()
+        True
+    """
+
+    def __init__(self) -> None:
+        self._was_enabled: Optional[bool] = None  # None: not paused
+
+    @property
+    def paused(self) -> bool:
+        return self._was_enabled is not None
+
+    def pause(self) -> None:
+        if self._was_enabled is None:
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+
+    def resume(self) -> None:
+        was, self._was_enabled = self._was_enabled, None
+        if was:
+            gc.enable()
+
+
+__all__ = ["CollectionPause", "automatic_collection_paused"]

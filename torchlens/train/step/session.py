@@ -12,6 +12,8 @@ from __future__ import annotations
 import atexit
 import functools
 import sqlite3
+import sys
+import types
 import warnings
 from time import perf_counter_ns as _now
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from ...arguments import ArgumentValueError, require_instance, require_str
+from ...trace.capture import CollectionPause
 from ...web.stats import NUM_BINS
 from ..health import Sentinel, SentinelLink
 from ..measure import LazySummary, active_group, rank_group
@@ -32,6 +35,19 @@ from .timeline import StepTimeline, optimizer_hooks
 from .writer import StepSink, StepWriter
 
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks when a backward pass ends
+
+
+def _calls_running(module: nn.Module) -> int:
+    """How many calls of ``module`` are in progress on this thread's stack (its own included)."""
+    code, found = nn.Module._call_impl.__code__, 0
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code and frame.f_locals.get("self") is module:
+            found += 1
+        frame = frame.f_back
+    return found
+
+
 _WATCHES: Dict[int, "Watch"] = {}  # id(watched model) -> its watch
 _MODULE_OWNERS: Dict[int, "Watch"] = {}  # id(any watched module) -> the watch (for attach)
 
@@ -66,6 +82,10 @@ class Watch:
         self._machine = StepMachine(options.log_freq)  # the step in progress: state.py
         # the step timeline (timeline.py): the recorder's hooks' time is summed per logged step
         self._timeline = StepTimeline(_now(), enabled=False)
+        # automatic collection paused while a logged forward runs, as a traced pass does: the
+        # step's records, alive until it ends, would be promoted by collections mid-pass, and
+        # the full collections that brings walk the whole process (``trace/capture/collector.py``)
+        self._collector = CollectionPause()
         self._optimizers = list(options.optimizers)  # known: their steps delimit the steps
         self.recorder = self._make_recorder(model, options)
         self._compile = CompileSwitch(model, self.recorder.hide, self._next_logged)  # hooks out of compiled code
@@ -214,11 +234,13 @@ class Watch:
     def flush(self) -> None:
         """Write the step in progress now (it is otherwise written when the next one starts),
         and return when it is in the run."""
+        self._collector.resume()  # a forward stopped by KeyboardInterrupt did not reach its post-hook
         self._finish_step()
         self._writes().wait()
 
     def close(self) -> None:
         """Write the last step, remove every hook, restore ``inplace`` flags, stop the server."""
+        self._collector.resume()
         if self.closed:
             return
         try:
@@ -321,15 +343,29 @@ class Watch:
         if self._tracing is not None:
             return None  # the metadata pass
         m = self._machine
-        if not m.enter_call() or not self._training():
-            return None  # the model calling itself is part of the running pass; evaluation logs nothing
+        if not m.enter_call() and not self._recovered(module):
+            return None  # the model calling itself is part of the running pass
+        if not self._training():
+            return None  # evaluation logs nothing
         start, finished = self._timeline.enter(), m.logged_step()
         try:
             return self._forward_starts(module, args, kwargs)
         finally:
             if m.logging:
                 self._timeline.forward_started(m.step, start)  # type: ignore[arg-type]
+                self._collector.pause()  # until the post-hook (always called, an error too)
             self._timeline.leave(m.step if m.logging else finished, start)
+
+    def _recovered(self, module: nn.Module) -> bool:
+        """Whether a call of the model that looks nested is the first of a new forward: the
+        last one was stopped by a ``KeyboardInterrupt`` (a ``BaseException``, for which torch
+        skips the always-called post-hook), so no call of the model is running below this one.
+        That forward is then ended as its post-hook would have ended it (no output)."""
+        if _calls_running(module) > 1:
+            return False
+        self._machine.depth = 1
+        self._root_post(module, (), {}, None)
+        return self._machine.enter_call()
 
     def _forward_starts(self, module: nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         """A training forward of the model begins (not a call of itself)."""
@@ -369,6 +405,7 @@ class Watch:
         try:
             self._forward_ends(args, kwargs, output)
         finally:
+            self._collector.resume()
             m = self._machine
             self._timeline.leave(m.step if m.logging and self._training() else None, start)
             self._timeline.forward_ended()
