@@ -57,10 +57,6 @@ class CollectionPause:
     def __init__(self) -> None:
         self._was_enabled: Optional[bool] = None  # None: not paused
 
-    @property
-    def paused(self) -> bool:
-        return self._was_enabled is not None
-
     def pause(self) -> None:
         if self._was_enabled is None:
             self._was_enabled = gc.isenabled()

@@ -114,9 +114,9 @@ def _merged(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray], bins: int) -> Di
 def _rows(fields: Dict[str, np.ndarray]) -> List[tuple]:
     """Rows of the columns table from their fields."""
     ints = [fields[name].astype(np.int64).tolist() for name in ("series", "slot", "step", "last_step", "num_steps")]
-    head = zip(*ints, _nullable(fields["lo"]), _nullable(fields["hi"]), fields["nonfinite"].astype(np.int64).tolist())
+    head = zip(*ints, nullable(fields["lo"]), nullable(fields["hi"]), fields["nonfinite"].astype(np.int64).tolist())
     blobs = np.ascontiguousarray(fields["counts"], np.float32)
-    return [(*h, blob.tobytes(), *x) for h, blob, x in zip(head, blobs, _nullable(fields["exact"]))]
+    return [(*h, blob.tobytes(), *x) for h, blob, x in zip(head, blobs, nullable(fields["exact"]))]
 
 
 def _merged_histograms(
@@ -199,11 +199,17 @@ def _merged_exact(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> np.ndar
     return out
 
 
-def _nullable(table: np.ndarray) -> list:
-    """``table``'s values (or rows) as Python floats, None where a value is not finite."""
+def nullable(table: np.ndarray) -> list:
+    """``table``'s values (or rows) as Python floats, None where a value is not finite (as
+    the table stores them).
+
+    Example:
+        >>> nullable(np.array([[1.0, np.nan], [np.inf, 2.0]]))
+        [[1.0, None], [None, 2.0]]
+    """
     out = table.astype(object)
     out[~np.isfinite(table)] = None
     return out.tolist()
 
 
-__all__ = ["EXACT_COLUMNS", "combine_columns", "compact_columns"]
+__all__ = ["EXACT_COLUMNS", "combine_columns", "compact_columns", "nullable"]

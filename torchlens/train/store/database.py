@@ -37,7 +37,7 @@ import numpy as np
 
 from ...arguments import PathNotWritableError
 from ..model import Call
-from .columns import EXACT_COLUMNS, combine_columns, compact_columns
+from .columns import EXACT_COLUMNS, combine_columns, compact_columns, nullable
 
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
@@ -209,7 +209,7 @@ class RunWriter:
         ordinal = self._open[1]  # type: ignore[index]
         slot = ordinal // self.stride
         stats = _stored_statistics([k[1] for k in keys], exact)
-        ends = _nullable(np.stack([np.asarray(lo, float), np.asarray(hi, float)], axis=1))
+        ends = nullable(np.stack([np.asarray(lo, float), np.asarray(hi, float)], axis=1))
         blobs = np.ascontiguousarray(counts, np.float32)
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
@@ -342,14 +342,7 @@ def _stored_statistics(kinds: List[str], exact: Optional[np.ndarray]) -> List[tu
     line = np.where(np.isnan(line) & (kind != "updates"), fallback, line)  # an update ratio is never replaced
     table = np.stack([finite + nan + posinf + neginf, lo, hi, mean, std, nan, posinf, neginf, zeros, line], axis=1)
     table[~np.isfinite(finite)] = np.nan  # not recorded: every column empty
-    return [tuple(r) for r in _nullable(table)]
-
-
-def _nullable(table: np.ndarray) -> list:
-    """Rows of ``table`` as lists of Python floats, None where a value is not finite."""
-    out = table.astype(object)
-    out[~np.isfinite(table)] = None
-    return out.tolist()
+    return [tuple(r) for r in nullable(table)]
 
 
 def new_run_dir(run_dir: Optional[str], model_name: str) -> str:
