@@ -22,6 +22,7 @@ uniform, drawn afresh every step by one random draw on the device.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -232,7 +233,7 @@ def plan(keys: Sequence[Optional[Tuple[Any, ...]]], sample_n: Optional[int], who
 def _group(
     device: torch.device, keys: List[Any], *, sample_n: Optional[int], whole_views: bool, members: List[int]
 ) -> Group:
-    n_of = [int(np.prod(key[2], dtype=np.int64)) for key in keys]
+    n_of = [math.prod(key[2]) for key in keys]
     modes = [_mode(key[2], key[3]) for key in keys]
     wides = [compute_dtype(key[0]) for key in keys]
     sources: List[Source] = []
