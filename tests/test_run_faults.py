@@ -210,7 +210,6 @@ def test_the_run_log_stays_bounded_without_the_checkpoints_of_idle_moments(tmp_p
     import numpy as np
 
     from torchlens.train.store import RunWriter
-
     from torchlens.train.store.database import CHECKPOINT_PAGES
 
     bins = 32

@@ -18,9 +18,10 @@ Example:
 
 from __future__ import annotations
 
+from ...collector import CollectionPause, automatic_collection_paused
+
 # tensors inside nested values, at positions as the tracer names them
 from .args import replace_tensors, tensors_in, tensors_in_call
-from .collector import CollectionPause, automatic_collection_paused
 
 # the functions records hold: what replays and saved histories call
 from .constructors import allocates_uninitialised

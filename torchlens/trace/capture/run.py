@@ -13,12 +13,12 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tup
 import torch
 from torch import nn
 
+from ...collector import automatic_collection_paused
 from ...errors import TorchlensError
 from ..records.tensor_log import ParentRef, TensorLogEntry
 from . import decorate, ops
 from .args import tensors_in, tensors_in_call
 from .bound import BoundReferences
-from .collector import automatic_collection_paused
 from .hooks import Args, Kwargs, PassHook, PassRecords
 from .lean import LeanTracer
 from .memory import ActivationMemoryWarning

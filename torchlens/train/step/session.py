@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ...arguments import ArgumentValueError, require_instance, require_str
-from ...trace.capture import CollectionPause
+from ...collector import CollectionPause
 from ...web.stats import NUM_BINS
 from ..health import Sentinel, SentinelLink
 from ..measure import LazySummary, active_group, rank_group
@@ -84,7 +84,7 @@ class Watch:
         self._timeline = StepTimeline(_now(), enabled=False)
         # automatic collection paused while a logged forward runs, as a traced pass does: the
         # step's records, alive until it ends, would be promoted by collections mid-pass, and
-        # the full collections that brings walk the whole process (``trace/capture/collector.py``)
+        # the full collections that brings walk the whole process (``torchlens/collector.py``)
         self._collector = CollectionPause()
         self._optimizers = list(options.optimizers)  # known: their steps delimit the steps
         self.recorder = self._make_recorder(model, options)

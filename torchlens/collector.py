@@ -1,4 +1,6 @@
-"""Automatic garbage collection paused while a pass runs and its history is built.
+"""Automatic garbage collection paused while a pass runs and its history is built (a traced
+pass: ``automatic_collection_paused``), or while a logged training forward runs (the watch:
+``CollectionPause``, opened and closed by the model's hooks).
 
 A collection in the middle of a pass finds the pass's records alive (they are, until the
 history is dropped) and promotes them towards the oldest generation; the full collections that
