@@ -342,37 +342,34 @@ def _draw_plan(
     """Fill ``host`` with the draws' ``base``, ``span``, ``last`` (in source order), the
     ``order`` that puts them in the sample's order and each one's ``slot`` there, and ``draws``
     with their number per source."""
-    per_source: List[List[Tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in draws]  # (slot, base, span)
+    # one item per piece that gets draws: its source, first slot in the sample, offset in the
+    # source, number of draws, whether they are every value in order, its length
+    items: List[Tuple[int, int, int, int, bool, int]] = []
     cursor = 0
     for j, placed in enumerate(pieces):
-        n = n_of[j]
-        every = n <= sample_n  # every value, in order
+        every = n_of[j] <= sample_n  # every value, in order
         counts = [length for _, _, length in placed] if every else _shares(sample_n, [p[2] for p in placed])
         for (s, at, length), c in zip(placed, counts):
-            if c == 0:
-                continue
-            if every:
-                per_source[s].append((cursor, np.arange(at, at + c), np.zeros(c, np.int64)))
-            else:
-                per_source[s].append((cursor, np.full(c, at, np.int64), np.full(c, length, np.int64)))
-            cursor += c
-    slots: List[np.ndarray] = []
-    bases: List[np.ndarray] = []
-    spans: List[np.ndarray] = []
-    for s, items in enumerate(per_source):
-        draws[s] = sum(len(b) for _, b, _ in items)
-        for first, base, span in items:
-            slots.append(np.arange(first, first + len(base)))
-            bases.append(base)
-            spans.append(span)
+            if c:
+                items.append((s, cursor, at, c, every, length))
+                cursor += c
     empty = np.zeros(0, np.int64)
-    slot = np.concatenate(slots) if slots else empty
-    order = np.empty(len(slot), np.int64)
-    order[slot] = np.arange(len(slot))  # the sample's value at ``slot[g]`` is drawn value ``g``
-    span = np.concatenate(spans) if spans else empty
-    host.update(
-        base=np.concatenate(bases) if bases else empty, span=span, last=np.maximum(span - 1, 0), order=order, slot=slot
-    )
+    if not items:
+        host.update(base=empty, span=empty, last=empty, order=empty, slot=empty)
+        return
+    # the draws in source order (items of one source in the order of their members), as arrays
+    table = np.array(items, dtype=np.int64)
+    table = table[np.argsort(table[:, 0], kind="stable")]
+    src, first, offset, count, whole, size = table.T
+    within = np.arange(cursor) - np.repeat(np.cumsum(count) - count, count)  # each draw's place in its item
+    in_order = np.repeat(whole, count).astype(bool)
+    slot = np.repeat(first, count) + within
+    base = np.repeat(offset, count) + np.where(in_order, within, 0)
+    span = np.where(in_order, 0, np.repeat(size, count))
+    draws[:] = np.bincount(src, weights=count, minlength=len(draws)).astype(np.int64).tolist()
+    order = np.empty(cursor, np.int64)
+    order[slot] = np.arange(cursor)  # the sample's value at ``slot[g]`` is drawn value ``g``
+    host.update(base=base, span=span, last=np.maximum(span - 1, 0), order=order, slot=slot)
 
 
 def _shares(k: int, lengths: List[int]) -> List[int]:
