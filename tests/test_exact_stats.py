@@ -142,3 +142,28 @@ def test_a_strided_tensor_is_sampled_from_its_own_values():
     grid = torch.arange(200_000.0).reshape(400, 500)
     got = Sampler(100).values(grid[:, ::2])  # only even numbers belong to the view
     assert torch.equal(got % 2, torch.zeros(100))
+
+
+@pytest.mark.parametrize("median_line", [False, True])
+def test_small_tensors_measured_together_match_torch(median_line: bool):
+    """``row_summaries`` (a step's small tensors, measured together: one stack for rows of one
+    length, one buffer reduced by segment for rows of several) gives each row what torch's float64
+    reductions give it, NaN and infinities planted, in every dtype a small copy has."""
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i, n in enumerate([1, 2, 3, 7, 7, 64, 100, 1000, 1000, 16384]):
+        dtype = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool][i % 6]
+        x = torch.randn(n, generator=g) * 10
+        if dtype.is_floating_point and n > 3:
+            x[: n // 4] = float("nan")
+            x[n // 4 : n // 3] = float("inf") if i % 2 else -float("inf")
+        x[-1] = 0.0
+        rows.append(x.to(dtype) if dtype != torch.bool else x > 0)
+    rows.append(torch.full((5,), float("nan")))  # no finite value
+    found = exact.row_summaries(rows, median_line=median_line)
+    for x, row in zip(rows, found):
+        got, want = dict(zip(EXACT_FIELDS, row.tolist())), _reference(x)
+        for field, value in want.items():
+            assert got[field] == pytest.approx(value, rel=1e-12, abs=1e-9, nan_ok=True), (x.dtype, x.numel(), field)
+        median = x.double().nanmedian().item() if median_line else float("nan")
+        assert got["line"] == pytest.approx(median, nan_ok=True)

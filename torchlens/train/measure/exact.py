@@ -26,48 +26,105 @@ from ...web.exact import exact_dtype, exact_summary
 
 def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> List[torch.Tensor]:
     """The ``exact_summary`` of each 1-D tensor of ``rows``, in a fixed number of operations per
-    distinct (length, device): one call per small tensor would cost far more than its values.
-    ``median_line``: each row's median (NaN left out) as its line, as per-sample gradient norms
-    have; else the line is NaN.
+    device (one call per small tensor would cost far more than its values): all rows in one
+    buffer, reduced by segment. ``median_line``: each row's median (NaN left out) as its line, as
+    per-sample gradient norms have (rows stacked by length, one median per length); else the line
+    is NaN.
 
     Example:
         >>> from torchlens.web.exact import EXACT_FIELDS
         >>> row = row_summaries([torch.tensor([3.0, 1.0, 2.0])], median_line=True)[0]
         >>> dict(zip(EXACT_FIELDS, row.tolist()))["mean"], row[3].item(), row[-1].item()
         (2.0, 1.0, 2.0)
+        >>> a, b = row_summaries([torch.tensor([1.0, float("inf")]), torch.tensor([0.0, 2.0, 4.0])])
+        >>> a[[0, 1, 6]].tolist(), b[[0, 1, 2, 8]].tolist()
+        ([1.0, 1.0, 1.0], [3.0, 2.0, 8.0, 1.0])
     """
     groups: Dict[tuple, List[int]] = {}
     for i, v in enumerate(rows):
-        groups.setdefault((v.numel(), v.device), []).append(i)
+        groups.setdefault((v.numel(), v.device) if median_line else (v.device,), []).append(i)
     placed: Dict[int, torch.Tensor] = {}
-    inf = float("inf")
-    for (_, device), indices in groups.items():
-        x = torch.stack([rows[i] if rows[i].dim() == 1 else rows[i].reshape(-1) for i in indices])
-        x = x if x.dtype == exact_dtype(device) else x.to(exact_dtype(device))
-        finite = torch.isfinite(x)
-        count = finite.sum(1, dtype=x.dtype)
-        z = torch.where(finite, x, 0.0)
-        mean = z.sum(1) / count.clamp_min(1)
-        deviation = torch.where(finite, z - mean[:, None], 0.0)
-        none = count == 0
-        nan = torch.full_like(mean, float("nan"))
-        table = torch.stack(
-            [
-                count,
-                torch.where(none, nan, mean),
-                (deviation * deviation).sum(1),
-                torch.where(none, nan, torch.where(finite, x, inf).amin(1)),
-                torch.where(none, nan, torch.where(finite, x, -inf).amax(1)),
-                torch.isnan(x).sum(1, dtype=x.dtype),
-                (x == inf).sum(1, dtype=x.dtype),
-                (x == -inf).sum(1, dtype=x.dtype),
-                (x == 0).sum(1, dtype=x.dtype),
-                x.nanmedian(dim=1).values if median_line else nan,
-            ],
-            dim=1,
-        )
+    for key, indices in groups.items():
+        group = [rows[i] if rows[i].dim() == 1 else rows[i].reshape(-1) for i in indices]
+        dtype = exact_dtype(key[-1])
+        # a row's fields do not depend on the rows beside it (the forward's rows are measured
+        # apart from the gradients' or with them: the same step must give the same run)
+        if median_line:
+            table = _stacked_summaries(torch.stack(group).to(dtype), median_line)
+        else:
+            table = _segment_summaries(group, dtype)
         placed.update(zip(indices, table))
     return [placed[i] for i in range(len(rows))]
+
+
+def _stacked_summaries(x: torch.Tensor, median_line: bool) -> torch.Tensor:
+    """``EXACT_FIELDS`` of each row of the 2-D ``x``."""
+    inf = float("inf")
+    finite = torch.isfinite(x)
+    count = finite.sum(1, dtype=x.dtype)
+    z = torch.where(finite, x, 0.0)
+    mean = z.sum(1) / count.clamp_min(1)
+    deviation = torch.where(finite, z - mean[:, None], 0.0)
+    none = count == 0
+    nan = torch.full_like(mean, float("nan"))
+    return torch.stack(
+        [
+            count,
+            torch.where(none, nan, mean),
+            (deviation * deviation).sum(1),
+            torch.where(none, nan, torch.where(finite, x, inf).amin(1)),
+            torch.where(none, nan, torch.where(finite, x, -inf).amax(1)),
+            torch.isnan(x).sum(1, dtype=x.dtype),
+            (x == inf).sum(1, dtype=x.dtype),
+            (x == -inf).sum(1, dtype=x.dtype),
+            (x == 0).sum(1, dtype=x.dtype),
+            x.nanmedian(dim=1).values if median_line else nan,
+        ],
+        dim=1,
+    )
+
+
+def _segment_summaries(group: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """``EXACT_FIELDS`` of each 1-D tensor of ``group`` (of several lengths, on one device): all
+    values in one buffer, each field summed (or its min and max taken) per segment."""
+    inf = float("inf")
+    x = torch.cat(group).to(dtype)
+    n, device = len(group), x.device
+    segment = torch.repeat_interleave(
+        torch.arange(n, device=device), torch.tensor([v.numel() for v in group], device=device)
+    )
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device=device).index_add_(0, segment, values.to(dtype))
+
+    finite = torch.isfinite(x)
+    count = per_row(finite)
+    z = torch.where(finite, x, 0.0)
+    mean = per_row(z) / count.clamp_min(1)
+    deviation = torch.where(finite, z - mean[segment], 0.0)
+    lo = torch.full((n,), inf, dtype=dtype, device=device).scatter_reduce_(
+        0, segment, torch.where(finite, x, inf), "amin"
+    )
+    hi = torch.full((n,), -inf, dtype=dtype, device=device).scatter_reduce_(
+        0, segment, torch.where(finite, x, -inf), "amax"
+    )
+    none = count == 0
+    nan = torch.full_like(mean, float("nan"))
+    return torch.stack(
+        [
+            count,
+            torch.where(none, nan, mean),
+            per_row(deviation * deviation),
+            torch.where(none, nan, lo),
+            torch.where(none, nan, hi),
+            per_row(torch.isnan(x)),
+            per_row(x == inf),
+            per_row(x == -inf),
+            per_row(x == 0),
+            nan,
+        ],
+        dim=1,
+    )
 
 
 # Tensors up to this many values are measured in batches (``LazySummary``); larger ones at once.
