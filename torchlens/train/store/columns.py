@@ -51,8 +51,8 @@ def combine_columns(first: Sequence[tuple], second: Sequence[tuple], bins: int) 
 
 
 def compact_columns(rows: Sequence[tuple], bins: int) -> List[tuple]:
-    """Rows ordered by (series, slot) at a doubled stride: slots ``2k`` and ``2k + 1`` of a
-    series merged into slot ``k`` (a slot alone keeps its row, moved there).
+    """Rows (in any order) at a doubled stride: slots ``2k`` and ``2k + 1`` of a series merged
+    into slot ``k`` (a slot alone keeps its row, moved there), ordered by (series, slot).
 
     Example:
         >>> counts = np.array([1, 0], np.float32).tobytes()
@@ -63,6 +63,7 @@ def compact_columns(rows: Sequence[tuple], bins: int) -> List[tuple]:
     if not rows:
         return []
     fields = _fields(rows)
+    fields = _take(fields, np.lexsort((fields["slot"], fields["series"])))
     fields["slot"] //= 2
     key = fields["series"] * (int(fields["slot"].max()) + 1) + fields["slot"]
     first = np.flatnonzero(key[1:] == key[:-1])  # a slot holds at most two rows: pairs never overlap
