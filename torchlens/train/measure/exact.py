@@ -28,8 +28,7 @@ def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> Li
     """The ``exact_summary`` of each 1-D tensor of ``rows``, in a fixed number of operations per
     device (one call per small tensor would cost far more than its values): all rows in one
     buffer, reduced by segment. ``median_line``: each row's median (NaN left out) as its line, as
-    per-sample gradient norms have (rows stacked by length, one median per length); else the line
-    is NaN.
+    per-sample gradient norms have (one median per distinct length); else the line is NaN.
 
     Example:
         >>> from torchlens.web.exact import EXACT_FIELDS
@@ -40,48 +39,29 @@ def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> Li
         >>> a[[0, 1, 6]].tolist(), b[[0, 1, 2, 8]].tolist()
         ([1.0, 1.0, 1.0], [3.0, 2.0, 8.0, 1.0])
     """
-    groups: Dict[tuple, List[int]] = {}
+    by_device: Dict[torch.device, List[int]] = {}
     for i, v in enumerate(rows):
-        groups.setdefault((v.numel(), v.device) if median_line else (v.device,), []).append(i)
+        by_device.setdefault(v.device, []).append(i)
     placed: Dict[int, torch.Tensor] = {}
-    for key, indices in groups.items():
+    for device, indices in by_device.items():
         group = [rows[i] if rows[i].dim() == 1 else rows[i].reshape(-1) for i in indices]
-        dtype = exact_dtype(key[-1])
-        # a row's fields do not depend on the rows beside it (the forward's rows are measured
-        # apart from the gradients' or with them: the same step must give the same run)
+        # a row's fields depend on its own values only (the forward's rows are measured apart
+        # from the gradients' or with them: the same step must give the same run)
+        table = _segment_summaries(group, exact_dtype(device))
         if median_line:
-            table = _stacked_summaries(torch.stack(group).to(dtype), median_line)
-        else:
-            table = _segment_summaries(group, dtype)
+            _median_lines(table, group)
         placed.update(zip(indices, table))
     return [placed[i] for i in range(len(rows))]
 
 
-def _stacked_summaries(x: torch.Tensor, median_line: bool) -> torch.Tensor:
-    """``EXACT_FIELDS`` of each row of the 2-D ``x``."""
-    inf = float("inf")
-    finite = torch.isfinite(x)
-    count = finite.sum(1, dtype=x.dtype)
-    z = torch.where(finite, x, 0.0)
-    mean = z.sum(1) / count.clamp_min(1)
-    deviation = torch.where(finite, z - mean[:, None], 0.0)
-    none = count == 0
-    nan = torch.full_like(mean, float("nan"))
-    return torch.stack(
-        [
-            count,
-            torch.where(none, nan, mean),
-            (deviation * deviation).sum(1),
-            torch.where(none, nan, torch.where(finite, x, inf).amin(1)),
-            torch.where(none, nan, torch.where(finite, x, -inf).amax(1)),
-            torch.isnan(x).sum(1, dtype=x.dtype),
-            (x == inf).sum(1, dtype=x.dtype),
-            (x == -inf).sum(1, dtype=x.dtype),
-            (x == 0).sum(1, dtype=x.dtype),
-            x.nanmedian(dim=1).values if median_line else nan,
-        ],
-        dim=1,
-    )
+def _median_lines(table: torch.Tensor, group: List[torch.Tensor]) -> None:
+    """Each row's median (NaN left out) written as its line: one median per distinct length."""
+    by_length: Dict[int, List[int]] = {}
+    for j, v in enumerate(group):
+        by_length.setdefault(v.numel(), []).append(j)
+    for at in by_length.values():
+        stacked = torch.stack([group[j] for j in at]).to(table.dtype)
+        table[at, -1] = stacked.nanmedian(dim=1).values
 
 
 def _segment_summaries(group: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
