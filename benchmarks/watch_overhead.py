@@ -8,16 +8,15 @@ taking turns in blocks of steps so that all of them see the same machine:
 * ``not logged`` -- with ``tl.watch(log_freq=100)``: steps that are not logged;
 * ``logged``     -- with ``tl.watch(log_freq=1)`` and all four kinds: every step is logged
                     (its samples and exact statistics taken by the hooks, its histograms
-                    binned and written by the watch's writer thread while training goes on),
-                    the model's own inputs getting gradient strips through an alias that
-                    requires grad (the default);
-* ``no input grads`` -- the same with ``input_grads=False``: the extra backward work of the
-                    data's gradient strip is the difference between the two;
+                    binned and written by the watch's writer thread while training goes on);
+* ``input grads`` -- the same with ``input_grads=True``: the data also gets gradient strips,
+                    through an alias that requires grad; the extra backward work of the
+                    data's gradient is the difference between the two;
 * ``not durable``  -- ``log_freq=1`` with ``durable=False``: the optimizer step does not wait
                     for the step's write (a killed process may lose the last logged steps);
 * ``5 kinds logged`` -- ``log_freq=1`` with the fifth kind, ``updates`` (the parameters copied
                     before each optimizer step, their change recorded after it);
-* ``5 no input grads`` -- the same with ``input_grads=False``;
+* ``5 input grads`` -- the same with ``input_grads=True``;
 * ``5 not logged`` -- ``log_freq=100`` with all five kinds: steps that are not logged.
 
 With ``--per-kind``, the variants are instead ``io only``, ``io_grad only``, ... (``log_freq=1``
@@ -243,10 +242,10 @@ FIVE = ("io", "io_grad", "params", "params_grad", "updates")
 VARIANTS: Dict[str, Dict] = {
     "not logged": dict(log_freq=100),
     "logged": dict(log_freq=1),
-    "no input grads": dict(log_freq=1, input_grads=False),
+    "input grads": dict(log_freq=1, input_grads=True),
     "not durable": dict(log_freq=1, durable=False),
     "5 kinds logged": dict(log=FIVE),
-    "5 no input grads": dict(log=FIVE, input_grads=False),
+    "5 input grads": dict(log=FIVE, input_grads=True),
     "5 not logged": dict(log=FIVE, log_freq=100),
 }
 # one kind logged at a time (``--per-kind``): what each adds, the shared hooks counted in each

@@ -165,9 +165,10 @@ def pin(page, cid, panel_id=None):
 
 
 def strips(page, panel):
-    """``{series key: (columns drawn, heat pixels)}`` of a panel's canvases."""
+    """``{series key: (columns drawn, heat pixels)}`` of a panel's canvases shown (a series
+    without values shows its reason instead)."""
     out = {}
-    for canvas in page.query_selector_all(f"{panel} canvas[data-series]"):
+    for canvas in page.query_selector_all(f"{panel} canvas[data-series]:not([hidden])"):
         key = canvas.get_attribute("data-series")
         out[key] = (int(canvas.get_attribute("data-columns") or -1), canvas.evaluate(HEAT_PIXELS_JS, PLOT_MARGIN))
     return out
@@ -427,7 +428,11 @@ def test_folder_of_runs_has_a_run_picker(new_page, tmp_path, threads):
         assert "TinyMLP" not in p.page.inner_text('[data-role="status"]')
         assert "2 logged steps" in p.page.inner_text('[data-role="status"]')
         panel = pin(p.page, "0:1")
-        assert all(columns == 2 and heat > 20 for columns, heat in strips(p.page, panel).values())
+        drawn = strips(p.page, panel)
+        assert "params/weight" in drawn and "io/output 0" in drawn
+        assert all(columns == 2 and heat > 20 for columns, heat in drawn.values())
+        # the data's gradient is off by default: its strip says why it has none
+        assert p.page.inner_text(f"{panel} .reason") == "no gradient: this input does not require grad"
         assert p.problems() == []
         p.close()
     finally:

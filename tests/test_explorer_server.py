@@ -72,7 +72,10 @@ def test_page_assets_and_run_routes(server):
     status, panel = get_json(server, "/api/call_series?call=0:1")
     assert {(s["kind"], s["name"]) for s in panel["series"]} >= {("io", "output 0"), ("params_grad", "weight")}
     status, newer = get_json(server, "/api/call_series?call=0:1&since=2")
-    assert all(s["steps"] == [2] for s in newer["series"])
+    with_values = [s for s in newer["series"] if s["reason"] is None]
+    assert with_values and all(s["steps"] == [2] for s in with_values)
+    # the data's gradient is off by default: that series says why it has no values
+    assert [(s["kind"], s["name"], s["steps"]) for s in newer["series"] if s["reason"]] == [("io_grad", "input 0", [])]
     status, poll = get_json(server, "/api/poll?since=1")
     assert poll["steps"] == [2] and poll["status"] == "finished"
     assert poll["num_calls"] == len(summary["calls"])

@@ -36,4 +36,8 @@ def test_a_thousandfold_learning_rate_differs_at_the_first_step_after_it(tmp_pat
 
 def test_the_same_training_twice_does_not_differ(tmp_path):
     a, b = _train(tmp_path / "a", 1e-3), _train(tmp_path / "b", 1e-3)
-    assert all(c.first_step is None and c.detail is None and c.steps_compared == 4 for c in a.compare(b))
+    rows = a.compare(b)
+    assert all(c.first_step is None and c.detail is None for c in rows)
+    # every series with values compared at every step; the data's gradients (off) have none
+    assert {(c.call_id, c.name) for c in rows if c.steps_compared != 4} == {("", "input 0"), ("0:1", "input 0")}
+    assert all(c.steps_compared == 0 and c.kind == "io_grad" for c in rows if c.steps_compared != 4)

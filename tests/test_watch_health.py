@@ -340,7 +340,8 @@ def test_the_call_that_amplifies_in_one_of_five_branches_is_found_and_the_others
     model = Branches()
     with torch.no_grad():
         model.branches[2][0].weight.mul_(1000.0)
-    h = _fit(model, tmp_path, steps=4, lr=1e-6, x=torch.randn(32, 16))
+    # the amplifier is the first call: its input gradient is the data's, recorded on request
+    h = _fit(model, tmp_path, steps=4, lr=1e-6, x=torch.randn(32, 16), input_grads=True)
     exploding = _rows(h, "exploding")
     assert exploding.call.tolist() == ["branches.2.0:1"], h.to_string()
     assert exploding.first_step.tolist() == [0] and exploding.active.tolist() == [True]

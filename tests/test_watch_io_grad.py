@@ -219,7 +219,7 @@ def test_the_data_gets_a_gradient_strip(tmp_path):
     x = torch.randn(7, 3)
     leaf = x.clone().requires_grad_()
     expected = torch.autograd.grad(loss_of(copy.deepcopy(model)(leaf)), leaf)[0]
-    w = quiet_watch(model, tmp_path / "run")
+    w = quiet_watch(model, tmp_path / "run", input_grads=True)
     loss_of(model(x)).backward()
     w.close()
     assert not x.requires_grad and x.grad is None  # the user's batch is untouched
@@ -230,15 +230,19 @@ def test_the_data_gets_a_gradient_strip(tmp_path):
     assert run.options["input_grads"] is True
 
 
-def test_input_grads_off_says_why(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"input_grads": False}], ids=["default", "off"])
+def test_input_grads_off_says_why(tmp_path, options):
+    """Off by default: the watch adds no gradient work training does not do itself."""
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-    w = quiet_watch(model, tmp_path / "run", input_grads=False)
+    w = quiet_watch(model, tmp_path / "run", **options)
     loss_of(model(torch.randn(4, 3))).backward()
     w.close()
     run = tl.open_run(w.run_dir)
     s = run.series("", "io_grad", "input 0")
     assert s.steps.tolist() == []
-    assert s.reason == "no gradient: input does not require grad and input gradients are off"
+    assert s.reason.startswith("no gradient: input does not require grad and input gradients are off")
+    assert "input_grads=True" in s.reason  # what to do about it
+    assert run.options["input_grads"] is False
     assert run.series("0:1", "io_grad", "input 0").reason == "no gradient: this input does not require grad"
     assert run.series("1:1", "io_grad", "input 0").steps.tolist() == [0]
 
@@ -296,7 +300,8 @@ def test_resnet18_inplace_trains_bitwise_the_same_and_hooks_go(tmp_path):
     batches = [torch.randn(2, 3, 32, 32) for _ in range(3)]
     kept = [b.clone() for b in batches]
     _train(plain, batches)
-    w = quiet_watch(watched, tmp_path / "run", sample_n=100, reject_outlier_proportion=0.1)
+    # the data's gradient too: training stays bitwise the same with its alias in the graph
+    w = quiet_watch(watched, tmp_path / "run", sample_n=100, reject_outlier_proportion=0.1, input_grads=True)
     _train(watched, batches)
     w.close()
     for (name, a), (_, b) in zip(plain.state_dict().items(), watched.state_dict().items()):
@@ -314,7 +319,7 @@ def test_resnet18_inplace_trains_bitwise_the_same_and_hooks_go(tmp_path):
 
 def test_runs_written_before_reasons_stay_readable(tmp_path):
     model = nn.Linear(3, 2)
-    w = quiet_watch(model, tmp_path / "run")
+    w = quiet_watch(model, tmp_path / "run", input_grads=True)
     loss_of(model(torch.randn(4, 3))).backward()
     w.close()
     db = sqlite3.connect(str(tmp_path / "run" / "run.db"))

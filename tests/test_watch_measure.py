@@ -253,7 +253,7 @@ def test_copies_are_measured_early_past_the_budget():
 
 
 def train_watched(model, tmp_path, name, batched, steps=3, fail_at=None):
-    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS)
+    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS, input_grads=True)
     if batched:
         w.recorder.batch_devices = frozenset({"cpu"})
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

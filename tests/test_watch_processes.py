@@ -22,8 +22,8 @@ import torchlens as tl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLP_CALLS = ["", "0:1", "1:1", "2:1"]
-# the series of Sequential(Linear, activation, Linear) fed a tensor that needs no gradient (it
-# gets a gradient strip all the same, through an alias that requires grad)
+# the series of Sequential(Linear, activation, Linear) fed a tensor that needs no gradient (with
+# input_grads=True it gets a gradient strip all the same, through an alias that requires grad)
 MLP_SERIES = sorted(
     [(c, "io", n) for c in MLP_CALLS for n in ("input 0", "output 0")]
     + [(c, "io_grad", n) for c in MLP_CALLS for n in ("input 0", "output 0")]  # the data's too
@@ -108,7 +108,7 @@ _LIVE_CHILD = """
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False)
+    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False, input_grads=True)
     for step in range(num_steps):
         opt.zero_grad()
         model(torch.randn(8, 16)).pow(2).mean().backward()
@@ -192,7 +192,7 @@ _KILLED_CHILD = """
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False)
+    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False, input_grads=True)
     for step in range(100000):
         opt.zero_grad()
         model(torch.randn(8, 16)).pow(2).mean().backward()
@@ -256,7 +256,7 @@ _IDLE_CHILD = """
     store.HEARTBEAT_S = 0.2  # the timer's period (10 s by default), short for the test
     run_dir = sys.argv[1]
     model = torch.nn.Linear(4, 2)
-    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False)
+    w = tl.watch(model, log_freq=1, backend=None, run_dir=run_dir, verbose=False, input_grads=True)
     for step in range(2):
         model(torch.randn(3, 4)).sum().backward()
     w.flush()

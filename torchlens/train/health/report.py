@@ -14,7 +14,8 @@ One finding per (call, series, signal), worst first. The signals and their thres
   the ``io_grad`` lines: the largest input's over the largest output's, at the same step). Only
   when no call does (a gradient that grows a little in each of many layers) the calls whose
   arriving gradient is more than ``FAR`` (1000) times above the run's median of that line, and
-  larger than the gradient the loss sends into the model's outputs.
+  larger than the gradient the loss sends into the model's outputs. A call fed the data is
+  judged only where the data's gradient was recorded (``tl.watch(input_grads=True)``).
 - ``vanishing``: the gradient arriving at a call's output is more than ``FAR`` times below the
   run's median of that line (over every call and logged step).
   The NaN sentinel (``on_nonfinite=...``, every step) adds the parameter whose gradient norm

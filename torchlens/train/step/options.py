@@ -62,7 +62,7 @@ class WatchOptions:
     tensorboard_writer: Any = None
     wandb_html_every: int = 50
     manual_steps: bool = False
-    input_grads: bool = True
+    input_grads: bool = False
     on_nonfinite: Optional[str] = None
     optimizer: Any = None
     durable: bool = True
