@@ -60,7 +60,7 @@ def test_compiled_kernel_agrees_with_eager():
 
 def train_watched(model, device, tmp_path, name, steps=3):
     model = model.to(device)
-    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS)
+    w = tl.watch(model, run_dir=str(tmp_path / name), backend=None, verbose=False, log=KINDS, input_grads=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
