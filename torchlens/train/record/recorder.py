@@ -21,8 +21,9 @@ their share is read from the in-place op's node, which spares backward two copie
 gradient. With ``input_grads`` (off by default: training never computes the data's gradient,
 and the first layers' input-gradient work it adds is some 8% of a CPU ResNet-18 step), the
 model's own floating inputs that do not require grad get an alias that does (a copy of a
-detached leaf; the user's tensor is untouched). A series without values gets a reason (``REASONS``): a gradient that never came, or
-values that cannot be measured (complex, empty, sparse).
+detached leaf; the user's tensor is untouched). A series without values gets a reason
+(``REASONS``): a gradient that never came, or values that cannot be measured (complex, empty,
+sparse).
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ from .step_data import Key, Part, StepData
 
 NOT_DIFFERENTIABLE = "no gradient: this call's output is not differentiable"
 NO_OUTPUT = "no gradient: this call returns no tensor that backward could start from"
-INPUT_GRADS_OFF = "no gradient: input does not require grad and input gradients are off (tl.watch(..., input_grads=True) records them)"
+INPUT_GRADS_OFF = (
+    "no gradient: input does not require grad and input gradients are off "
+    "(tl.watch(..., input_grads=True) records them)"
+)
 NO_REQUIRES_GRAD = "no gradient: this input does not require grad"
 NOT_FLOAT = "no gradient: not a floating-point tensor"
 NOT_REACHED = "no gradient: no backward pass reached it in this step"
