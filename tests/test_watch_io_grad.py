@@ -443,3 +443,38 @@ def test_a_gradient_passed_on_unchanged_is_measured_once_and_a_summed_one_again(
     assert_strip_holds(run.series("head:1", "io_grad", "input 0"), norms(grads["act"]))
     assert_strip_holds(run.series("act:1", "io_grad", "input 0"), norms(share))
     assert_strip_holds(run.series("lin:1", "io_grad", "output 0"), norms(grads["h"]))
+
+
+class _Scale(torch.autograd.Function):
+    """x * 2, noting in ``asked`` whether backward was asked for the input's gradient."""
+
+    asked: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Scale.asked.append(ctx.needs_input_grad[0])
+        return grad * 2
+
+
+@pytest.mark.parametrize("input_grads", [None, False, True], ids=["default", "off", "on"])
+def test_backward_computes_the_datas_gradient_only_when_asked(tmp_path, input_grads):
+    """By default a logged step's backward does what the plain step's does: it never reaches the
+    operations on data that does not require grad (here: ``First``), let alone their input's
+    gradient; with ``input_grads=True`` it computes that gradient on every logged step."""
+
+    class First(nn.Module):
+        def forward(self, x):
+            return _Scale.apply(x)
+
+    model = nn.Sequential(First(), nn.Linear(3, 2))
+    _Scale.asked = []
+    options = {} if input_grads is None else {"input_grads": input_grads}
+    w = quiet_watch(model, tmp_path / "run", **options)
+    for _ in range(2):
+        loss_of(model(torch.randn(4, 3))).backward()
+    w.close()
+    assert _Scale.asked == ([True, True] if input_grads else [])
