@@ -37,12 +37,20 @@ def _model() -> nn.Module:
 
 
 def _train(target: nn.Module, run_dir: str, steps: int = 5, compile_in_place=None) -> tuple:
-    """Watch ``target`` (log_freq=2), optionally ``.compile()`` a module after watching, run
-    ``steps`` forward/backward passes on fixed data; returns the run's series and Dynamo's counts."""
+    """Watch ``target`` (log_freq=2; the data's gradient too, so its alias meets the compiled
+    model), optionally ``.compile()`` a module after watching, run ``steps`` forward/backward
+    passes on fixed data; returns the run's series and Dynamo's counts."""
     dynamo.reset()
     before = dynamo_counts()
     w = tl.watch(
-        target, run_dir=run_dir, backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0, log_freq=2
+        target,
+        run_dir=run_dir,
+        backend=None,
+        verbose=False,
+        sample_n=None,
+        reject_outlier_proportion=0,
+        log_freq=2,
+        input_grads=True,
     )
     if compile_in_place is not None:
         compile_in_place()
@@ -90,12 +98,14 @@ def test_compiled_model_gives_the_eager_series(eager, tmp_path, how):
     assert "compile" not in vars(target)  # the watch's model.compile() interception is gone
 
 
-def test_watched_model_compiles_no_more_than_unwatched(tmp_path):
+@pytest.mark.parametrize("input_grads", [False, True])
+def test_watched_model_compiles_no_more_than_unwatched(tmp_path, input_grads):
     def frames(watched: bool, steps: int, how: str) -> int:
         dynamo.reset()
         target, after_watch = _compiled(how)
         before = dynamo_counts()["frames"]
-        w = tl.watch(target, run_dir=str(tmp_path / f"{how}{watched}{steps}"), backend=None, verbose=False, log_freq=3)
+        folder = str(tmp_path / f"{how}{watched}{steps}")
+        w = tl.watch(target, run_dir=folder, backend=None, verbose=False, log_freq=3, input_grads=input_grads)
         if not watched:
             w.close()
         if after_watch is not None:

@@ -125,6 +125,10 @@ def _batch(step: int) -> torch.Tensor:
     return torch.randint(-16, 17, (16, 4), generator=g).double() / 8
 
 
+# every value binned, and the data's gradient too (its strip counts the global batch as well)
+_EXACT_WATCH = dict(backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0, input_grads=True)
+
+
 def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
     import torchlens as tl
 
@@ -133,9 +137,7 @@ def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
     )
     try:
         model = torch.nn.parallel.DistributedDataParallel(_exact_model())
-        w = tl.watch(
-            model, run_dir=out + ".run", backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
-        )
+        w = tl.watch(model, run_dir=out + ".run", **_EXACT_WATCH)
         for step in range(3):
             model(_batch(step).chunk(world)[rank]).sum().backward()
             model.zero_grad(set_to_none=True)  # .grad was read when the backward pass ended
@@ -163,9 +165,7 @@ def test_ddp_watch_counts_the_global_batch(tmp_path):
     assert results[0][0] == out + ".run" and results[1][0] is None  # rank 0 writes
     assert results[0][1] == results[1][1] == 3 * 3  # 3 collectives per logged step written
     model = _exact_model()
-    w = tl.watch(
-        model, run_dir=str(tmp_path / "one"), backend=None, verbose=False, sample_n=None, reject_outlier_proportion=0
-    )
+    w = tl.watch(model, run_dir=str(tmp_path / "one"), **_EXACT_WATCH)
     for step in range(3):
         model(_batch(step)).sum().backward()
         model.zero_grad(set_to_none=True)
@@ -174,6 +174,7 @@ def test_ddp_watch_counts_the_global_batch(tmp_path):
     assert sorted(ddp) == sorted(one)
     kinds = {k[1] for k in one}
     assert kinds >= {"io", "io_grad", "params", "params_grad"}
+    assert one[("", "io_grad", "input 0")].counts.sum() > 0  # the data's strip is compared too
     for key in one:
         np.testing.assert_array_equal(ddp[key].counts, one[key].counts, err_msg=str(key))
         scale = 0.5 if key[1] == "params_grad" else 1.0  # DDP's gradient is the mean of the ranks'
