@@ -26,6 +26,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from ...web.stats import bin_edges
+
 # the statistics over all values stored with each column (x_ in the table)
 EXACT_COLUMNS = ("count", "true_min", "true_max", "mean", "std", "nan", "posinf", "neginf", "zeros", "line")
 _HEAD = 9  # fields before the exact ones: ids, steps, range, non-finite count, histogram
@@ -131,9 +133,7 @@ def _merged_histograms(
         hi = np.fmax(np.where(has_a, a["hi"], np.nan), np.where(has_b, b["hi"], np.nan))
     total = np.where((~has_a & ~has_b)[:, None], a["counts"] + b["counts"], 0.0)
     span = hi - lo
-    # the new edges as np.linspace makes them: lo + k * step, the last one exactly hi
-    edges = lo[:, None] + np.arange(bins + 1) * (span / bins)[:, None]
-    edges[:, -1] = hi
+    edges = bin_edges(lo, hi, bins)  # the page's edges of the merged range
     for part, has in ((a, has_a), (b, has_b)):
         total += _spread(part, has, lo=lo, span=span, edges=edges)
     return lo, hi, total
