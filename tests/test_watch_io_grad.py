@@ -232,18 +232,33 @@ def test_the_data_gets_a_gradient_strip(tmp_path):
 
 @pytest.mark.parametrize("options", [{}, {"input_grads": False}], ids=["default", "off"])
 def test_input_grads_off_says_why(tmp_path, options):
-    """Off by default: the watch adds no gradient work training does not do itself."""
+    """Off by default: the watch adds no gradient work training does not do itself. The data's
+    series say so wherever the data goes in (the model, its first call); an input made from the
+    data that needs no gradient either is only that."""
+
+    class Rounded(nn.Module):
+        def forward(self, x):
+            return x.round()
+
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    model.add_module("3", Rounded())  # beside the chain: fed the data, its output feeds 4
+    model.add_module("4", nn.Linear(3, 2))
+
+    def forward(x):
+        return model[2](model[1](model[0](x))) + model[4](model[3](x))
+
+    model.forward = forward
     w = quiet_watch(model, tmp_path / "run", **options)
     loss_of(model(torch.randn(4, 3))).backward()
     w.close()
     run = tl.open_run(w.run_dir)
-    s = run.series("", "io_grad", "input 0")
-    assert s.steps.tolist() == []
-    assert s.reason.startswith("no gradient: input does not require grad and input gradients are off")
-    assert "input_grads=True" in s.reason  # what to do about it
+    off = "no gradient: input does not require grad and input gradients are off"
+    for cid in ("", "0:1", "3:1"):  # the data itself
+        s = run.series(cid, "io_grad", "input 0")
+        assert s.steps.tolist() == [] and s.reason.startswith(off), cid
+        assert "input_grads=True" in s.reason  # what to do about it
     assert run.options["input_grads"] is False
-    assert run.series("0:1", "io_grad", "input 0").reason == "no gradient: this input does not require grad"
+    assert run.series("4:1", "io_grad", "input 0").reason == "no gradient: this input does not require grad"
     assert run.series("1:1", "io_grad", "input 0").steps.tolist() == [0]
 
 

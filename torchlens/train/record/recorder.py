@@ -247,6 +247,7 @@ class StepRecorder:
         self._module_hooks: list = []
         self._hooked: List[int] = []  # ids of the modules the module hooks are on, in order
         self.forward_active = False  # between begin_forward and end_forward: the module hooks record
+        self._data: Dict[int, torch.Tensor] = {}  # the forward's data given no gradient, by id
         self._param_hooks: list = []
         # the parameters the hooks are on (id -> parameter) and their owners: kept from one
         # logged step to the next while they stay the same (as the module hooks are)
@@ -324,7 +325,7 @@ class StepRecorder:
         """Hooks on every module for one forward pass (the model itself is called directly by
         the watch, unless ``include_model``). Those of the last logged forward are kept while the
         same modules are hooked: consecutive logged steps do not register them anew."""
-        self.counts, self.stack, self.frames, self.nested_model_calls = {}, [], [], 0
+        self.counts, self.stack, self.frames, self.nested_model_calls, self._data = {}, [], [], 0, {}
         hooked = [
             m for m in self.model.modules() if (m is not self.model or include_model) and id(m) not in self.hidden
         ]
@@ -341,7 +342,7 @@ class StepRecorder:
     def end_forward(self) -> None:
         """The forward pass has ended: the module hooks do nothing until the next ``begin_forward``
         (``remove_forward_hooks`` takes them off). The pass's tensors are measured now, together."""
-        self.forward_active = False
+        self.forward_active, self._data = False, {}
         self._settle_forward()
         self._flush_phases()
 
@@ -488,8 +489,10 @@ class StepRecorder:
                         raise _hook_error(module, cid, key[2], error) from error
                 elif root and self.input_grads:  # the data: a copy that requires grad, not the user's tensor
                     alias = t.detach().requires_grad_().clone()  # a leaf could not be changed in place
-                else:
-                    self.reasons[key] = INPUT_GRADS_OFF if root else NO_REQUIRES_GRAD
+                else:  # the data, also where the model hands it to a call, says how to get one
+                    if root:
+                        self._data[id(t)] = t
+                    self.reasons[key] = INPUT_GRADS_OFF if id(t) in self._data else NO_REQUIRES_GRAD
                     continue
                 entry = made[id(t)] = _Alias(alias)
             entry.keys.append(key)
