@@ -431,8 +431,11 @@ def test_folder_of_runs_has_a_run_picker(new_page, tmp_path, threads):
         drawn = strips(p.page, panel)
         assert "params/weight" in drawn and "io/output 0" in drawn
         assert all(columns == 2 and heat > 20 for columns, heat in drawn.values())
-        # the data's gradient is off by default: its strip says why it has none
-        assert p.page.inner_text(f"{panel} .reason") == "no gradient: this input does not require grad"
+        # the data's gradient is off by default: its strip says why it has none, and how to
+        # get it, in place of the strip (whose canvas takes no room)
+        reason = p.page.locator(f"{panel} .reason")
+        assert "input_grads=True" in reason.inner_text()
+        assert p.page.locator(f"{panel} canvas[data-series='io_grad/input 0']").bounding_box() is None
         assert p.problems() == []
         p.close()
     finally:
