@@ -5,7 +5,9 @@ torchvision, Playwright (``pip install playwright``) and ``/usr/bin/chromium``. 
 ResNet-18 for 30 small steps under ``tl.watch`` and writes:
 
 - ``explorer_resnet_block``: inside ``layer1.0`` with the panels of ``conv1`` and ``relu (2)``;
-- ``explorer_root``: the whole model's graph with the panel of ``fc``.
+- ``explorer_root``: the whole model's graph with the panel of ``fc``;
+- ``explorer_first_call``: the panel of ``conv1``, fed the data, whose gradient strip says why
+  it has no values (the data's gradient is off by default).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,10 +71,23 @@ def main(outdir: str = "images") -> None:
             page.hover('[data-node="layer1.0.conv1:1"]')
             page.wait_for_timeout(1500)  # past the highlight of a new panel
             page.screenshot(path=os.path.join(outdir, "explorer_resnet_block.png"))
+            first_call(browser, server.url, outdir)
             browser.close()
     finally:
         server.close()
-    print(f"wrote explorer_root.png and explorer_resnet_block.png into {outdir}/")
+    print(f"wrote explorer_root.png, explorer_resnet_block.png and explorer_first_call.png into {outdir}/")
+
+
+def first_call(browser: Any, url: str, outdir: str) -> None:
+    """The model's first call pinned: the data's gradient strip says why it is not there."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    page.goto(url)
+    page.wait_for_selector('[data-node="conv1:1"]')
+    page.drag_and_drop('[data-node="conv1:1"]', '[data-role="panels"]')
+    page.wait_for_selector('[data-panel="conv1:1"] .reason')
+    page.mouse.move(700, 700)  # no node's tooltip over the graph
+    page.wait_for_timeout(1500)  # past the highlight of a new panel
+    page.screenshot(path=os.path.join(outdir, "explorer_first_call.png"))
 
 
 if __name__ == "__main__":
