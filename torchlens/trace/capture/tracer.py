@@ -94,6 +94,14 @@ def empty_out(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    """The bytes of a tensor whose ``nbytes`` torch refuses (0 where its size is unknown too)."""
+    try:
+        return tensor.nelement() * tensor.element_size()
+    except Exception:
+        return 0
+
+
 def identity(x: Any) -> Any:
     """The function of layers that pass a tensor on unchanged (outputs, ``nn.Identity``)."""
     return x
@@ -130,6 +138,7 @@ class Tracer:
         self.savers = overriding(self.hooks, "on_save")  # e.g. the memory check
         # tensor id -> what replaces it in the call's result (a recorder returned another tensor)
         self.substitutes: Dict[int, torch.Tensor] = {}
+        self.shapes: Dict[torch.Size, torch.Size] = {}  # each distinct shape of the pass, once (_describe_tensor)
         # saved activations not copied until written (capture/shared.py); None: copy at once, or
         # nothing to copy (a plan that saves nothing: no storages to track, nothing to check after)
         share = plan.can_share and not plan.saves_nothing
@@ -482,14 +491,17 @@ class Tracer:
             self.frames_cache = self.stack.walk(self.caller_frame)  # type: ignore[arg-type]
         return self.frames_cache
 
-    @staticmethod
-    def _describe_tensor(e: TensorLogEntry, tensor: torch.Tensor) -> None:
-        e.shape = tensor.shape if not tensor.is_nested else nested_shape(tensor)
+    def _describe_tensor(self, e: TensorLogEntry, tensor: torch.Tensor) -> None:
+        if tensor.is_nested:
+            e.shape = nested_shape(tensor)
+        else:  # one object per distinct shape: a pass repeats few, and each one kept is the collector's to walk
+            shape = tensor.shape
+            e.shape = self.shapes.setdefault(shape, shape)
         e.dtype = tensor.dtype
         try:
-            e.nbytes = tensor.nelement() * tensor.element_size()
+            e.nbytes = tensor.nbytes
         except Exception:  # sparse or otherwise unusual layouts
-            e.nbytes = 0
+            e.nbytes = _nbytes(tensor)
         grad_fn = grad_fn_of(tensor)
         e.grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
 
