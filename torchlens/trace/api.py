@@ -274,7 +274,7 @@ def log_forward_pass(
             result, history = traced.result, traced.history
             resolve_request(request, history)  # unknown keys raise, with close matches
     notes += compiled_function_notes(result.records, result.code_ids)  # known once they have run
-    if not any(e.kind == "output" for e in history.layer_list):
+    if not any(e.kind == "output" for e in reversed(history.layer_list)):  # outputs come last
         notes.append(
             "the forward's return value holds no tensor (it returned None, or values torchlens does not look "
             f"into), so this history has no output layer: nothing marks what the model produced. Its "

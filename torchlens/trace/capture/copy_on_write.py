@@ -19,7 +19,7 @@ name) and tensors sharing memory with parameters or buffers are always copied at
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
@@ -37,7 +37,7 @@ def storage_key(tensor: torch.Tensor) -> Optional[int]:
             return None
         # the storage's address, worked out from the tensor's own: asking for the storage
         # would make a Python object that lives as long as the tensor, for the collector to walk
-        key = tensor.data_ptr() - cast(int, tensor.storage_offset()) * tensor.element_size()
+        key: int = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()  # type: ignore[assignment]
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
         return None  # ValueError: a lazy module's parameter before it exists
     return key or None

@@ -38,13 +38,25 @@ class PassStats:
 
     @classmethod
     def of(cls, entries: List[TensorLogEntry]) -> "PassStats":
+        tensor_bytes = param_operations = 0
+        max_passes, branching, conditional = 1, False, False
+        for e in entries:  # one loop, not six generators: this runs after every pass
+            tensor_bytes += e.nbytes or 0
+            if e.param_addresses:
+                param_operations += 1
+            if e.num_passes is not None and e.num_passes > max_passes:
+                max_passes = e.num_passes
+            if e.child_layers is not None and len(e.child_layers) > 1:
+                branching = True
+            if e.bool_used:
+                conditional = True
         return cls(
             num_tensors=len(entries),
-            tensor_bytes=sum(e.nbytes or 0 for e in entries),
-            num_param_operations=sum(1 for e in entries if e.param_addresses),
-            max_passes=max((e.num_passes or 1 for e in entries), default=1),
-            is_branching=any(len(e.child_layers or ()) > 1 for e in entries),
-            has_conditional_branching=any(e.bool_used for e in entries),
+            tensor_bytes=tensor_bytes,
+            num_param_operations=param_operations,
+            max_passes=max_passes,
+            is_branching=branching,
+            has_conditional_branching=conditional,
         )
 
 

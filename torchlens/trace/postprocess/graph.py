@@ -24,8 +24,13 @@ def prune(entries: List[TensorLogEntry]) -> List[TensorLogEntry]:
     n = len(entries)
     from_input = [False] * n
     for i, e in enumerate(entries):
-        if e.kind in _SOURCES or any(from_input[p.raw_index] for p, _ in e.parent_refs):
+        if e.kind in _SOURCES:
             from_input[i] = True
+            continue
+        for p, _ in e.parent_refs:  # a loop, not any(): no generator per record
+            if from_input[p.raw_index]:
+                from_input[i] = True
+                break
     keep = [from_input[i] or e.kind == "output" for i, e in enumerate(entries)]
     for i in range(n - 1, -1, -1):
         if keep[i]:

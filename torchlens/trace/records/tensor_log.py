@@ -124,13 +124,14 @@ class _InitFields(Protocol):
 
 def _make_init_fields() -> _InitFields:
     """One straight-line function that sets every field of a new record: a record is made per
-    operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging."""
+    operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging.
+    It is ``TensorLogEntry.__init__`` itself (set below the class): one call per record, not two."""
     given = ("raw_index", "kind", "layer_type", "func", "func_name")
     lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in _ALL_FIELDS]
-    source = f"def init_fields(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
+    source = f"def __init__(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
     namespace: Dict[str, _InitFields] = {}
     exec(source, namespace)  # noqa: S102 - source built above from the field names only
-    return namespace["init_fields"]
+    return namespace["__init__"]
 
 
 _init_fields = _make_init_fields()
@@ -220,7 +221,7 @@ class TensorLogEntry:
     def __init__(
         self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable[..., Any]], func_name: str
     ) -> None:
-        _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)
+        _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)  # replaced below the class
 
     # ----- views of the fields -------------------------------------------------------------
     @property
@@ -438,3 +439,7 @@ class TensorLogEntry:
             "elapsed": self.elapsed,
             "intervened": self.intervened,
         }
+
+
+# the generated initialiser is the constructor itself (the ``__init__`` above states its signature)
+TensorLogEntry.__init__ = _init_fields  # type: ignore[assignment, method-assign]
