@@ -32,6 +32,10 @@ from ...errors import TorchlensError
 
 
 class StepState(enum.Enum):
+    # members are singletons: hashed by identity, in C (Enum's own hash is a Python call, and
+    # the hooks ask for the state hundreds of times a step)
+    __hash__ = object.__hash__
+
     IDLE = "idle"  # no step in progress: before the first, after one ended
     UNLOGGED = "unlogged"  # a step in progress that is not logged
     LOGGED = "logged"  # a logged step between its passes
@@ -41,6 +45,8 @@ class StepState(enum.Enum):
 
 
 class StepEvent(enum.Enum):
+    __hash__ = object.__hash__  # as StepState's
+
     BEGIN_LOGGED = "begin_logged"  # a step begins that is logged
     BEGIN_UNLOGGED = "begin_unlogged"  # a step begins that is not
     FORWARD_STARTED = "forward_started"  # the model's own training forward begins (recorded)
@@ -116,7 +122,7 @@ class StepMachine:
 
     def logged_step(self) -> Optional[int]:
         """The step in progress when it is logged, else None."""
-        return self.step if self.logging else None
+        return self.step if self.state in _LOGGED else None  # ``logging`` inlined: every hook asks
 
     def wants_log(self, step: int) -> bool:
         """Whether step ``step`` is one ``log_freq`` logs."""

@@ -136,21 +136,23 @@ class StepTimeline:
             start = _now()
             try:
                 return hook(*args, **kwargs)
-            finally:
-                self._count(step_of(), start)
+            finally:  # inlined: this runs for every hook call of a logged step
+                step = step_of()
+                if step is not None:
+                    end = _now()
+                    h = self._hooks
+                    if h is not None and h[0] == step:
+                        h[2] = end
+                        h[3] += end - start
+                    else:
+                        self._first_hook(step, start, end)
 
         return counted
 
-    def _count(self, step: Optional[int], start: int) -> None:
-        if step is None:
-            return
-        end = _now()
-        h = self._hooks
-        if h is None or h[0] != step:
-            self.flush_hooks()
-            self._hooks = [step, start, end, end - start]
-        else:
-            h[2], h[3] = end, h[3] + end - start
+    def _first_hook(self, step: int, start: int, end: int) -> None:
+        """The first counted hook of ``step``: the last step's sum becomes a row."""
+        self.flush_hooks()
+        self._hooks = [step, start, end, end - start]
 
     def flush_hooks(self) -> None:
         """The hooks' sum of the step counted last becomes a row (when its step ends)."""

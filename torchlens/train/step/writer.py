@@ -339,8 +339,14 @@ def _training_streams(data: StepData) -> List[Any]:
     """The CUDA streams training runs on now, one per device of the step's samples: the writer
     thread queues its kernels on them, after those that computed the samples (another stream
     could read them before they are written, and would need the allocator told of it)."""
-    samples = (p[0].sample if isinstance(p[0], NormsLater) else p[0] for parts in data.parts for p in parts)
-    devices = {s.device for s in samples if isinstance(s, torch.Tensor) and s.is_cuda}
+    devices = set()
+    for parts in data.parts:  # one plain loop: this runs on the training thread at every write
+        for part in parts:
+            sample = part[0]
+            if isinstance(sample, NormsLater):
+                sample = sample.sample
+            if isinstance(sample, torch.Tensor) and sample.is_cuda:
+                devices.add(sample.device)
     return [torch.cuda.current_stream(d) for d in devices]
 
 
