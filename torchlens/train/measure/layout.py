@@ -73,7 +73,7 @@ def tensor_key(t: torch.Tensor) -> Optional[Tuple[Any, ...]]:
         >>> tensor_key(torch.zeros(0)), tensor_key(torch.zeros(2, dtype=torch.complex64))
         (None, None)
     """
-    if type(t) not in _PLAIN or t.layout is not torch.strided or t.is_meta or t.numel() == 0:
+    if type(t) not in _PLAIN or t.layout is not _STRIDED or t.is_meta or t.numel() == 0:
         return None
     dtype = t.dtype
     read = _READ.get(dtype)
@@ -82,6 +82,7 @@ def tensor_key(t: torch.Tensor) -> Optional[Tuple[Any, ...]]:
     return (dtype, t.device, t.shape, t.stride()) if read else None
 
 
+_STRIDED = torch.strided
 _READ: Dict[torch.dtype, bool] = {}  # whether the values of a dtype are read (see ``compute_dtype``)
 
 

@@ -162,13 +162,19 @@ class PhaseMeasure:
         else:
             self._watched += todo
         self._copied = 0 if phase_end else self._copied - sum(e.copy.numel() * e.copy.element_size() for e in todo)  # type: ignore[union-attr]
-        measured = [e for e in todo if e.copy is not None or e.tensor is not None]
-        lost = [e for e in todo if e.copy is None and e.tensor is None]
-        self._deliver(
-            [e.measured for e in measured],
-            [e.copy if e.copy is not None else e.tensor for e in measured],  # type: ignore[misc]
-            keys=tuple(e.key for e in measured),
-        )
+        results: List[Measured] = []
+        sources: List[torch.Tensor] = []
+        keys: List[Any] = []
+        lost: List[_Entry] = []
+        for e in todo:  # one pass: this runs at the end of every phase, over all its tensors
+            source = e.copy if e.copy is not None else e.tensor
+            if source is None:
+                lost.append(e)
+            else:
+                results.append(e.measured)
+                sources.append(source)
+                keys.append(e.key)
+        self._deliver(results, sources, keys=tuple(keys))
         for entry in todo:
             entry.copy = None
             if phase_end:

@@ -109,6 +109,9 @@ IN_PLACE_ACTIVATIONS = frozenset(
 )
 
 
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)  # types that are never a DTensor (``local_shard``)
+
+
 class _Alias:
     """One call's alias of one input tensor, and what is needed to follow in-place changes.
     The tensors are let go when the call returns: a logged step keeps no activation alive."""
@@ -384,8 +387,11 @@ class StepRecorder:
         self._flush_phases()  # anything seen since a phase ended (nothing, in the usual order)
         # the recorder's own lists, not copies (the step's series would be copied at every write):
         # they only grow, so the data keeps how many parts each had when collected
-        pending = {k: v for k, v in self.pending.items() if wanted(k[1])}
-        counts = {k: len(v) for k, v in pending.items()}
+        if kinds is None:  # every series (the usual write): copied in C, not key by key
+            pending = dict(self.pending)
+        else:
+            pending = {k: v for k, v in self.pending.items() if wanted(k[1])}
+        counts = dict(zip(pending, map(len, pending.values())))
         for kind, parts_of in (("params_grad", self.param_grads), ("updates", self.updates)):
             if not wanted(kind):
                 continue
@@ -394,7 +400,10 @@ class StepRecorder:
                     key = (cid, kind, name)
                     pending[key] = pending[key] + [part] if key in pending else [part]
                     counts[key] = len(pending[key])
-        reasons = {k: r for k, r in self.reasons.items() if k not in pending and wanted(k[1])}
+        if kinds is None:
+            reasons = {k: r for k, r in self.reasons.items() if k not in pending}
+        else:
+            reasons = {k: r for k, r in self.reasons.items() if k not in pending and wanted(k[1])}
         data = StepData(self._summaries)
         data.keys, data.parts, data.reasons = list(pending), list(pending.values()), reasons
         data.counts = list(counts.values())
@@ -622,7 +631,8 @@ class StepRecorder:
         measured unchanged in this step. ``stable``: nothing may change ``t`` before the step's
         next ``settle`` (a parameter until backward ends or the optimizer steps, a gradient
         until its backward pass ends), so a large CPU one is read where it lies."""
-        t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
+        if type(t) not in _PLAIN_TENSORS:
+            t = local_shard(t)  # a sharded (DTensor) parameter's own shard: distributed.py sums them
         seen = self._seen.get(id(t))
         batched = t.device.type in self.batch_devices
         if seen is not None and seen[0]() is t and seen[1] == t._version:
