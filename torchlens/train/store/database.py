@@ -216,13 +216,15 @@ class RunWriter:
             now = time.time()
             self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, ordinal, now))
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(now),))
+            sids = [self._series_id(key) for key in keys]
+            # plain lists zipped, not numpy rows indexed: this runs for every series of every write
             rows = [
-                (self._series_id(key), slot, step, step, 1, *ends[i], int(nonfinite[i]), blobs[i].tobytes(), *stats[i])
-                for i, key in enumerate(keys)
+                (sid, slot, step, step, 1, lo_hi[0], lo_hi[1], int(bad), blob.tobytes(), *stat)
+                for sid, lo_hi, bad, blob, stat in zip(sids, ends, np.asarray(nonfinite).tolist(), blobs, stats)
             ]
             rows = self._merged(rows)
             self.db.executemany("INSERT OR REPLACE INTO columns VALUES " + _ROW, rows)
-            self._set_reasons([(self._series_id(k), None) for k in keys])
+            self._have_values(sids)
             self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
             self._add_timeline(timeline, prune=new and ordinal % 1000 == 999)
         self._slot.update((row[0], row) for row in rows)  # only once committed
@@ -269,6 +271,14 @@ class RunWriter:
                 "DELETE FROM timeline WHERE step < (SELECT step FROM steps ORDER BY ordinal DESC LIMIT 1 OFFSET ?)",
                 (TIMELINE_STEPS - 1,),
             )
+
+    def _have_values(self, sids: List[int]) -> None:
+        """These series got values: each keeps no reason (``_set_reasons`` with None, for all at once)."""
+        self.has_values.update(sids)
+        reason_of = self.reason_of
+        for sid in [sid for sid in sids if reason_of.get(sid) is not None]:  # mostly none, after the first step
+            self.db.execute("UPDATE series SET reason = ? WHERE id = ?", (None, sid))
+            reason_of[sid] = None
 
     def _set_reasons(self, pairs: List[Tuple[int, Optional[str]]]) -> None:
         """Store each series' reason when it changes; a series that has had values keeps none."""
