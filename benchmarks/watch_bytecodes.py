@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The Python a logged training step runs, counted in bytecodes: the same on every run.
+"""The Python a logged training step runs, counted in bytecodes: the same, to a few, on every run.
 
 On a GPU a logged step's cost is the host's Python (the kernels are cheap), and on a shared CPU
 its time swings more than most changes move it. The bytecodes the interpreter executes do not
