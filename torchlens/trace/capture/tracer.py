@@ -129,6 +129,7 @@ class Tracer:
         self.depth = 0
         self.inventory = inventory
         self.plan = plan
+        self.save_all = plan.save_all
         self.save_function_args = plan.save_function_args
         self.save_gradients = plan.save_gradients
         self.hooks = tuple(hooks)
@@ -349,7 +350,7 @@ class Tracer:
                 self.substitutes[id(original)] = tensor
         self._describe_tensor(e, tensor)
         self.entries.append(e)
-        if self.plan.wants(e):
+        if self.save_all or self.plan.wants(e):
             e.activation = self._save(tensor, e)
         if self.save_gradients and tensor.requires_grad:
             record_gradient(tensor, e)
@@ -502,7 +503,10 @@ class Tracer:
             e.nbytes = tensor.nbytes
         except Exception:  # sparse or otherwise unusual layouts
             e.nbytes = _nbytes(tensor)
-        grad_fn = grad_fn_of(tensor)
+        try:  # sites.grad_fn_of, inlined: this runs for every record
+            grad_fn = tensor.grad_fn
+        except RuntimeError:
+            grad_fn = None
         e.grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
 
     def _describe_call(self, name: str) -> str:
