@@ -147,7 +147,7 @@ class LeanTracer(Tracer):
         if track:
             self.live[id(tensor)] = (weakref.ref(tensor), e)
 
-    def _note_frame_depth(self, address: str, n: int) -> None:
+    def _note_frame_depth(self) -> None:
         """Not counted: only the grouping of passes in post-processing reads it, and the
         structure has its groups."""
 

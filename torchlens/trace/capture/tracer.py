@@ -74,8 +74,9 @@ _get_ident = threading.get_ident
 
 Frames = Tuple[Site, ...]  # a record's call_frames: (code, line, bytecode offset), outermost first
 ModuleStack = Tuple[Tuple[str, int], ...]  # ((module address, pass), ...), outermost first
-# a module call in progress: (module, address, pass, entries before it, the module stack outside it)
-ModuleFrame = Tuple[nn.Module, str, int, int, ModuleStack]
+# a module call in progress: (module, address, pass, entries before it, the module stack outside
+# it, the frame that called it where the module holds parameters, else None)
+ModuleFrame = Tuple[nn.Module, str, int, int, ModuleStack, Optional[types.FrameType]]
 
 
 def write_through_view(
@@ -350,6 +351,8 @@ class Tracer:
                 self.substitutes[id(original)] = tensor
         self._describe_tensor(e, tensor)
         self.entries.append(e)
+        if not e.param_addresses and e.kind == "op" and self.module_frames:
+            self._note_frame_depth()
         if self.save_all or self.plan.wants(e):
             e.activation = self._save(tensor, e)
         if self.save_gradients and tensor.requires_grad:
@@ -572,14 +575,23 @@ class Tracer:
             return
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
-        if address in self.inventory.weighted_modules:
-            self._note_frame_depth(address, n)
-        self.module_frames.append((module, address, n, len(self.entries), self.module_stack))
+        # the caller's frame (alive while the call runs), for _note_frame_depth
+        caller = sys._getframe(1) if address in self.inventory.weighted_modules else None
+        self.module_frames.append((module, address, n, len(self.entries), self.module_stack, caller))
         self.module_stack = self.module_stack + ((address, n),)
 
-    def _note_frame_depth(self, address: str, n: int) -> None:
-        """How many call frames lie above this module call (frame 2: module_pre_hook's caller)."""
-        self.module_frame_depths[(address, n)] = self.stack.count(sys._getframe(2))
+    def _note_frame_depth(self) -> None:
+        """An operation without parameters was recorded: how many call frames lie above the
+        innermost module call around it that holds parameters, from where recurrence detection
+        keys its call site (post-processing's group_passes). Counted once per call, and only
+        for the calls that need it (not for every convolution's)."""
+        for frame in reversed(self.module_frames):
+            caller = frame[5]
+            if caller is not None:
+                key = (frame[1], frame[2])
+                if key not in self.module_frame_depths:
+                    self.module_frame_depths[key] = self.stack.count(caller)
+                return
 
     def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         """None, or the module's output with the tensors a recorder replaced swapped (a forward
@@ -588,7 +600,7 @@ class Tracer:
             return
         if not self.module_frames or self.module_frames[-1][0] is not module:
             return
-        _, address, n, start, outer_stack = self.module_frames.pop()
+        _, address, n, start, outer_stack, _ = self.module_frames.pop()
         if output is None and self.error_context is None and sys.exc_info()[1] is not None:
             # an always-called hook during an exception: the module's forward raised (the error
             # is not None: tested above)
