@@ -88,7 +88,10 @@ def test_call_stacks_taken_from_known_frames_equal_full_walks(monkeypatch):
     class Gen(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(4, 4)) for _ in range(3)])
+            # the ReLU's operation has no parameters: its frame depth is counted (_note_frame_depth)
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(3)]
+            )
 
         def parts(self, x):
             for layer in self.layers:
