@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -57,8 +58,8 @@ class ClassDict:
         held = None if replacements.items() <= self.namespace.items() else dict(self.namespace)
         try:
             self.namespace.update(originals)
-            for name in shadowed:
-                self.namespace.pop(name, None)
+            # the names the wrappers shadowed (about 1,300 on torch.Tensor), taken out in C
+            list(map(self.namespace.pop, shadowed, itertools.repeat(None)))
         finally:
             self._modified(self.cls)
         del held

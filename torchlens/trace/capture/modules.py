@@ -190,8 +190,14 @@ def tensors_held(
             kind = _kind(value)
         if kind == _TENSOR:
             found[id(value)] = value
-        elif kind == _CONTAINER and depth and value:
+        elif kind == _CONTAINER and depth and value and not _only_scalars(value):
             _held_in(value, found, depth - 1, seen)
+
+
+def _only_scalars(container: Any) -> bool:
+    """A tuple or list of plain numbers and strings (a convolution's ``kernel_size``, a
+    layer's shape): told in C, without a Python loop over it."""
+    return type(container) in (tuple, list) and _SCALARS.issuperset(map(type, container))
 
 
 def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int, seen: Optional[Dict[int, int]]) -> None:
@@ -206,7 +212,7 @@ def _held_in(container: Any, found: Dict[int, torch.Tensor], depth: int, seen: O
             kind = _kind(value)
         if kind == _TENSOR:
             found[id(value)] = value
-        elif kind == _CONTAINER and depth and value:
+        elif kind == _CONTAINER and depth and value and not _only_scalars(value):
             _held_in(value, found, depth - 1, seen)
 
 
