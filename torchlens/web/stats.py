@@ -212,10 +212,11 @@ def _bin(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int) -
     # No operation below needs a value on the host (no boolean masks, no bincount, whose output
     # size depends on the data): on a GPU the whole step stays asynchronous until the one copy.
     nonfinite = torch.zeros(n, device=device)
-    values, segments = _flatten(samples, device)
+    numels = [s.numel() for s in samples]  # once, for both below (a step has hundreds of samples)
+    values, segments = _flatten(samples, device, numels)
     nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
 
-    values, segments = _kept_values(samples, reject_proportion, device)
+    values, segments = _kept_values(samples, reject_proportion, device, numels)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
         0, segments, torch.where(finite, values, float("inf")), "amin"
@@ -250,7 +251,9 @@ def _to_host(values: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: torch.device) -> tuple:
+def _kept_values(
+    samples: Sequence[torch.Tensor], proportion: float, device: torch.device, numels: Optional[List[int]] = None
+) -> tuple:
     """``reject_outliers`` of every sample, end to end, with the index of the sample each value
     came from; a rejected value is NaN (binning leaves non-finite values out). The samples are
     handled in groups by the power of two their length rounds up to, each one matrix padded with
@@ -264,17 +267,18 @@ def _kept_values(samples: Sequence[torch.Tensor], proportion: float, device: tor
         >>> sorted(v for v in values.tolist() if v == v), segments.tolist()
         ([1.0, 1.0, 1.0, 2.0, 3.0], [0, 0, 0, 0, 0, 1, 1, 1])
     """
+    numels = [s.numel() for s in samples] if numels is None else numels
     if proportion <= 0:
-        return _flatten(samples, device)
+        return _flatten(samples, device, numels)
     groups: Dict[int, List[int]] = {}
-    for i, s in enumerate(samples):
-        if s.numel():
-            groups.setdefault(1 << (s.numel() - 1).bit_length(), []).append(i)
+    for i, n in enumerate(numels):
+        if n:
+            groups.setdefault(1 << (n - 1).bit_length(), []).append(i)
     if not groups:
-        return _flatten(samples, device)
+        return _flatten(samples, device, numels)
     values, segments = [], []
     for members in groups.values():
-        lengths = np.array([samples[i].numel() for i in members], np.int64)
+        lengths = np.array([numels[i] for i in members], np.int64)
         width = int(lengths.max())
         keep = lengths - (proportion * lengths).astype(np.int64)
         keep = np.where((keep < 1) | (keep >= lengths), lengths, keep)  # too short to reject from
@@ -305,9 +309,10 @@ def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
-def _flatten(samples: Sequence[torch.Tensor], device: torch.device) -> tuple:
-    """All samples end to end, and the index of the sample each value came from."""
-    lengths = torch.tensor([s.numel() for s in samples])
+def _flatten(samples: Sequence[torch.Tensor], device: torch.device, numels: Optional[List[int]] = None) -> tuple:
+    """All samples end to end, and the index of the sample each value came from (``numels``:
+    their lengths, where the caller has them)."""
+    lengths = torch.tensor([s.numel() for s in samples] if numels is None else numels, dtype=torch.int64)
     segments = torch.repeat_interleave(torch.arange(len(samples)), lengths).to(device, non_blocking=True)
     return torch.cat(list(samples)), segments
 
