@@ -218,9 +218,10 @@ class RunWriter:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (str(now),))
             sids = [self._series_id(key) for key in keys]
             # plain lists zipped, not numpy rows indexed: this runs for every series of every write
+            heads = zip(sids, ends, np.asarray(nonfinite).tolist())  # (id, [lo, hi], non-finite count)
             rows = [
                 (sid, slot, step, step, 1, lo_hi[0], lo_hi[1], int(bad), blob.tobytes(), *stat)
-                for sid, lo_hi, bad, blob, stat in zip(sids, ends, np.asarray(nonfinite).tolist(), blobs, stats)
+                for (sid, lo_hi, bad), blob, stat in zip(heads, blobs, stats)
             ]
             rows = self._merged(rows)
             self.db.executemany("INSERT OR REPLACE INTO columns VALUES " + _ROW, rows)
