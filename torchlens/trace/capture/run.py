@@ -212,6 +212,7 @@ def _installed(
             hook.pass_ended()
         tracer.pass_start.end()
         tracer.stack.forget()
+        tracer.module_frames.clear()  # calls a raising forward left open hold their callers' frames
         if lazy is not None:
             lazy.remove()
         ops.ACTIVE.tracer = None

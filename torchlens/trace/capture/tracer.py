@@ -585,10 +585,10 @@ class Tracer:
         innermost module call around it that holds parameters, from where recurrence detection
         keys its call site (post-processing's group_passes). Counted once per call, and only
         for the calls that need it (not for every convolution's)."""
-        for frame in reversed(self.module_frames):
-            caller = frame[5]
+        for call in reversed(self.module_frames):
+            caller = call[5]
             if caller is not None:
-                key = (frame[1], frame[2])
+                key = (call[1], call[2])
                 if key not in self.module_frame_depths:
                     self.module_frame_depths[key] = self.stack.count(caller)
                 return
