@@ -8,7 +8,9 @@ logged one, on the training thread and on the watch's writer thread, and prints 
 that run the most. The model is ``watch_gpu.py --host``'s (ResNet-18's 62 modules at an eighth
 of the width, batch 2 at 32x32, the step's tensors measured as a CUDA step measures them, the
 one-launch row statistics replaced by one small operation), so the figures stand for the host's
-share of a GPU step. Bytecodes are not time (a bytecode that calls into torch costs more than
+share of a GPU step, but for one difference: its samples are on the CPU, so the writer thread
+bins the forward's series while the backward pass runs and the rest at the step's end, where a
+GPU step bins them all in one write at the end. Bytecodes are not time (a bytecode that calls into torch costs more than
 one that adds two ints): compare these figures with each other, before and after a change.
 
     python benchmarks/watch_bytecodes.py [--steps 5] [--top 25] [--cpu-path]
