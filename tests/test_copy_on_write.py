@@ -126,6 +126,31 @@ def test_tensors_the_model_keeps_are_copied_at_the_end():
     assert torch.equal(h["mul_1_1"].activation, torch.full((3,), 2.0))
 
 
+class KeepsStateBesideScalars(nn.Module):
+    """Keeps an intermediate in a tuple beside plain numbers, and a tuple of numbers alone
+    (``kernel_size``-like), and writes into the intermediate in a later call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = (3, 3)
+        self.cache = None
+
+    def forward(self, x):
+        y = x * 2
+        if self.cache is None:
+            self.cache = (1, 2.0, "step", y)
+        else:
+            self.cache[-1].add_(x)
+        return y + 1
+
+
+def test_a_tensor_kept_in_a_tuple_beside_scalars_is_copied_at_the_end():
+    model, x = KeepsStateBesideScalars(), torch.ones(3)
+    h = tl.log_forward_pass(model, x)
+    model(torch.ones(3))  # the next call writes into the kept tensor
+    assert torch.equal(h["mul_1_1"].activation, torch.full((3,), 2.0))
+
+
 class UnseenWrite(nn.Module):
     def forward(self, x):
         y = x * 2
