@@ -290,3 +290,57 @@ def test_a_dropped_history_is_freed_at_once_not_by_the_cyclic_collector():
     del history
     assert gc.collect() == 0
     assert other.suggestions == ["linear_1_1:1", "linear_1_1:2"]  # its history is gone: the labels
+
+
+def _two_block_history():
+    import torch
+
+    import torchlens as tl
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+            self.out = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.fc(torch.relu(self.fc(x)))))
+
+    model, x = Net(), torch.ones(1, 3)
+    return lambda: tl.log_forward_pass(model, x)
+
+
+def test_lookup_keys_read_before_any_lookup_are_those_of_the_built_index():
+    """The index is built on first use: an entry's keys read first build it for all entries,
+    and they are what building it eagerly gives."""
+    trace = _two_block_history()
+    history = trace()
+    assert history._index is None  # a pass whose layers nobody looks up never builds it
+    keys = [list(e.lookup_keys) for e in history]
+    assert history._index is not None
+    expected = [list(e.lookup_keys) for e in trace()]
+    eager = trace()
+    build_lookup(eager.layer_list, eager.modules.passes)
+    assert keys == expected == [e.lookup_keys for e in eager]
+    assert all(history[k] is e for e in history for k in e.lookup_keys)
+
+
+def test_entries_that_outlive_their_history_keep_their_keys():
+    """A history dropped before its index was built gives the entries still held elsewhere
+    (a loop variable, a slice, its list) their keys as it goes; one nothing holds builds none."""
+    import gc
+    import weakref
+
+    trace = _two_block_history()
+    expected = [list(e.lookup_keys) for e in trace()]
+    assert [e.lookup_keys for e in trace()] == expected  # a loop over a history nothing holds
+    assert [e.lookup_keys for e in list(trace())] == expected  # a list of its entries
+    assert [e.lookup_keys for e in trace()[1:3]] == expected[1:3]  # a slice
+    assert [e.lookup_keys for e in trace().layer_list] == expected  # its own list
+    kept = list(trace())[2]
+    assert "Lookup keys: " + ", ".join(map(str, expected[2])) in str(kept)
+    gc.collect()
+    history = trace()
+    entry = weakref.ref(history.layer_list[0])
+    del history
+    assert gc.collect() == 0 and entry() is None  # no cycle: gone with its history

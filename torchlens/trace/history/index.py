@@ -1,9 +1,11 @@
 """The history's lookup index: every key that finds an entry (a label, ``'linear_1_1:2'``, a module
-address, ``'lstm:1.0'``, an ordinal), built once when the history is made or loaded."""
+address, ``'lstm:1.0'``, an ordinal), built when the history is first looked up by key (or when
+it is loaded)."""
 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
@@ -136,6 +138,24 @@ def build_lookup(entries: List[TensorLogEntry], module_passes: Dict[str, int]) -
     return lookup
 
 
+def keep_keys(state: Dict[str, Any], name: str, module_passes: Dict[str, int]) -> None:
+    """A history dies whose index was never built (``state``: its attributes; ``state[name]``:
+    its entries): if anything still holds one of its entries, or their list, each entry gets its
+    ``lookup_keys`` now, while the others are at hand.
+
+    A history makes no reference cycle, so it dies as its last reference goes; its list then
+    holds its entries alone unless something else does. Reference counts tell, in C: each is
+    compared with that of an object nothing else holds, read the same way (so the comparison
+    means the same on every Python version)."""
+    state.pop("_rolled", None)  # the rolled view refers to entries too
+    entries = state.pop(name)
+    alone: List[TensorLogEntry] = []
+    list_held = sys.getrefcount(entries) > sys.getrefcount(alone)
+    entry_held = max(map(sys.getrefcount, entries), default=0) > next(map(sys.getrefcount, [object()]))
+    if list_held or entry_held:
+        build_lookup(entries, module_passes)
+
+
 Shared = Dict[str, Tuple[Tuple[Any, ...], Dict[str, None]]]
 
 
@@ -182,4 +202,4 @@ def _specific_key(lookup: Dict[Key, Found], e: TensorLogEntry, key: Key) -> Key:
     return next(k for k in candidates if lookup.get(k) is e)
 
 
-__all__ = ["Ambiguous", "Found", "Key", "Lookup", "build_lookup", "output_key"]
+__all__ = ["Ambiguous", "Found", "Key", "Lookup", "build_lookup", "keep_keys", "output_key"]

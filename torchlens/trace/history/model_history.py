@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import operator
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -27,7 +28,7 @@ from ...arguments import require_bool, require_instance, require_int, require_pa
 from ..records.tensor_log import TensorLogEntry
 from ..records.visible_text import visible
 from .extensions import extension
-from .index import Ambiguous, Found, Key
+from .index import Ambiguous, Found, Key, build_lookup, keep_keys
 from .module_info import ModuleInfo, PassStats
 from .pickling import dumps_history, loads_history
 from .rolled import RolledLayer, roll
@@ -61,7 +62,7 @@ class ModelHistory:
         self,
         model_name: str,
         entries: List[TensorLogEntry],
-        lookup: Dict[Key, Found],
+        lookup: Optional[Dict[Key, Found]],
         all_labels: List[str],
         modules: ModuleInfo,
         param_info: Dict[str, Tuple[torch.Size, int, int]],
@@ -71,9 +72,11 @@ class ModelHistory:
     ) -> None:
         self.model_name = model_name
         self.layer_list: List[TensorLogEntry] = entries
-        self._lookup: Dict[Key, Found] = lookup
+        self._index: Optional[Dict[Key, Found]] = lookup
         self._all_labels = all_labels
         self.modules = modules
+        if lookup is None:
+            self._own(entries)
         self.param_info = param_info
         self.random_seed = random_seed
         self.pass_time = pass_time
@@ -83,11 +86,39 @@ class ModelHistory:
         self.notes: List[str] = []  # what the user should know about this trace (printed in the summary)
 
     # ----- what post-processing, loading and rerun use to build or change a history ---------
-    def replace_entries(self, entries: List[TensorLogEntry], lookup: Dict[Key, Found]) -> None:
-        """Make ``entries`` this history's layers, found by the keys of ``lookup``."""
+    def replace_entries(self, entries: List[TensorLogEntry], lookup: Optional[Dict[Key, Found]] = None) -> None:
+        """Make ``entries`` this history's layers, found by the keys of ``lookup`` (None: of an
+        index built on first use)."""
         self.layer_list = entries
-        self._lookup = lookup
+        self._index = lookup
         self._rolled = None
+        if lookup is None:
+            self._own(entries)
+
+    def _own(self, entries: List[TensorLogEntry]) -> None:
+        """Each entry's module passes (for printing) and its way to this history's index, whose
+        building gives it its ``lookup_keys`` (a weak one: the history holds its entries)."""
+        passes, history = self.modules.passes, weakref.ref(self)
+        for e in entries:
+            e.module_passes = passes
+            e._history = history
+
+    @property
+    def _lookup(self) -> Dict[Key, Found]:
+        """Every key -> what it names. Built on first use: a pass whose layers are never looked
+        up by key (a history iterated, summarised, or dropped) never pays for it."""
+        index = self._index
+        if index is None:
+            index = self._index = build_lookup(self.layer_list, self.modules.passes)
+        return index
+
+    def __del__(self) -> None:
+        """Entries that outlive a history whose index was never built (a loop over a history
+        nothing else holds, a slice kept) get their ``lookup_keys`` now, while their history's
+        other entries are at hand; nothing to do for the others (see ``index.keep_keys``)."""
+        state = self.__dict__
+        if state.get("_index") is None and "layer_list" in state and "modules" in state:
+            keep_keys(state, "layer_list", self.modules.passes)
 
     def lookup_value(self, key: Key) -> Optional[Found]:
         """What a key names: an entry, an ambiguity (several layers), or None."""

@@ -31,11 +31,11 @@ import types
 from typing import Callable, Dict, Tuple, Type, Union
 
 from ..records.func_call import DetachedCode
-from ..records.tensor_log import TensorLogEntry
+from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS, TensorLogEntry
 
 SOURCE_CONTEXT = 10  # lines kept on each side of a function's own lines
 _DROPPED = ("_rolled", "_store")  # derived again on use / open files of a loaded history
-_ENTRY_FIELDS = tuple(name for name in TensorLogEntry.__slots__ if name != "__weakref__")
+_ENTRY_FIELDS = _CAPTURE_FIELDS + _DERIVED_FIELDS
 
 
 def _detached(code: types.CodeType) -> Tuple[Type[DetachedCode], Tuple[str, str, str, int, Dict[int, str]]]:
@@ -63,15 +63,18 @@ class HistoryPickler(pickle.Pickler):
     def reducer_override(self, obj: object) -> _Reduced:
         if type(obj) is types.CodeType:
             return _detached(obj)
-        if isinstance(obj, TensorLogEntry) and type(obj) is not TensorLogEntry:
-            # a loaded entry reads its tensors from open files: pickle its values as a plain entry
+        if isinstance(obj, TensorLogEntry):
+            # its fields, read now (a loaded entry reads its tensors from open files), without
+            # the weak reference to its history (the history's state is pickled beside it)
             fields = {name: getattr(obj, name) for name in _ENTRY_FIELDS}
             return _blank_entry, (), (None, fields)
         return NotImplemented  # type: ignore[no-any-return]  # typeshed types NotImplemented as Any
 
 
 def _blank_entry() -> TensorLogEntry:
-    return TensorLogEntry.__new__(TensorLogEntry)  # its fields are set from the pickled state
+    e = TensorLogEntry.__new__(TensorLogEntry)  # its fields are set from the pickled state
+    e._history = None
+    return e
 
 
 def dumps_history(history: object) -> bytes:

@@ -6,7 +6,6 @@ from time import perf_counter
 from typing import Dict, List
 
 from ..capture import PassResult
-from ..history.index import build_lookup
 from ..history.model_history import ModelHistory, ModuleInfo
 from ..records.tensor_log import TensorLogEntry
 from .graph import children_of, prune
@@ -34,7 +33,6 @@ def build_history(result: PassResult) -> ModelHistory:
     for number, e in enumerate(entries, 1):  # positions in the whole pass, kept if entries are dropped
         e.operation_num, e.num_operations = number, len(entries)
     module_passes = dict(result.module_pass_counts)
-    lookup = build_lookup(entries, module_passes)
     modules = ModuleInfo(
         addresses=[a for a in inventory.module_types if a],
         types=inventory.module_types,
@@ -47,7 +45,7 @@ def build_history(result: PassResult) -> ModelHistory:
     history = ModelHistory(
         model_name=result.model_name,
         entries=entries,
-        lookup=lookup,
+        lookup=None,  # built on first use
         all_labels=[e.label for e in entries],
         modules=modules,
         param_info=inventory.param_info,
@@ -69,7 +67,7 @@ def build_history(result: PassResult) -> ModelHistory:
 def drop_unsaved(history: ModelHistory) -> ModelHistory:
     """The same history holding only the entries whose activation was saved (labels kept)."""
     entries = [e for e in history.layer_list if e.activation is not None]
-    history.replace_entries(entries, build_lookup(entries, history.modules.passes))
+    history.replace_entries(entries)  # its index built on first use
     return history
 
 

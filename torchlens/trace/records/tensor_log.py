@@ -108,6 +108,11 @@ _INITIAL_VALUES = {
 }
 
 
+# Fields held in a slot of another name, behind a property: ``lookup_keys`` is found when first
+# read (a history builds its key index on first use, see ModelHistory)
+_SLOT_OF = {"lookup_keys": "_lookup_keys"}
+
+
 class _InitFields(Protocol):
     """The signature of the generated ``init_fields`` (see ``_make_init_fields``)."""
 
@@ -127,7 +132,8 @@ def _make_init_fields() -> _InitFields:
     operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging.
     It is ``TensorLogEntry.__init__`` itself (set below the class): one call per record, not two."""
     given = ("raw_index", "kind", "layer_type", "func", "func_name")
-    lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in _ALL_FIELDS]
+    names = [_SLOT_OF.get(name, name) for name in _ALL_FIELDS] + ["_history"]
+    lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in names]
     source = f"def __init__(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
     namespace: Dict[str, _InitFields] = {}
     exec(source, namespace)  # noqa: S102 - source built above from the field names only
@@ -160,8 +166,9 @@ class TensorLogEntry:
         (['linear_1_1'], '1')
     """
 
-    # __weakref__: gradient hooks refer to their entry weakly (see capture.gradients.record_gradient)
-    __slots__ = _ALL_FIELDS + ("__weakref__",)
+    # __weakref__: gradient hooks refer to their entry weakly (see capture.gradients.record_gradient);
+    # _history: the history whose index gives ``lookup_keys`` (weakly: it holds the entry)
+    __slots__ = tuple(_SLOT_OF.get(name, name) for name in _ALL_FIELDS) + ("_history", "__weakref__")
 
     if TYPE_CHECKING:  # the fields above, typed for readers and the type checker
         raw_index: int
@@ -209,7 +216,8 @@ class TensorLogEntry:
         num_params: int
         param_bytes: int
         created_inside_model: Optional[bool]
-        lookup_keys: List[Union[int, str]]
+        _lookup_keys: Optional[List[Union[int, str]]]
+        _history: Optional[Callable[[], Any]]
         operation_num: int
         num_operations: int
         module_passes: Dict[str, int]
@@ -222,6 +230,23 @@ class TensorLogEntry:
         self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable[..., Any]], func_name: str
     ) -> None:
         _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)  # replaced below the class
+
+    @property
+    def lookup_keys(self) -> Optional[List[Union[int, str]]]:
+        """Every key that finds this entry in its history (``history[key]``): its two ordinals,
+        then the names that name it alone, sorted. Found when first read (the history builds its
+        key index on first use); None for an entry of no history."""
+        keys = self._lookup_keys
+        if keys is None and self._history is not None:
+            history = self._history()
+            if history is not None:
+                history.lookup_value(0)  # builds the history's index, which gives every entry its keys
+                keys = self._lookup_keys
+        return keys
+
+    @lookup_keys.setter
+    def lookup_keys(self, keys: Optional[List[Union[int, str]]]) -> None:
+        self._lookup_keys = keys
 
     # ----- views of the fields -------------------------------------------------------------
     @property
@@ -386,7 +411,7 @@ class TensorLogEntry:
             lines.append(f"\tStarts a branch chosen by: {self.branch_condition}")
         if self.intervened:
             lines.append(f"\tIntervened: {self.intervened}")
-        lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys)}")
+        lines.append(f"\tLookup keys: {', '.join(str(k) for k in self.lookup_keys or ())}")
         return visible("\n".join(lines))  # a loaded history's labels must not act on the terminal
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ import torch
 
 from ..history.model_history import ModelHistory, ModuleInfo, PassStats
 from ..records.func_call import DetachedCode, FuncCallLocation
-from ..records.tensor_log import TensorLogEntry
+from ..records.tensor_log import _CAPTURE_FIELDS, _DERIVED_FIELDS, TensorLogEntry
 from .codec import Decoder, decode_code_table
 from .errors import HistoryFileError
 from .fields import (
@@ -268,7 +268,7 @@ _REQUIRED_FIELDS = ("raw_index", "func_name", "layer_type", "kind", "label", "la
 
 
 def _entry_fields(fields: List[Any], where: str) -> List[str]:
-    known = set(TensorLogEntry.__slots__) - {"__weakref__"}
+    known = set(_CAPTURE_FIELDS + _DERIVED_FIELDS)
     if not all(type(f) is str for f in fields) or len(set(fields)) != len(fields):
         raise HistoryFileError(where, "truncated or corrupted: 'entry_fields' is not a list of distinct names")
     unknown = [f for f in fields if f not in known]
