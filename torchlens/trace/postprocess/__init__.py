@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Dict, List
+from typing import Dict, List, Tuple
+
+import torch
 
 from ..capture import PassResult
 from ..history.model_history import ModelHistory, ModuleInfo
@@ -25,13 +27,9 @@ def build_history(result: PassResult) -> ModelHistory:
         for position, e in outputs:
             positions = e.module_output_positions = e.module_output_positions or {}
             positions.setdefault((address, pass_num), position)
-    _link(entries)
     for ref in result.parent_refs:
         ref.name_parent()
-    _describe_params(entries, inventory.param_info)
-
-    for number, e in enumerate(entries, 1):  # positions in the whole pass, kept if entries are dropped
-        e.operation_num, e.num_operations = number, len(entries)
+    _link(entries, inventory.param_info)
     module_passes = dict(result.module_pass_counts)
     modules = ModuleInfo(
         addresses=[a for a in inventory.module_types if a],
@@ -39,8 +37,6 @@ def build_history(result: PassResult) -> ModelHistory:
         children=inventory.module_children,
         passes=module_passes,
     )
-    for e in entries:
-        e.parent_refs = ()  # the links are labels now; one shared empty tuple, no list per entry
     no_gradient = _in_reentrant_checkpoint(entries) if result.save_gradients else []
     history = ModelHistory(
         model_name=result.model_name,
@@ -71,20 +67,32 @@ def drop_unsaved(history: ModelHistory) -> ModelHistory:
     return history
 
 
-def _link(entries: List[TensorLogEntry]) -> None:
-    """Parent and child labels, and where each parent sat in the call's arguments."""
+def _link(entries: List[TensorLogEntry], param_info: Dict[str, Tuple[torch.Size, int, int]]) -> None:
+    """Parent and child labels, where each parent sat in the call's arguments, the parameters'
+    shapes and sizes, and each entry's position in the whole pass (kept if entries are dropped
+    later): one loop over the entries, which runs for every operation of every pass."""
     children = children_of(entries)
-    for e in entries:
+    total = len(entries)
+    for number, e in enumerate(entries, 1):
         positions: Dict[str, list] = {}
         for p, position in e.parent_refs:
             positions.setdefault(p.label, []).append(position)
         e.parent_layers = list(positions)
         e.parent_arg_positions = positions
+        e.parent_refs = ()  # the links are labels now; one shared empty tuple, no list per entry
         e.child_layers = [c.label for c in children[e.raw_index]]
         condition = e.branch_condition_record
         if condition is not None and condition.raw_index in children:  # the condition may have been pruned
             e.branch_condition = condition.label
         e.branch_condition_record = None
+        shapes, count, nbytes = [], 0, 0
+        for address in e.param_addresses:
+            shape, numel, size = param_info[address]
+            shapes.append(shape)
+            count += numel
+            nbytes += size
+        e.param_shapes, e.num_params, e.param_bytes = shapes, count, nbytes
+        e.operation_num, e.num_operations = number, total
 
 
 def _reentrant_checkpoint_code():
@@ -108,17 +116,6 @@ def _in_reentrant_checkpoint(entries: List[TensorLogEntry]) -> List[str]:
             e.gradient_note = "none: computed inside torch.utils.checkpoint(use_reentrant=True)"
             found.append(e.label)
     return found
-
-
-def _describe_params(entries: List[TensorLogEntry], param_info) -> None:
-    for e in entries:
-        shapes, count, nbytes = [], 0, 0
-        for address in e.param_addresses:
-            shape, numel, size = param_info[address]
-            shapes.append(shape)
-            count += numel
-            nbytes += size
-        e.param_shapes, e.num_params, e.param_bytes = shapes, count, nbytes
 
 
 __all__ = ["build_history", "drop_unsaved"]

@@ -23,15 +23,18 @@ def prune(entries: List[TensorLogEntry]) -> List[TensorLogEntry]:
     """
     n = len(entries)
     from_input = [False] * n
+    keep = [False] * n
     for i, e in enumerate(entries):
-        if e.kind in _SOURCES:
-            from_input[i] = True
+        kind = e.kind
+        if kind in _SOURCES:
+            from_input[i] = keep[i] = True
             continue
         for p, _ in e.parent_refs:  # a loop, not any(): no generator per record
             if from_input[p.raw_index]:
-                from_input[i] = True
+                from_input[i] = keep[i] = True
                 break
-    keep = [from_input[i] or e.kind == "output" for i, e in enumerate(entries)]
+        else:
+            keep[i] = kind == "output"
     for i in range(n - 1, -1, -1):
         if keep[i]:
             for p, _ in entries[i].parent_refs:
