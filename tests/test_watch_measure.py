@@ -587,8 +587,11 @@ def test_the_forward_pass_is_measured_while_the_backward_pass_runs(tmp_path):
     assert w.recorder.unmeasured() == []
     forward = [p[1] for parts in w.recorder.pending.values() for p in parts if isinstance(p[1], LazySummary)]
     assert len(forward) > 10 and all(s.measured and s.summary is not None for s in forward)
+    assert w.recorder.sampled_on == set()  # no sample on a GPU: the forward's series are binned ahead too
+    assert w._steps._ahead is not None and len(w._steps._ahead[2]) > 10
     assert tl.open_run(w.run_dir).steps.tolist() == []
     loss.backward()
+    assert w.recorder.sampled_on == set()  # the gradients' norms are on the CPU too
     w.close()
     assert tl.open_run(w.run_dir).steps.tolist() == [0]
 

@@ -94,6 +94,29 @@ def test_logged_steps_on_cuda_equal_the_cpu_path(tmp_path):
     assert compared > 20
 
 
+def test_a_step_trained_on_a_side_stream_gives_the_run_of_the_default_stream(tmp_path):
+    """The gradients' per-sample norms are samples taken as tensors on the GPU: the recorder
+    notes their device, and the writer thread bins them on the stream training runs on (after
+    the kernels that made them), whichever it is."""
+    base = small_net(16).double()
+    default_run, w = train_watched(copy.deepcopy(base), "cuda", tmp_path, "default")
+    assert w.recorder.sampled_on == {torch.device("cuda", torch.cuda.current_device())}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        side_run, _ = train_watched(copy.deepcopy(base), "cuda", tmp_path, "side")
+    torch.cuda.current_stream().wait_stream(side)
+    names = default_run.series_names()
+    assert sorted(names) == sorted(side_run.series_names())
+    for call, kind, name in names:
+        a, b = default_run.series(call, kind, name), side_run.series(call, kind, name)
+        for field in FIELDS:
+            if field == "zeros" and kind in ("params_grad", "updates"):
+                continue  # a gradient of ~1e-17 may be exactly 0 in one run alone (see above)
+            x, y = getattr(a, field), getattr(b, field)
+            assert np.allclose(x, y, rtol=1e-6, atol=1e-9, equal_nan=True), (call, kind, name, field)
+
+
 def test_a_logged_step_makes_no_host_sync(tmp_path):
     model = small_net(16).cuda()
     w = tl.watch(model, run_dir=str(tmp_path / "run"), backend=None, verbose=False, log=KINDS)

@@ -226,6 +226,9 @@ class StepRecorder:
         self.known_calls: Set[str] = set()
         self.new_calls: List[Call] = []
         self.pending: Dict[Key, List[Part]] = {}
+        # the CUDA devices of the step's samples taken as tensors (not measured in batches): the
+        # writer thread queues its kernels on their streams, after those that made the samples
+        self.sampled_on: Set[torch.device] = set()
         self.param_grads: Dict[Tuple[str, str], Part] = {}
         self.updates: Dict[Tuple[str, str], Part] = {}  # (module address, name) -> its optimizer update
         self.version = 0  # grows with every value recorded: the step changed since it was written
@@ -300,6 +303,7 @@ class StepRecorder:
         self.pending, self.param_grads, self.calls_of, self.touched = {}, {}, {}, {}
         self.updates, self._seen, self._summaries, self._last_grad = {}, {}, {}, None
         self.reasons, self.split, self._norms_later = {}, [], []
+        self.sampled_on = set()
         self.batched.clear()  # of a step that ended half-way
         self.host_phase.clear()
         owners: Dict[int, List[Tuple[str, str]]] = {}
@@ -662,6 +666,8 @@ class StepRecorder:
                 if place is not None:
                     self.reasons[place] = _unmeasured(t)
                 return None
+            if sample.is_cuda:
+                self.sampled_on.add(sample.device)
             part = (sample, copied if copied is not None else measure(t, copy=sample), None)
         return self._remember(t, part)
 
@@ -768,6 +774,8 @@ class StepRecorder:
         if grad.layout != torch.strided or grad.numel() == 0:
             return None
         later = NormsLater(grad)
+        if grad.is_cuda:  # its norms and their sample lie there
+            self.sampled_on.add(grad.device)
         if grad.numel() <= SMALL:  # computed at the pass's end with the other small ones
             self._norms_later.append(later)
         else:  # now: holding it to the pass's end would hold its memory

@@ -137,6 +137,8 @@ class UpdateHooks:
                     if sample is None:
                         continue
                     sample.neg_()
+                    if sample.is_cuda:
+                        self.recorder.sampled_on.add(sample.device)
                 lazies.append(lazy)
                 if isinstance(norm, LazySummary) and not norm.measured:
                     unready.append(lazy)

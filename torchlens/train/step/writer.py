@@ -28,7 +28,7 @@ import torch
 
 from ...web.stats import Histograms, histograms, stack_rows
 from ..measure import LazySummary, RankGroup, step_histograms
-from ..record import NormsLater, StepData, StepRecorder
+from ..record import StepData, StepRecorder
 from ..store import RunWriter
 from .timeline import StepTimeline
 
@@ -160,7 +160,7 @@ class StepWriter:
         recorder = self.sink.recorder
         self.measure_soon(recorder.unmeasured())
         data: Optional[StepData] = recorder.collect()
-        if _training_streams(data):  # samples on a GPU: binned with the rest, in one go (fewer launches)
+        if recorder.sampled_on:  # samples on a GPU: binned with the rest, in one go (fewer launches)
             data = None
         step, dropped = recorder.step, recorder.dropped
         with self._measured:  # counted as measuring: ``wait_measured`` waits for it too
@@ -259,7 +259,7 @@ class StepWriter:
                 self.failed = True
                 raise
             return
-        streams = _training_streams(data)
+        streams = _training_streams(w.recorder)
 
         def job() -> None:
             with contextlib.ExitStack() as stack:  # queued after the work that made the samples
@@ -335,19 +335,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork)
 
 
-def _training_streams(data: StepData) -> List[Any]:
-    """The CUDA streams training runs on now, one per device of the step's samples: the writer
-    thread queues its kernels on them, after those that computed the samples (another stream
-    could read them before they are written, and would need the allocator told of it)."""
-    devices = set()
-    for parts in data.parts:  # one plain loop: this runs on the training thread at every write
-        for part in parts:
-            sample = part[0]
-            if isinstance(sample, NormsLater):
-                sample = sample.sample
-            if isinstance(sample, torch.Tensor) and sample.is_cuda:
-                devices.add(sample.device)
-    return [torch.cuda.current_stream(d) for d in devices]
+def _training_streams(recorder: StepRecorder) -> List[Any]:
+    """The CUDA streams training runs on now, one per device of the step's samples (as the
+    recorder noted them when it took them): the writer thread queues its kernels on them, after
+    those that computed the samples (another stream could read them before they are written,
+    and would need the allocator told of it)."""
+    return [torch.cuda.current_stream(d) for d in recorder.sampled_on]
 
 
 __all__ = ["StepWriter", "StepSink"]
