@@ -226,8 +226,7 @@ class StepRecorder:
         self.known_calls: Set[str] = set()
         self.new_calls: List[Call] = []
         self.pending: Dict[Key, List[Part]] = {}
-        # the CUDA devices of the step's samples taken as tensors (not measured in batches): the
-        # writer thread queues its kernels on their streams, after those that made the samples
+        # CUDA devices of samples taken as tensors: the writer thread queues its kernels on their streams
         self.sampled_on: Set[torch.device] = set()
         self.param_grads: Dict[Tuple[str, str], Part] = {}
         self.updates: Dict[Tuple[str, str], Part] = {}  # (module address, name) -> its optimizer update
@@ -275,10 +274,14 @@ class StepRecorder:
         self._steady: Set[Key] = set()
         self._unsteady: Set[Key] = set()
         self._learning: List[Tuple[Key, Any, int]] = []  # (place, weak ref, _version) copied this pass
-        if wiring.timed is not None:  # the hooks' time is summed per logged step (the timeline)
-            for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
-                if hasattr(self, name):
-                    setattr(self, name, wiring.timed(getattr(self, name)))
+        if wiring.timed is not None:
+            self._time_hooks(wiring.timed)
+
+    def _time_hooks(self, timed: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """The hooks' time summed per logged step (the timeline): each hook method wrapped."""
+        for name in ("pre", "post", "_record_norm", "_record_alias", "_record_input", "_record_grad"):
+            if hasattr(self, name):
+                setattr(self, name, timed(getattr(self, name)))
 
     def hide(self, modules: Set[int], root_graph: bool) -> None:
         """Leave the modules of ``modules`` (ids) unhooked: they run inside a fullgraph compiled
