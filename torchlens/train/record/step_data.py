@@ -83,6 +83,10 @@ def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
                 norm_rows.append(norms[0] if len(norms) == 1 else torch.cat(norms))
                 norm_of.append(i)
             continue
+        if len(parts) == 1:  # most series: one tensor's summary is the series'
+            m = parts[0][1]
+            out[i] = m.summary if isinstance(m, LazySummary) else m
+            continue
         measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
         summaries = [m for m in measured if m is not None]
         out[i] = combine_summaries(summaries) if summaries else None
