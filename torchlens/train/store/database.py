@@ -25,6 +25,7 @@ Long runs stay bounded: a column covers ``stride`` logged steps, and when a run 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import socket
@@ -42,6 +43,7 @@ from .columns import EXACT_COLUMNS, combine_columns, compact_columns, nullable
 FORMAT = "torchlens-run-1"
 DB_NAME = "run.db"
 KINDS = ("io", "io_grad", "params", "params_grad", "updates")
+_SERIES_ID = operator.itemgetter(0)  # of a row of ``columns``
 _ROW = "(" + ", ".join("?" * (9 + len(EXACT_COLUMNS))) + ")"
 CHECKPOINT_PAGES = 2000  # log pages (4 KiB) let accumulate before ``RunWriter.checkpoint`` copies them
 TIMELINE_STEPS = 10_000  # logged steps whose timeline is kept (the newest; older ones are dropped)
@@ -110,7 +112,7 @@ class RunWriter:
         self.stride = 1
         self.num_logged = 0
         self.series_ids: Dict[Tuple[str, str, str], int] = {}
-        self.reason_of: Dict[int, Optional[str]] = {}  # series id -> its stored reason
+        self.reason_of: Dict[int, str] = {}  # series id -> its stored reason (series with none left out)
         self.has_values: set = set()  # series ids that got values (their reason is gone for good)
         self.num_calls = 0
         self._open: Optional[Tuple[int, int]] = None  # (step, ordinal) of the step written last
@@ -228,7 +230,7 @@ class RunWriter:
             self._have_values(sids)
             self._set_reasons([(self._series_id(k), r) for k, r in (reasons or {}).items()])
             self._add_timeline(timeline, prune=new and ordinal % 1000 == 999)
-        self._slot.update((row[0], row) for row in rows)  # only once committed
+        self._slot.update(zip(map(_SERIES_ID, rows), rows))  # only once committed
         if new:
             self.num_logged += 1
         self.commits_unchecked += 1
@@ -277,9 +279,9 @@ class RunWriter:
         """These series got values: each keeps no reason (``_set_reasons`` with None, for all at once)."""
         self.has_values.update(sids)
         reason_of = self.reason_of
-        for sid in [sid for sid in sids if reason_of.get(sid) is not None]:  # mostly none, after the first step
+        for sid in reason_of.keys() & sids:  # mostly none, after the first step (found in C)
             self.db.execute("UPDATE series SET reason = ? WHERE id = ?", (None, sid))
-            reason_of[sid] = None
+            del reason_of[sid]
 
     def _set_reasons(self, pairs: List[Tuple[int, Optional[str]]]) -> None:
         """Store each series' reason when it changes; a series that has had values keeps none."""
@@ -290,11 +292,16 @@ class RunWriter:
                 continue
             if self.reason_of.get(sid) != reason:
                 self.db.execute("UPDATE series SET reason = ? WHERE id = ?", (reason, sid))
-                self.reason_of[sid] = reason
+                if reason is None:
+                    del self.reason_of[sid]
+                else:
+                    self.reason_of[sid] = reason
 
     def _merged(self, rows: List[tuple]) -> List[tuple]:
         """The rows of a step, each merged into its series' column of older steps (as the column
         was before this step, when the step is written again): all in one ``combine_columns``."""
+        if not self._before:  # the step opens a column (always, until the columns are compacted)
+            return rows
         older = [i for i, row in enumerate(rows) if row[0] in self._before]
         if not older:
             return rows
