@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchlens as tl
 from torchlens.train.measure import LayoutCache, LazySummary, layout, measure_batch, row_stats_eager
-from torchlens.train.measure.phase import PhaseMeasure
+from torchlens.train.measure.phase import Measured, PhaseMeasure
 from torchlens.train.record import NormsLater, Sampler
 from torchlens.web.exact import EXACT_FIELDS, exact_summary
 
@@ -594,6 +594,16 @@ def test_the_forward_pass_is_measured_while_the_backward_pass_runs(tmp_path):
     assert w.recorder.sampled_on == set()  # the gradients' norms are on the CPU too
     w.close()
     assert tl.open_run(w.run_dir).steps.tolist() == [0]
+
+
+def test_a_measured_tensor_starts_as_a_lazy_summary_does():
+    """``Measured`` sets LazySummary's slots itself (one call per tensor, not two): every slot a
+    LazySummary starts with, it starts with too, at the same value."""
+    values = torch.ones(2)
+    lazy, measured = LazySummary(values), Measured(values)
+    for name in LazySummary.__slots__:
+        assert getattr(measured, name) is getattr(lazy, name), name
+    assert not measured.measured
 
 
 def test_a_phase_measured_later_takes_no_line():

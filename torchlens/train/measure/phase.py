@@ -38,13 +38,16 @@ class Measured(LazySummary):
     __slots__ = ("_row", "event", "_table", "_at")
 
     def __init__(self, values: torch.Tensor) -> None:
+        # every slot of LazySummary's, set here rather than by its __init__ (a logged step makes
+        # one per tensor it measures: a second call, and the summary setter's, cost as much)
+        self.values: Optional[torch.Tensor] = values
+        self.then = self.release = self.draw = self.sample = None
         self._row: Optional[torch.Tensor] = None
         self.event: Any = None
         # the phase's host table and this tensor's row in it: the row is taken when read (on
         # the writer thread), not one view per tensor when the phase ends (on the training one)
         self._table: Optional[torch.Tensor] = None
         self._at = 0
-        super().__init__(values)
 
     @property  # type: ignore[override]
     def summary(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, behind a wait
