@@ -948,6 +948,33 @@ class SmallNet(nn.Module):
         return self.fc(self.relu(self.bn(self.conv(x))).flatten(1))
 
 
+def test_samples_do_not_depend_on_how_far_the_writer_thread_lags(tmp_path, monkeypatch):
+    """Large gradients are handed to the writer thread one by one as they arrive: it measures
+    each hand-over on its own, so their samples are drawn in the same order whether it took each
+    as it came or several at once (those, grouped by length, would draw in another order: here
+    the gradients' lengths come as 32768, 65536, 32768)."""
+    import time
+
+    from torchlens.train.step.writer import StepWriter
+
+    def run_of(name, lag):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 64))
+        if lag:  # the writer takes what was handed over only now and then: several at once
+            measure = StepWriter._measure_handed
+            monkeypatch.setattr(StepWriter, "_measure_handed", lambda self: (time.sleep(0.02), measure(self)))
+        w = quiet_watch(model, tmp_path / name)
+        train(model, [torch.randn(8, 256) for _ in range(3)])
+        w.close()
+        monkeypatch.undo()
+        with sqlite3.connect(os.path.join(w.run_dir, "run.db")) as db:
+            return db.execute("SELECT * FROM columns ORDER BY series_id, slot").fetchall()
+
+    prompt, late = run_of("prompt", False), run_of("late", True)
+    assert len(prompt) > 20
+    assert prompt == late
+
+
 def test_histograms_binned_during_backward_equal_those_binned_at_its_end(tmp_path, monkeypatch):
     from torchlens.train.measure import step_histograms
     from torchlens.train.step.writer import StepWriter

@@ -63,8 +63,10 @@ class StepWriter:
         # step in flight. Never full: a hook handing over work must not wait for the thread.
         self._jobs: "queue.Queue[Optional[Tuple[Callable[[], None], bool]]]" = queue.Queue()
         self._write_room = threading.Semaphore(2)  # one write running and one waiting, at most
-        # copies handed over and not measured yet: one job measures all there are when it runs
-        self._to_measure: List[LazySummary] = []
+        # copies handed over and not measured yet, as they were handed (one list per hand-over):
+        # one job measures all there are when it runs, each hand-over on its own, so that their
+        # samples are drawn in the same order whatever the thread's timing
+        self._to_measure: List[List[LazySummary]] = []
         self._measure_jobs = 0  # measuring jobs queued or running
         self._measured = threading.Condition()
         self._thread: Optional[threading.Thread] = None
@@ -217,7 +219,7 @@ class StepWriter:
             return True
         with self._measured:
             queued = bool(self._to_measure)  # a job that will take these too is waiting
-            self._to_measure.extend(lazies)
+            self._to_measure.append(list(lazies))
             if not queued:
                 self._measure_jobs += 1
         if not queued:
@@ -232,11 +234,15 @@ class StepWriter:
             self._measured.wait_for(lambda: self._measure_jobs == 0)
 
     def _measure_handed(self) -> None:
-        """Measure every value handed over so far, together (the small ones in one batch)."""
+        """Measure every value handed over so far, each hand-over on its own (its small ones in
+        one batch)."""
         with self._measured:
-            lazies, self._to_measure = self._to_measure, []
+            handed, self._to_measure = self._to_measure, []
         try:
-            LazySummary.resolve(lazies)
+            # each hand-over on its own: measured together, the samples of several would be
+            # drawn grouped by length, in an order that would depend on how many were waiting
+            for lazies in handed:
+                LazySummary.resolve(lazies)
         finally:
             with self._measured:
                 self._measure_jobs -= 1
