@@ -132,13 +132,9 @@ class LeanTracer(Tracer):
         return self.frames_cache
 
     def _innermost(self, frame: Optional[types.FrameType]) -> Frames:
-        stop, sites_of, code_sites = self.stack.stop_code, self.stack.sites_of, self.stack.code_sites
-        while frame is not None and frame.f_code is not stop:
-            code = frame.f_code
-            known = code_sites.get(id(code))
-            if (known[1] if known is not None else sites_of(code)) is not None:
-                return ((code, 0, frame.f_lasti),)
-            frame = frame.f_back
+        innermost = self.stack.innermost(frame)
+        if innermost is not None:
+            return ((innermost.f_code, 0, innermost.f_lasti),)
         return ()
 
     def _add(self, e: TensorLogEntry, tensor: torch.Tensor, track: bool) -> None:

@@ -33,8 +33,12 @@ Sites = Dict[int, Site]  # a code's call sites seen so far, by bytecode offset
 _MODULE_CALL_FILE = nn.Module._call_impl.__code__.co_filename
 # a frame of these codes can be resumed from different callers: its f_back is not fixed
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
-# the sites of a code that is never part of a stack (a wrapper, torch's module call): never written
+# what a walk finds for a code (``StackWalker.sites``), besides its call sites: a code never part
+# of a stack (a wrapper, torch's module call), walked past, or the same but resumable (its frame
+# is listed, see ``walk``); and the stop. Never written.
+_PASS: Sites = {}
 _SKIPPED: Sites = {}
+_STOP: Sites = {}
 
 
 class StackWalker:
@@ -44,8 +48,10 @@ class StackWalker:
     def __init__(self, stop_code: Optional[types.CodeType], skip_code_ids: FrozenSet[int]) -> None:
         self.stop_code = stop_code
         self.skip_code_ids = skip_code_ids
-        # id(code) -> (code, its call sites, or _SKIPPED for a code never part of a stack)
+        # id(code) -> (code, its call sites, or a marker above), holding the code so its id stays
+        # its own; and the same markers and sites by id alone, for the walks' one lookup per frame
         self.code_sites: Dict[int, Tuple[types.CodeType, Sites]] = {}
+        self.sites: Dict[int, Sites] = {}
         # the last walk's first frame and the records above it: consecutive calls from one frame
         # (a forward making op after op) share their callers, so only the first record changes
         self.last_frame: Optional[types.FrameType] = None
@@ -64,11 +70,18 @@ class StackWalker:
         self.chain_records: Tuple[Site, ...] = ()
 
     def sites_of(self, code: types.CodeType) -> Sites:
-        """``code``'s call sites seen so far, or ``_SKIPPED`` for a code never part of a stack."""
+        """``code``'s call sites seen so far, or a marker: ``_PASS`` or ``_SKIPPED`` for a code
+        never part of a stack (``_SKIPPED``: resumable), ``_STOP`` for the stop."""
         known = self.code_sites.get(id(code))
         if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
-            keep = id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE
-            known = self.code_sites[id(code)] = (code, {} if keep else _SKIPPED)
+            if code is self.stop_code:
+                sites = _STOP
+            elif id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE:
+                sites = {}
+            else:
+                sites = _SKIPPED if code.co_flags & _RESUMABLE else _PASS
+            known = self.code_sites[id(code)] = (code, sites)
+            self.sites[id(code)] = sites
         return known[1]
 
     def walk(self, frame: types.FrameType) -> Tuple[Site, ...]:
@@ -81,22 +94,23 @@ class StackWalker:
         resumable = -1  # position in ``new`` of the outermost resumable frame
         above: Tuple[Site, ...] = ()  # the records taken from a known frame and its callers
         place = -1  # that frame's place in ``chain_frames``
-        stop, code_sites, chain, listed = self.stop_code, self.code_sites, self.chain, self.chain_frames
+        known_sites, chain, listed = self.sites, self.chain, self.chain_frames
         while at is not None:
-            code = at.f_code
-            if code is stop:
-                break
-            known = code_sites.get(id(code))
-            sites = known[1] if known is not None else self.sites_of(code)
-            if sites is _SKIPPED and not code.co_flags & _RESUMABLE:
+            sites = known_sites.get(id(at.f_code))
+            if sites is None:
+                sites = self.sites_of(at.f_code)
+            if sites is _PASS:
                 at = at.f_back  # torch's module call, a wrapper: no record, never listed as a stop
                 continue
+            if sites is _STOP:
+                break
             lasti = at.f_lasti
             held = chain.get(id(at))
             if held is not None and held[1] == lasti and held[0] < len(listed) and listed[held[0]] is at:
                 place = held[0]
                 above = self.chain_records[: held[2]]
                 break
+            code = at.f_code
             if code.co_flags & _RESUMABLE:
                 resumable = len(new)
             new.append((at, lasti, len(found)))
@@ -112,6 +126,20 @@ class StackWalker:
         if resumable < 0 and found and found[-1][0] is frame.f_code:
             self.last_frame, self.last_outer = frame, records[:-1]
         return records
+
+    def innermost(self, frame: Optional[types.FrameType]) -> Optional[types.FrameType]:
+        """The frame of the last record ``walk(frame)`` would give (None if it gives none)."""
+        known_sites = self.sites
+        while frame is not None:
+            sites = known_sites.get(id(frame.f_code))
+            if sites is None:
+                sites = self.sites_of(frame.f_code)
+            if sites is _STOP:
+                return None
+            if sites is not _PASS and sites is not _SKIPPED:
+                return frame
+            frame = frame.f_back
+        return None
 
     def _remember(self, new: List[Tuple[types.FrameType, int, int]], records: Tuple[Site, ...], place: int) -> None:
         """The chain for the next walks: the known frames at and above ``place`` (where this
@@ -140,15 +168,16 @@ class StackWalker:
     def count(self, frame: Optional[types.FrameType]) -> int:
         """``len(self.walk(frame))``, without building the records."""
         count = 0
-        stop, code_sites, chain, listed = self.stop_code, self.code_sites, self.chain, self.chain_frames
+        known_sites, chain, listed = self.sites, self.chain, self.chain_frames
         while frame is not None:
-            code = frame.f_code
-            if code is stop:
-                break
-            known = code_sites.get(id(code))
-            if (known[1] if known is not None else self.sites_of(code)) is _SKIPPED:
+            sites = known_sites.get(id(frame.f_code))
+            if sites is None:
+                sites = self.sites_of(frame.f_code)
+            if sites is _PASS or sites is _SKIPPED:
                 frame = frame.f_back  # never listed (see walk)
                 continue
+            if sites is _STOP:
+                break
             held = chain.get(id(frame))
             if held is not None and held[1] == frame.f_lasti and held[0] < len(listed) and listed[held[0]] is frame:
                 return count + held[2]  # a known frame still in the same call (see walk)
