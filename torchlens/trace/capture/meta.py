@@ -215,17 +215,26 @@ def lost_op_notes(modes: List[str], records: List[TensorLogEntry]) -> List[str]:
 
 
 def _reaches_input(outputs: List[TensorLogEntry]) -> bool:
+    """Depth first, the oldest parent first: inputs are the oldest records, so the walk takes
+    the shortest way down (a residual connection rather than the block it skips)."""
     seen: Set[int] = set()
     todo = list(outputs)
     while todo:
         e = todo.pop()
         if e.kind == "input":
             return True
-        for parent, _ in e.parent_refs or ():
+        refs = e.parent_refs or ()
+        if len(refs) > 1:
+            refs = sorted(refs, key=_newest_first)
+        for parent, _ in refs:
             if parent is not None and id(parent) not in seen:
                 seen.add(id(parent))
                 todo.append(parent)
     return False
+
+
+def _newest_first(ref: Tuple[TensorLogEntry, Any]) -> int:
+    return -ref[0].raw_index if ref[0] is not None else 0
 
 
 __all__ = [
