@@ -51,9 +51,8 @@ def children_of(entries: List[TensorLogEntry]) -> Dict[int, List[TensorLogEntry]
     """raw_index -> children, each child once, in execution order."""
     children: Dict[int, List[TensorLogEntry]] = {e.raw_index: [] for e in entries}
     for e in entries:
-        seen = set()
         for p, _ in e.parent_refs:
-            if p.raw_index not in seen:
-                seen.add(p.raw_index)
-                children[p.raw_index].append(e)
+            known = children[p.raw_index]
+            if not known or known[-1] is not e:  # e is the last added to a parent it has twice (x * x)
+                known.append(e)
     return children

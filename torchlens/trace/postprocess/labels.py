@@ -15,12 +15,12 @@ def assign_labels(layers: List[List[TensorLogEntry]]) -> None:
         layer_type = passes[0].layer_type
         k = type_counts[layer_type] = type_counts.get(layer_type, 0) + 1
         layer_label = f"{layer_type}_{k}_{n}"
+        short_label = f"{layer_type}_{k}"
+        total = len(passes)
         for pass_num, e in enumerate(passes, 1):
-            e.type_index, e.layer_index = k, n
-            e.pass_num, e.num_passes = pass_num, len(passes)
-            e.layer_label = layer_label
-            e.short_label = f"{layer_type}_{k}"
-            e.label = layer_label if len(passes) == 1 else f"{layer_label}:{pass_num}"
+            e.type_index, e.layer_index, e.pass_num, e.num_passes = k, n, pass_num, total
+            e.layer_label, e.short_label = layer_label, short_label
+            e.label = layer_label if total == 1 else f"{layer_label}:{pass_num}"
 
 
 def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry]) -> None:
@@ -50,7 +50,7 @@ def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry])
             and e.raw_index == group[-1].raw_index + 1
             and all(e.output_index != g.output_index for g in group)
         )
-        if not same_call:
+        if group and not same_call:
             close()
             group = []
         if e.kind == "op" and e.output_index is not None:

@@ -74,12 +74,18 @@ def group_passes(
         anchors[e.raw_index] = anchor
         groups.setdefault(key, []).append((e, anchor[1]))
     layers: List[List[TensorLogEntry]] = []
+    split = False  # groups in order of their first occurrence are layers in order of their first pass
     for key, occurrences in groups.items():
-        if key[0] == "site" and len(occurrences) > 1:
-            layers.extend(_split_by_anchor(occurrences))
+        if len(occurrences) == 1:
+            layers.append([occurrences[0][0]])
+        elif key[0] == "site":
+            found = _split_by_anchor(occurrences)
+            split = split or len(found) > 1
+            layers.extend(found)
         else:
             layers.append([e for e, _ in occurrences])
-    layers.sort(key=lambda passes: passes[0].raw_index)
+    if split:
+        layers.sort(key=lambda passes: passes[0].raw_index)
     return layers
 
 
