@@ -28,6 +28,9 @@ Located = List[Tuple[Position, torch.Tensor]]
 
 _Tensor = torch.Tensor
 _MAX_DEPTH = 6
+# what most non-tensor arguments of a call are (a dim, a flag, a dtype, a shape): told in one
+# set lookup that they hold no tensor
+_LEAVES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size, torch.memory_format})
 
 
 def _walk(value: Any, path: _Path, out: Located, depth: int) -> None:
@@ -52,13 +55,13 @@ def tensors_in_call(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Located:
     for i, a in enumerate(args):
         if isinstance(a, _Tensor):
             found.append((i, a))
-        elif type(a) is list or type(a) is tuple or isinstance(a, dict):
+        elif type(a) not in _LEAVES and (type(a) is list or type(a) is tuple or isinstance(a, dict)):
             _walk(a, (i,), found, 1)
     if kwargs:
         for k, a in kwargs.items():
             if isinstance(a, _Tensor):
                 found.append((k, a))
-            elif type(a) is list or type(a) is tuple or isinstance(a, dict):
+            elif type(a) not in _LEAVES and (type(a) is list or type(a) is tuple or isinstance(a, dict)):
                 _walk(a, (k,), found, 1)
     return found
 

@@ -41,6 +41,9 @@ class ActivationMemoryWarning(UserWarning):
     """
 
 
+_Tensor = torch.Tensor
+
+
 def free_memory(device: torch.device) -> Optional[int]:
     """Bytes free on ``device`` now, or None where that cannot be told.
 
@@ -75,7 +78,8 @@ class MemoryCheck(PassHook):
         # read when a pass that saves starts, or before a planned one (``check_estimate``): a
         # pass saving nothing (``layers_to_save=None``) never reads it
         self.free: Dict[torch.device, int] = {}
-        self.saved: Dict[torch.device, int] = {}
+        # what is left of ``free`` on each device, less the activations saved so far this pass
+        self.left: Dict[torch.device, int] = {}
         self.warned = False
 
     @classmethod
@@ -132,25 +136,27 @@ class MemoryCheck(PassHook):
                 self.free[device] = free
 
     def pass_started(self, records: PassRecords) -> None:
-        self.saved.clear()
         self.read_free()
+        self.left = dict(self.free)
 
     def on_save(self, entry: TensorLogEntry, value: object) -> None:
         """One activation was saved (called during the pass, only for saved activations)."""
-        if self.warned or not isinstance(value, torch.Tensor):
-            return
-        try:
-            nbytes = value.nbytes  # a quarter of the time of nelement() * element_size()
-        except Exception:  # a layout without plain storage (sparse, nested): not counted
+        if self.warned or not isinstance(value, _Tensor):
             return
         device = value.device
-        total = self.saved.get(device, 0) + nbytes
-        self.saved[device] = total
-        free = self.free.get(device)
-        if free is not None and total > free:
+        left = self.left.get(device)
+        if left is None:  # what is free there cannot be told: nothing to check against
+            return
+        try:
+            left -= value.nbytes  # a quarter of the time of nelement() * element_size()
+        except Exception:  # a layout without plain storage (sparse, nested): not counted
+            return
+        self.left[device] = left
+        if left < 0:
+            free = self.free[device]
             self._warn(
-                f"the activations saved so far in this pass hold {human_bytes(total)} on {device}, more than the "
-                f"{human_bytes(free)} that was free there when the pass started; the pass may run out of memory "
+                f"the activations saved so far in this pass hold {human_bytes(free - left)} on {device}, more than "
+                f"the {human_bytes(free)} that was free there when the pass started; the pass may run out of memory "
                 f"before it ends. {_ways_out()}"
             )
 

@@ -7,7 +7,7 @@ as one node. Both build on this module, which imports neither.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
@@ -42,6 +42,11 @@ class OpInfo:
     # position of an ``inplace`` parameter (``F.silu(x, inplace=True)`` writes into ``x`` through
     # a binding torchlens does not wrap); -1: none
     inplace_arg: int = -1
+    # writes into an argument (in place, or through ``inplace``): told once, read at every call
+    may_write: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "may_write", self.is_inplace or self.inplace_arg >= 0)
 
     @property
     def is_random(self) -> bool:

@@ -213,6 +213,7 @@ def _installed(
         tracer.pass_start.end()
         tracer.stack.forget()
         tracer.module_frames.clear()  # calls a raising forward left open hold their callers' frames
+        tracer.depth_pending = None
         if lazy is not None:
             lazy.remove()
         ops.ACTIVE.tracer = None

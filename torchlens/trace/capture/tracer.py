@@ -76,7 +76,12 @@ Frames = Tuple[Site, ...]  # a record's call_frames: (code, line, bytecode offse
 ModuleStack = Tuple[Tuple[str, int], ...]  # ((module address, pass), ...), outermost first
 # a module call in progress: (module, address, pass, entries before it, the module stack outside
 # it, the frame that called it where the module holds parameters, else None)
-ModuleFrame = Tuple[nn.Module, str, int, int, ModuleStack, Optional[types.FrameType]]
+# a weighted module call whose frame depth is not counted yet: (address, pass, its caller's frame)
+PendingDepth = Optional[Tuple[str, int, types.FrameType]]
+# (module, address, pass, records before it, the module stack outside it, the pending depth to
+# restore when it returns: _NO_CHANGE for a call without parameters, which changes none)
+ModuleFrame = Tuple[nn.Module, str, int, int, ModuleStack, Any]
+_NO_CHANGE = object()
 
 
 def write_through_view(
@@ -161,6 +166,7 @@ class Tracer:
         self.parent_placeholders: List[ParentRef] = []
         self.module_stack: ModuleStack = ()
         self.module_frames: List[ModuleFrame] = []
+        self.depth_pending: PendingDepth = None  # see _note_frame_depth
         self.module_pass_counts: Dict[str, int] = {}
         # (address, pass) -> how many call_frames lie above the module's forward
         self.module_frame_depths: Dict[Tuple[str, int], int] = {}
@@ -201,7 +207,7 @@ class Tracer:
         rng_state = None
         if self.save_function_args and info.is_random:
             rng_state = rng_state_now()  # so the operation can be replayed exactly
-        if self.write_watchers and (info.is_inplace or info.inplace_arg >= 0 or (kwargs and "out" in kwargs)):
+        if self.write_watchers and (info.may_write or (kwargs and "out" in kwargs)):
             self._before_write(args, kwargs, writes_in_place(info, args, kwargs))
         try:
             start = perf_counter()
@@ -351,7 +357,7 @@ class Tracer:
                 self.substitutes[id(original)] = tensor
         self._describe_tensor(e, tensor)
         self.entries.append(e)
-        if not e.param_addresses and e.kind == "op" and self.module_frames:
+        if self.depth_pending is not None and not e.param_addresses and e.kind == "op":
             self._note_frame_depth()
         if self.save_all or self.plan.wants(e):
             e.activation = self._save(tensor, e)
@@ -575,23 +581,23 @@ class Tracer:
             return
         n = self.module_pass_counts.get(address, 0) + 1
         self.module_pass_counts[address] = n
-        # the caller's frame (alive while the call runs), for _note_frame_depth
-        caller = sys._getframe(1) if address in self.inventory.weighted_modules else None
-        self.module_frames.append((module, address, n, len(self.entries), self.module_stack, caller))
+        restore: Any
+        if address in self.inventory.weighted_modules:  # its caller's frame is alive while it runs
+            restore, self.depth_pending = self.depth_pending, (address, n, sys._getframe(1))
+        else:
+            restore = _NO_CHANGE
+        self.module_frames.append((module, address, n, len(self.entries), self.module_stack, restore))
         self.module_stack = self.module_stack + ((address, n),)
 
     def _note_frame_depth(self) -> None:
-        """An operation without parameters was recorded: how many call frames lie above the
-        innermost module call around it that holds parameters, from where recurrence detection
-        keys its call site (post-processing's group_passes). Counted once per call, and only
-        for the calls that need it (not for every convolution's)."""
-        for call in reversed(self.module_frames):
-            caller = call[5]
-            if caller is not None:
-                key = (call[1], call[2])
-                if key not in self.module_frame_depths:
-                    self.module_frame_depths[key] = self.stack.count(caller)
-                return
+        """An operation without parameters was recorded inside a call of a module with
+        parameters whose frame depth is not counted yet (``depth_pending``, the innermost such
+        call): count how many call frames lie above its forward, from where recurrence detection
+        keys its call site (post-processing's group_passes). Counted once per call, and only for
+        the calls that need it (not for every convolution's)."""
+        address, n, caller = self.depth_pending  # type: ignore[misc]  # the caller checked it is set
+        self.module_frame_depths[(address, n)] = self.stack.count(caller)
+        self.depth_pending = None
 
     def module_post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         """None, or the module's output with the tensors a recorder replaced swapped (a forward
@@ -600,7 +606,9 @@ class Tracer:
             return
         if not self.module_frames or self.module_frames[-1][0] is not module:
             return
-        _, address, n, start, outer_stack, _ = self.module_frames.pop()
+        _, address, n, start, outer_stack, restore = self.module_frames.pop()
+        if restore is not _NO_CHANGE:
+            self.depth_pending = restore  # the enclosing weighted call's, as it was when this one began
         if output is None and self.error_context is None and sys.exc_info()[1] is not None:
             # an always-called hook during an exception: the module's forward raised (the error
             # is not None: tested above)
