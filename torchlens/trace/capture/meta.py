@@ -15,7 +15,9 @@ own parameter objects are put back afterwards, untouched.
 
 from __future__ import annotations
 
+import itertools
 import linecache
+import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -204,14 +206,17 @@ def lost_op_notes(modes: List[str], records: List[TensorLogEntry]) -> List[str]:
             "calls through its __torch_function__/__torch_dispatch__, so operations it replaced or ran itself may "
             "be missing or logged as the mode's own calls. Trace outside the mode for the model's own graph."
         )
-    inputs = [e for e in records if e.kind == "input"]
-    outputs = [e for e in records if e.kind == "output"]
-    if inputs and outputs and not _reaches_input(outputs):
+    kinds = list(map(_KIND, records))  # in C: this runs after every pass
+    outputs = list(itertools.compress(records, map("output".__eq__, kinds)))
+    if "input" in kinds and outputs and not _reaches_input(outputs):
         notes.append(
             "No output of the model depends on any of its inputs in this trace: the operations between them ran "
             "where torchlens could not see them (or the model ignores its inputs). Check the graph before relying on it."
         )
     return notes
+
+
+_KIND = operator.attrgetter("kind")
 
 
 def _reaches_input(outputs: List[TensorLogEntry]) -> bool:

@@ -31,7 +31,7 @@ def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry])
     The tracer records a call's outputs one after the other, with the same function and the same
     call stack, each at a different ``output_index``.
     """
-    alive = {id(e) for e in kept}
+    alive = set(map(id, kept))
     group: List[TensorLogEntry] = []
 
     def close() -> None:
