@@ -89,14 +89,19 @@ def _link(entries: List[TensorLogEntry], param_info: Dict[str, Tuple[torch.Size,
         if condition is not None and condition.raw_index in children:  # the condition may have been pruned
             e.branch_condition = condition.label
         e.branch_condition_record = None
-        shapes, count, nbytes = [], 0, 0
-        for address in e.param_addresses:
-            shape, numel, size = param_info[address]
-            shapes.append(shape)
-            count += numel
-            nbytes += size
-        e.param_shapes, e.num_params, e.param_bytes = shapes, count, nbytes
-        e.operation_num, e.num_operations = number, total
+        if e.param_addresses:
+            shapes, count, nbytes = [], 0, 0
+            for address in e.param_addresses:
+                shape, numel, size = param_info[address]
+                shapes.append(shape)
+                count += numel
+                nbytes += size
+            e.param_shapes, e.num_params, e.param_bytes = shapes, count, nbytes
+        else:
+            e.param_shapes = []
+            e.num_params = e.param_bytes = 0
+        e.operation_num = number
+        e.num_operations = total
 
 
 def _reentrant_checkpoint_code():

@@ -17,10 +17,22 @@ def assign_labels(layers: List[List[TensorLogEntry]]) -> None:
         layer_label = f"{layer_type}_{k}_{n}"
         short_label = f"{layer_type}_{k}"
         total = len(passes)
+        if total == 1:  # most layers: no pass suffix, no loop
+            e = passes[0]
+            e.type_index = k
+            e.layer_index = n
+            e.pass_num = e.num_passes = 1
+            e.layer_label = e.label = layer_label
+            e.short_label = short_label
+            continue
         for pass_num, e in enumerate(passes, 1):
-            e.type_index, e.layer_index, e.pass_num, e.num_passes = k, n, pass_num, total
-            e.layer_label, e.short_label = layer_label, short_label
-            e.label = layer_label if total == 1 else f"{layer_label}:{pass_num}"
+            e.type_index = k
+            e.layer_index = n
+            e.pass_num = pass_num
+            e.num_passes = total
+            e.layer_label = layer_label
+            e.short_label = short_label
+            e.label = f"{layer_label}:{pass_num}"
 
 
 def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry]) -> None:

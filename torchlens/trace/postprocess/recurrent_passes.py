@@ -43,7 +43,7 @@ def group_passes(
     frames above its ``forward`` (recorded during the pass).
     """
     depths = module_frame_depths or {}
-    groups: Dict[Tuple[Any, ...], List[Tuple[TensorLogEntry, Hashable]]] = {}
+    groups: Dict[Tuple[Any, ...], List[TensorLogEntry]] = {}
     anchors: Dict[int, Tuple[int, Hashable]] = {}  # raw_index -> (raw index of anchor, its key)
     no_anchor: Tuple[int, Hashable] = (-1, None)
     # module stacks are shared by the records made in one module call: their addresses and the
@@ -72,18 +72,18 @@ def group_passes(
             # and hashing the tuple itself would hash each code object's bytecode and constants
             key = ("site", e.func_name, known[1], tuple(map(id, frames)), e.output_index)
         anchors[e.raw_index] = anchor
-        groups.setdefault(key, []).append((e, anchor[1]))
+        groups.setdefault(key, []).append(e)
+    if max(map(len, groups.values()), default=0) == 1:  # no repeats (told in C): a layer per group
+        return list(groups.values())
     layers: List[List[TensorLogEntry]] = []
     split = False  # groups in order of their first occurrence are layers in order of their first pass
     for key, occurrences in groups.items():
-        if len(occurrences) == 1:
-            layers.append([occurrences[0][0]])
-        elif key[0] == "site":
-            found = _split_by_anchor(occurrences)
+        if len(occurrences) > 1 and key[0] == "site":
+            found = _split_by_anchor([(e, anchors[e.raw_index][1]) for e in occurrences])
             split = split or len(found) > 1
             layers.extend(found)
         else:
-            layers.append([e for e, _ in occurrences])
+            layers.append(occurrences)
     if split:
         layers.sort(key=lambda passes: passes[0].raw_index)
     return layers
