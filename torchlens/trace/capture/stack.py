@@ -56,6 +56,7 @@ class StackWalker:
         # (a forward making op after op) share their callers, so only the first record changes
         self.last_frame: Optional[types.FrameType] = None
         self.last_outer: Tuple[Site, ...] = ()
+        self.last_sites: Sites = {}  # the sites of last_frame's code
         # the frames of the last walk, outermost first (held: a frame met again is this one,
         # not a new one at its address), and per frame id: (its place in that list, its bytecode
         # offset then, how many records of ``chain_records`` lie at or above it). A frame met
@@ -87,7 +88,11 @@ class StackWalker:
     def walk(self, frame: types.FrameType) -> Tuple[Site, ...]:
         """The records of ``frame`` and its callers up to the stop, outermost first."""
         if frame is self.last_frame:  # still running (held here, so not a new frame at its address)
-            return self.last_outer + (self._site(frame),)
+            lasti = frame.f_lasti  # its own sites, known since the walk that set last_frame: _site inlined
+            site = self.last_sites.get(lasti)
+            if site is None:
+                site = self.last_sites[lasti] = (frame.f_code, frame.f_lineno, lasti)
+            return self.last_outer + (site,)
         at: Optional[types.FrameType] = frame
         found: List[Site] = []
         new: List[Tuple[types.FrameType, int, int]] = []  # (frame, offset, records found below it)
@@ -124,7 +129,7 @@ class StackWalker:
         records = above + tuple(found)
         self._remember(new[resumable + 1 :], records, place)
         if resumable < 0 and found and found[-1][0] is frame.f_code:
-            self.last_frame, self.last_outer = frame, records[:-1]
+            self.last_frame, self.last_outer, self.last_sites = frame, records[:-1], self.sites[id(frame.f_code)]
         return records
 
     def innermost(self, frame: Optional[types.FrameType]) -> Optional[types.FrameType]:
@@ -152,17 +157,9 @@ class StackWalker:
             listed.append(at)
         self.chain_frames, self.chain_records = listed, records
 
-    def _site(self, frame: types.FrameType) -> Site:
-        code, lasti = frame.f_code, frame.f_lasti
-        sites = self.code_sites[id(code)][1]
-        site = sites.get(lasti)
-        if site is None:
-            site = sites[lasti] = (code, frame.f_lineno, lasti)
-        return site
-
     def forget(self) -> None:
         """Let go of the frames held (a finished one keeps its locals alive while held)."""
-        self.last_frame, self.last_outer = None, ()
+        self.last_frame, self.last_outer, self.last_sites = None, (), {}
         self.chain_frames, self.chain, self.chain_records = [], {}, ()
 
     def count(self, frame: Optional[types.FrameType]) -> int:

@@ -230,9 +230,7 @@ class Tracer:
         self.depth -= 1
         self.paused = True
         try:
-            self._log_call(
-                func, info, args, kwargs, found=found, out=out, elapsed=elapsed, n_before=n_before, rng_state=rng_state
-            )
+            self._log_call(func, info, args, kwargs, found, out, elapsed, n_before, rng_state)
         finally:
             self.paused = False
             if outermost:
@@ -427,11 +425,11 @@ class Tracer:
     def _inputs_of(self, found: Located) -> Tuple[Parents, Tuple[str, ...]]:
         parents: Parents = []
         params: List[str] = []
-        param_addresses = self.inventory.param_addresses
+        param_addresses, live = self.inventory.param_addresses, self.live
         for position, t in found:
-            e = self.entry_of(t)
-            if e is not None:
-                parents.append((e, position))
+            held = live.get(id(t))  # entry_of, inlined: this runs for every argument of every call
+            if held is not None and held[0]() is t:
+                parents.append((held[1], position))
                 continue
             address = param_addresses.get(id(t))
             if address is not None:
