@@ -4,9 +4,15 @@ The rule (``prune``'s docstring): keep inputs, outputs, everything computed from
 from an ``untraced`` node) and every ancestor of a kept record; drop the rest.
 """
 
+import pickle
+
+import pytest
+import torch
 from postprocess_records import Records, raw
 
+import torchlens as tl
 from torchlens.trace.postprocess.graph import children_of, prune
+from torchlens.trace.records.tensor_log import _LATE_FIELDS, TensorLogEntry
 
 
 # ----- what is kept ------------------------------------------------------------------------
@@ -210,3 +216,30 @@ def test_children_of_pruned_records_leave_out_what_was_dropped():
     children = children_of(prune(r.entries))
     assert sorted(children) == [0, 1, 3, 4]
     assert {k: raw(v) for k, v in children.items()} == {0: [3], 1: [3], 3: [4], 4: []}
+
+
+# ----- fields post-processing sets ----------------------------------------------------------
+def test_a_record_post_processing_never_reached_reads_none_for_its_fields_and_errors_on_typos():
+    # those fields are not set when a record is made (a record is made per operation): read before
+    # post-processing sets them, they are None, as the other fields of a new record are
+    r = Records()
+    x = r.input()
+    dropped = r.op("rand")
+    r.output(r.op("relu", x))
+    assert dropped not in prune(r.entries)
+    assert (dropped.label, dropped.child_layers, dropped.num_params, dropped.lookup_keys) == (None, None, None, None)
+    assert dropped.parent_refs == [] and dropped.module_output_positions is None  # set when made
+    assert getattr(dropped, "_pending", "absent") == "absent"  # not a field: no default
+    with pytest.raises(AttributeError, match="has no attribute 'labell'"):
+        dropped.labell  # noqa: B018 - the read is the test
+
+
+def test_the_late_fields_of_a_traced_pass_are_set_and_survive_pickling():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    h = tl.log_forward_pass(model, torch.ones(2, 3))
+    late = sorted(_LATE_FIELDS - {"_lookup_keys", "_history"})
+    for e in h.layer_list:
+        # read through the slots themselves: an unset one raises instead of reading None
+        assert all(TensorLogEntry.__dict__[n].__get__(e) is not None for n in late)
+    copy = pickle.loads(pickle.dumps(h))
+    assert [[getattr(e, n) for n in late] for e in copy.layer_list] == [[getattr(e, n) for n in late] for e in h]
