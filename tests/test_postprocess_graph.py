@@ -12,7 +12,6 @@ from postprocess_records import Records, raw
 
 import torchlens as tl
 from torchlens.trace.postprocess.graph import children_of, prune
-from torchlens.trace.records.tensor_log import _LATE_FIELDS, TensorLogEntry
 
 
 # ----- what is kept ------------------------------------------------------------------------
@@ -220,26 +219,29 @@ def test_children_of_pruned_records_leave_out_what_was_dropped():
 
 # ----- fields post-processing sets ----------------------------------------------------------
 def test_a_record_post_processing_never_reached_reads_none_for_its_fields_and_errors_on_typos():
-    # those fields are not set when a record is made (a record is made per operation): read before
-    # post-processing sets them, they are None, as the other fields of a new record are
     r = Records()
     x = r.input()
     dropped = r.op("rand")
     r.output(r.op("relu", x))
     assert dropped not in prune(r.entries)
     assert (dropped.label, dropped.child_layers, dropped.num_params, dropped.lookup_keys) == (None, None, None, None)
-    assert dropped.parent_refs == [] and dropped.module_output_positions is None  # set when made
+    assert dropped.parent_refs == [] and dropped.module_output_positions is None
     assert getattr(dropped, "_pending", "absent") == "absent"  # not a field: no default
     with pytest.raises(AttributeError, match="has no attribute 'labell'"):
         dropped.labell  # noqa: B018 - the read is the test
 
 
-def test_the_late_fields_of_a_traced_pass_are_set_and_survive_pickling():
+# what post-processing sets on every record it keeps (the others are set where they apply)
+_ALWAYS_SET = (
+    "label layer_label short_label type_index layer_index pass_num num_passes parent_layers child_layers "
+    "parent_arg_positions param_shapes num_params param_bytes created_inside_model operation_num "
+    "num_operations module_passes"
+).split()
+
+
+def test_post_processing_sets_its_fields_on_every_record_of_a_traced_pass_and_pickling_keeps_them():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
     h = tl.log_forward_pass(model, torch.ones(2, 3))
-    late = sorted(_LATE_FIELDS - {"_lookup_keys", "_history"})
-    for e in h.layer_list:
-        # read through the slots themselves: an unset one raises instead of reading None
-        assert all(TensorLogEntry.__dict__[n].__get__(e) is not None for n in late)
+    assert all(getattr(e, n) is not None for e in h for n in _ALWAYS_SET)
     copy = pickle.loads(pickle.dumps(h))
-    assert [[getattr(e, n) for n in late] for e in copy.layer_list] == [[getattr(e, n) for n in late] for e in h]
+    assert [[getattr(e, n) for n in _ALWAYS_SET] for e in copy] == [[getattr(e, n) for n in _ALWAYS_SET] for e in h]

@@ -108,35 +108,6 @@ _INITIAL_VALUES = {
 }
 
 
-# Fields that post-processing sets on every record it keeps, left unset when a record is made (a
-# record is made per operation, and setting them there cost a tenth of its logging): read
-# before they are set (a pruned record, a pass not post-processed), they are None
-# (``TensorLogEntry.__getattr__``), as every field of a new record but those above.
-_LATE_FIELDS = frozenset(
-    (
-        "label",
-        "layer_label",
-        "short_label",
-        "type_index",
-        "layer_index",
-        "pass_num",
-        "num_passes",
-        "parent_layers",
-        "child_layers",
-        "parent_arg_positions",
-        "param_shapes",
-        "num_params",
-        "param_bytes",
-        "created_inside_model",
-        "operation_num",
-        "num_operations",
-        "module_passes",
-        "_lookup_keys",
-        "_history",
-    )
-)
-
-
 # Fields held in a slot of another name, behind a property: ``lookup_keys`` is found when first
 # read (a history builds its key index on first use, see ModelHistory)
 _SLOT_OF = {"lookup_keys": "_lookup_keys"}
@@ -157,17 +128,12 @@ class _InitFields(Protocol):
 
 
 def _make_init_fields() -> _InitFields:
-    """One straight-line function that sets the fields of a new record (all but the late ones,
-    ``_LATE_FIELDS``): a record is made per operation, and a loop of ``setattr`` over 60 names
-    cost more than the rest of its logging.
+    """One straight-line function that sets every field of a new record: a record is made per
+    operation, and a loop of ``setattr`` over 60 names cost more than the rest of its logging.
     It is ``TensorLogEntry.__init__`` itself (set below the class): one call per record, not two."""
     given = ("raw_index", "kind", "layer_type", "func", "func_name")
     names = [_SLOT_OF.get(name, name) for name in _ALL_FIELDS] + ["_history"]
-    lines = [
-        f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}"
-        for name in names
-        if name not in _LATE_FIELDS
-    ]
+    lines = [f"    e.{name} = {name if name in given else _INITIAL_VALUES.get(name, 'None')}" for name in names]
     source = f"def __init__(e, {', '.join(given)}):\n" + "\n".join(lines) + "\n"
     namespace: Dict[str, _InitFields] = {}
     exec(source, namespace)  # noqa: S102 - source built above from the field names only
@@ -264,14 +230,6 @@ class TensorLogEntry:
         self, raw_index: int, kind: str, layer_type: str, func: Optional[Callable[..., Any]], func_name: str
     ) -> None:
         _init_fields(self, raw_index, kind, layer_type, func=func, func_name=func_name)  # replaced below the class
-
-    if not TYPE_CHECKING:  # for the type checker, every field is always set
-
-        def __getattr__(self, name: str) -> Any:
-            """Called only for a slot not set: a field post-processing sets, read before it did."""
-            if name in _LATE_FIELDS:
-                return None
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def lookup_keys(self) -> Optional[List[Union[int, str]]]:
