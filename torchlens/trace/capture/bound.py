@@ -3,6 +3,7 @@ them, so they are wrapped in place for the pass."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,18 +47,22 @@ class BoundReferences:
         self.found = list(self.replaced)
 
     def _find(self) -> None:
-        seen_classes, seen_globals = set(), set()
-        for module in self.modules if self.modules is not None else self.model.modules():
-            cls = type(module)
-            if cls not in seen_classes:
-                seen_classes.add(cls)
-                for base in cls.__mro__:
-                    mod = sys.modules.get(base.__module__)
-                    if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
-                        seen_globals.add(id(mod))
-                        self._wrap_in(vars(mod), all_values=True)
-                        self.global_namespaces.append(vars(mod))
-            self._wrap_in(vars(module), all_values=False)
+        modules = self.modules if self.modules is not None else list(self.model.modules())
+        seen_globals = set()
+        for cls in dict.fromkeys(map(type, modules)):  # each class once, in order
+            for base in cls.__mro__:
+                mod = sys.modules.get(base.__module__)
+                if mod is not None and id(mod) not in seen_globals and not _is_torch_or_builtins(mod.__name__):
+                    seen_globals.add(id(mod))
+                    self._wrap_in(vars(mod), all_values=True)
+                    self.global_namespaces.append(vars(mod))
+        attributes = list(map(vars, modules))
+        # the modules' own attributes, all told in one pass in C: most models bind none of torch's
+        if not self.table.by_original.keys().isdisjoint(
+            map(id, itertools.chain.from_iterable(map(dict.values, attributes)))
+        ):
+            for namespace in attributes:
+                self._wrap_in(namespace, all_values=False)
 
     def _wrap_in(self, namespace: Dict[str, Any], all_values: bool) -> None:
         by_original, originals = self.table.by_original, self.table.originals
