@@ -244,17 +244,23 @@ def held_constants(modules: List[nn.Module], global_namespaces: List[Dict[str, A
 _OTHER, _TENSOR, _CONTAINER = 0, 1, 2
 _KINDS: Dict[Any, int] = dict.fromkeys(_SCALARS, _OTHER)
 _C_SLOT = type(object.__getattribute__)
+_PROXIES: Set[Any] = set()  # classes that may claim another class: their instances are asked each time
 
 
 def _kind(value: Any) -> int:
     kind = _TENSOR if isinstance(value, _Tensor) else _CONTAINER if isinstance(value, (list, tuple, dict)) else _OTHER
     cls = type(value)
+    if cls in _PROXIES:  # known: asked each time (a HuggingFace config, in every module of its model)
+        return kind
     honest = all(
         "__class__" not in vars(base) and type(vars(base).get("__getattribute__", object.__getattribute__)) is _C_SLOT
         for base in cls.__mro__[:-1]
     )
-    if honest and len(_KINDS) < 10_000:  # bounded: classes made on the fly would pile up
-        _KINDS[cls] = kind
+    if len(_KINDS) + len(_PROXIES) < 10_000:  # bounded: classes made on the fly would pile up
+        if honest:
+            _KINDS[cls] = kind
+        else:
+            _PROXIES.add(cls)
     return kind
 
 
