@@ -3,7 +3,6 @@ state that tracing must leave exactly as it found it."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
@@ -184,16 +183,7 @@ def tensors_held(
     (``depth`` levels), to ``found``. ``seen``: containers already looked into (id -> levels),
     shared by calls over namespaces that hold the same ones (every module's ``__builtins__``)."""
     kinds = _KINDS
-    keys = namespace.keys() - _MODULE_INTERNALS
-    values = list(map(namespace.__getitem__, keys))
-    found_kinds = list(map(kinds.get, map(type, values)))
-    if _TENSOR not in found_kinds and None not in found_kinds:  # told in C: most modules hold
-        if _CONTAINER not in found_kinds:  # plain numbers, strings, flags and shapes
-            return
-        containers = itertools.compress(values, map(_CONTAINER.__eq__, found_kinds))
-        if all(map(_only_scalars, containers)):
-            return
-    for key in keys:
+    for key in namespace.keys() - _MODULE_INTERNALS:
         value = namespace[key]
         kind = kinds.get(type(value))
         if kind is None:
