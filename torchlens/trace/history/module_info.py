@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -39,24 +38,26 @@ class PassStats:
 
     @classmethod
     def of(cls, entries: List[TensorLogEntry]) -> "PassStats":
-        """Each fact in one sweep that runs in C (``map`` over an attribute getter; ``filter``
-        drops the unset ones): this runs after every pass, and a Python loop over the entries
-        cost a tenth of post-processing."""
+        tensor_bytes = param_operations = 0
+        max_passes, branching, conditional = 1, False, False
+        for e in entries:  # one loop, not six generators: this runs after every pass
+            tensor_bytes += e.nbytes or 0
+            if e.param_addresses:
+                param_operations += 1
+            if e.num_passes is not None and e.num_passes > max_passes:
+                max_passes = e.num_passes
+            if e.child_layers is not None and len(e.child_layers) > 1:
+                branching = True
+            if e.bool_used:
+                conditional = True
         return cls(
             num_tensors=len(entries),
-            tensor_bytes=sum(filter(None, map(_NBYTES, entries))),
-            num_param_operations=sum(map(bool, map(_PARAMS, entries))),
-            max_passes=max(1, max(filter(None, map(_PASSES, entries)), default=1)),
-            is_branching=max(map(len, filter(None, map(_CHILDREN, entries))), default=0) > 1,
-            has_conditional_branching=any(map(_BOOL_USED, entries)),
+            tensor_bytes=tensor_bytes,
+            num_param_operations=param_operations,
+            max_passes=max_passes,
+            is_branching=branching,
+            has_conditional_branching=conditional,
         )
-
-
-_NBYTES = operator.attrgetter("nbytes")
-_PARAMS = operator.attrgetter("param_addresses")
-_PASSES = operator.attrgetter("num_passes")
-_CHILDREN = operator.attrgetter("child_layers")
-_BOOL_USED = operator.attrgetter("bool_used")
 
 
 __all__ = ["ModuleInfo", "PassStats"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from time import perf_counter
 from typing import Dict, List, Tuple
 
@@ -43,7 +42,7 @@ def build_history(result: PassResult) -> ModelHistory:
         model_name=result.model_name,
         entries=entries,
         lookup=None,  # built on first use
-        all_labels=list(map(_LABEL, entries)),
+        all_labels=[e.label for e in entries],
         modules=modules,
         param_info=inventory.param_info,
         random_seed=result.random_seed,
@@ -59,9 +58,6 @@ def build_history(result: PassResult) -> ModelHistory:
             "Use use_reentrant=False to record their gradients."
         )
     return history
-
-
-_LABEL = operator.attrgetter("label")
 
 
 def drop_unsaved(history: ModelHistory) -> ModelHistory:

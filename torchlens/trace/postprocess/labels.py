@@ -43,7 +43,7 @@ def link_call_outputs(records: List[TensorLogEntry], kept: List[TensorLogEntry])
     The tracer records a call's outputs one after the other, with the same function and the same
     call stack, each at a different ``output_index``.
     """
-    alive = set(map(id, kept))
+    alive = {id(e) for e in kept}
     group: List[TensorLogEntry] = []
 
     def close() -> None:
