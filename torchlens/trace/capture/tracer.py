@@ -74,9 +74,8 @@ _get_ident = threading.get_ident
 
 Frames = Tuple[Site, ...]  # a record's call_frames: (code, line, bytecode offset), outermost first
 ModuleStack = Tuple[Tuple[str, int], ...]  # ((module address, pass), ...), outermost first
-# a module call in progress: (module, address, pass, entries before it, the module stack outside
-# it, the frame that called it where the module holds parameters, else None)
-# a weighted module call whose frame depth is not counted yet: (address, pass, its caller's frame)
+# a call of a module with parameters whose frame depth is not counted yet: (address, pass, its
+# caller's frame)
 PendingDepth = Optional[Tuple[str, int, types.FrameType]]
 # (module, address, pass, records before it, the module stack outside it, the pending depth to
 # restore when it returns: _NO_CHANGE for a call without parameters, which changes none)
@@ -606,7 +605,7 @@ class Tracer:
             return
         _, address, n, start, outer_stack, restore = self.module_frames.pop()
         if restore is not _NO_CHANGE:
-            self.depth_pending = restore  # the enclosing weighted call's, as it was when this one began
+            self.depth_pending = restore  # the enclosing call's with parameters, as when this one began
         if output is None and self.error_context is None and sys.exc_info()[1] is not None:
             # an always-called hook during an exception: the module's forward raised (the error
             # is not None: tested above)
