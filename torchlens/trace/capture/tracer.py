@@ -229,7 +229,9 @@ class Tracer:
         self.depth -= 1
         self.paused = True
         try:
-            self._log_call(func, info, args, kwargs, found, out, elapsed, n_before, rng_state)
+            self._log_call(
+                func, info, args, kwargs, found=found, out=out, elapsed=elapsed, n_before=n_before, rng_state=rng_state
+            )
         finally:
             self.paused = False
             if outermost:
