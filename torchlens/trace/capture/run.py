@@ -65,7 +65,7 @@ class PassResult:
             random_seed=random_seed,
             elapsed=elapsed,
             output=output,
-            code_ids=frozenset(tracer.stack.code_sites),
+            code_ids=frozenset(tracer.stack.sites),
         )
 
 

@@ -48,10 +48,10 @@ class StackWalker:
     def __init__(self, stop_code: Optional[types.CodeType], skip_code_ids: FrozenSet[int]) -> None:
         self.stop_code = stop_code
         self.skip_code_ids = skip_code_ids
-        # id(code) -> (code, its call sites, or a marker above), holding the code so its id stays
-        # its own; and the same markers and sites by id alone, for the walks' one lookup per frame
-        self.code_sites: Dict[int, Tuple[types.CodeType, Sites]] = {}
+        # id(code) -> its call sites, or a marker above: one lookup per frame of a walk; the codes
+        # themselves are held, so that no id is reused while the walker lives
         self.sites: Dict[int, Sites] = {}
+        self.codes: List[types.CodeType] = []
         # the last walk's first frame and the records above it: consecutive calls from one frame
         # (a forward making op after op) share their callers, so only the first record changes
         self.last_frame: Optional[types.FrameType] = None
@@ -73,17 +73,17 @@ class StackWalker:
     def sites_of(self, code: types.CodeType) -> Sites:
         """``code``'s call sites seen so far, or a marker: ``_PASS`` or ``_SKIPPED`` for a code
         never part of a stack (``_SKIPPED``: resumable), ``_STOP`` for the stop."""
-        known = self.code_sites.get(id(code))
-        if known is None:  # the entry holds ``code``, so its id cannot be reused during the pass
+        sites = self.sites.get(id(code))
+        if sites is None:
             if code is self.stop_code:
                 sites = _STOP
             elif id(code) not in self.skip_code_ids and code.co_filename != _MODULE_CALL_FILE:
                 sites = {}
             else:
                 sites = _SKIPPED if code.co_flags & _RESUMABLE else _PASS
-            known = self.code_sites[id(code)] = (code, sites)
             self.sites[id(code)] = sites
-        return known[1]
+            self.codes.append(code)  # held: its id cannot be reused during the pass
+        return sites
 
     def walk(self, frame: types.FrameType) -> Tuple[Site, ...]:
         """The records of ``frame`` and its callers up to the stop, outermost first."""
