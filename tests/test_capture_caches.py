@@ -4,12 +4,15 @@ per-type verdicts of the scans for tensors held by modules and module globals.""
 from __future__ import annotations
 
 import inspect
+import sys
+from typing import Any, Tuple
 
 import torch
 from torch import nn
 
 import torchlens as tl
 from torchlens.trace.capture.modules import tensors_held
+from torchlens.trace.capture.stack import StackWalker
 
 
 class _Claims:
@@ -83,7 +86,6 @@ def test_call_stacks_taken_from_known_frames_equal_full_walks(monkeypatch):
     same call: the stacks (and the frame depths of module calls) equal walks from scratch, also
     through generators (resumed from other callers) and a loop calling from one line."""
     from torchlens.trace.capture import SavePlan, run_pass
-    from torchlens.trace.capture.stack import StackWalker
 
     class Gen(torch.nn.Module):
         def __init__(self) -> None:
@@ -146,3 +148,20 @@ def test_one_walk_of_the_model_serves_the_checks_and_the_pass(monkeypatch):
     walks.clear()
     history = tl.log_forward_pass(model, x, device="meta")  # parameters swapped for the pass: walked again
     assert walks.count("inventory") == 2 and history["linear_1_1"].activation.is_meta
+
+
+def test_a_lean_pass_takes_the_innermost_frame_a_full_walk_records() -> None:
+    """``StackWalker.innermost`` (a lean pass's one frame) is the frame of the last record of
+    ``walk``: a code the walk passes over (a wrapper, torch's module call) is skipped there too."""
+
+    def wrapper() -> Tuple[Any, Any]:  # stands for a wrapper: its code is skipped
+        frame = sys._getframe()
+        return walker.walk(frame), walker.innermost(frame)
+
+    def model_code() -> Tuple[Any, Any]:
+        return wrapper()
+
+    walker = StackWalker(stop_code=None, skip_code_ids=frozenset({id(wrapper.__code__)}))
+    records, innermost = model_code()
+    assert records[-1][0] is model_code.__code__
+    assert innermost is not None and innermost.f_code is model_code.__code__

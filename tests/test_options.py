@@ -1,5 +1,6 @@
 """Options of log_forward_pass and the ModelHistory views users rely on."""
 
+import re
 import warnings
 
 import pytest
@@ -356,6 +357,11 @@ def test_a_single_pass_warns_when_saved_activations_pass_free_memory(net, little
     assert len(caught) == 1  # once per pass, not once per activation
     message = str(caught[0].message)
     assert "100 B that was free" in message and "save_to=" in message and "layers_to_save" in message
+    # what was saved when it warned: past the 100 B free, and no more than the whole pass saved
+    held = re.search(r"hold ([\d.]+) (B|KB) on", message)
+    assert held is not None, message
+    saved = float(held.group(1)) * (1024 if held.group(2) == "KB" else 1)
+    assert 100 < saved <= sum(e.nbytes for e in h.layer_list)
     assert h.layer_labels[-1] == "output_1_6"  # a warning: the pass goes on
 
 
