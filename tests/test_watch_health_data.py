@@ -336,6 +336,83 @@ def test_updates_are_after_minus_before_and_training_stays_bitwise_the_same(tmp_
         assert s.line[i] == pytest.approx((change.double().norm() / before.double().norm()).item(), rel=1e-6)
 
 
+def _prefetch_threads(monkeypatch):
+    """The threads that copied parameters ahead of an optimizer step (``UpdateHooks.prefetch``)."""
+    import threading
+
+    from torchlens.train.record import updates
+
+    threads = []
+    run = updates._Prefetch.run
+
+    def recorded(self):
+        threads.append(threading.current_thread().name)
+        run(self)
+
+    monkeypatch.setattr(updates._Prefetch, "run", recorded)
+    return threads
+
+
+def test_the_parameters_are_copied_for_their_update_on_the_writer_thread_during_backward(tmp_path, monkeypatch):
+    threads = _prefetch_threads(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(5, 256)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    # step 0 copies on the training thread; steps 1 and 2 into its copies, on the writer thread
+    assert threads == ["torchlens-step-writer"] * 2
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    for i, change in enumerate(changes):
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+        assert s.zeros[i] == (change == 0).sum().item()
+
+
+def test_a_parameter_written_after_its_copy_ahead_of_the_optimizer_step_is_copied_again(tmp_path, monkeypatch):
+    """The copy taken during backward is stale when something writes into the weight before
+    the optimizer step: its version counter tells, and the update is measured from the value
+    the step started from."""
+    threads = _prefetch_threads(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(5, 256)).sum().backward()
+            w._steps.wait()  # the copy ahead is taken by now
+            with torch.no_grad():
+                model.weight.mul_(0.5)  # written after it
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    assert len(threads) == 2
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    for i, change in enumerate(changes):  # -lr * grad, not that less half the weight
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+
+
+def test_a_copy_ahead_not_started_when_the_optimizer_step_begins_is_called_off():
+    from torchlens.train.record.updates import _Prefetch
+
+    weight = torch.ones(3)
+    late = _Prefetch(7, [weight], [torch.zeros(3)])
+    assert late.take(7, [weight]) is None  # the training thread copies itself
+    late.run()  # the writer thread comes to it afterwards: it copies nothing
+    assert late.copies[0].tolist() == [0.0, 0.0, 0.0]
+    done = _Prefetch(7, [weight], [torch.zeros(3)])
+    done.run()
+    assert done.take(8, [weight]) is None and done.take(7, [torch.ones(3)]) is None  # another step, tensor
+    assert done.take(7, [weight])[0].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_updates_come_only_from_the_optimizer_passed(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -41,8 +43,12 @@ class UpdateHooks:
         # (the norms: a list, or one tensor of them all where the updates are measured together)
         self._before: Dict[int, Tuple[int, List[torch.Tensor], List[torch.Tensor], Any]] = {}
         self._handles: list = []
-        # id(optimizer) -> CPU copies kept for its next logged step, and their lazy summaries
-        self._spare: Dict[int, Tuple[List[torch.Tensor], List[LazySummary]]] = {}
+        # id(optimizer) -> CPU copies kept for its next logged step, their lazy summaries and
+        # the parameters they were copies of (weakly: a watch keeps no parameter alive)
+        self._spare: Dict[int, Tuple[List[torch.Tensor], List[LazySummary], List[weakref.ref]]] = {}
+        # id(optimizer) -> its parameters copied again on the writer thread during a logged
+        # step's backward pass (``prefetch``)
+        self._prefetched: Dict[int, _Prefetch] = {}
         self._owners_of: Tuple[Optional[int], Dict[int, List[Tuple[str, str]]]] = (None, {})  # step, owners
         chosen = list(optimizers) if optimizers is not None else None
         if chosen is None:
@@ -84,7 +90,12 @@ class UpdateHooks:
                 self._before[id(optimizer)] = (step, params, copies, torch.stack(_norms(copies)).double())
         elif params:
             with torch.no_grad():
-                copies = self._copies(optimizer, params)
+                prefetched = self._prefetched.pop(id(optimizer), None)
+                copies = prefetched.take(step, params) if prefetched is not None else None
+                if copies is None:
+                    if prefetched is not None:  # its copies are free: copied into again
+                        self._spare[id(optimizer)] = (prefetched.copies, [], [])
+                    copies = self._copies(optimizer, params)
                 # ||w|| from this step's forward statistics, if unchanged since (measured by then,
                 # or to be measured by the writer thread before the update needs it)
                 known = self.recorder.norms_of(params)
@@ -98,7 +109,7 @@ class UpdateHooks:
         thread has measured them (a fresh allocation there costs more than the copy: the memory
         is faulted in page by page); a GPU's caching allocator already reuses memory, and keeps
         none busy between steps."""
-        kept, lazies = self._spare.pop(id(optimizer), ([], []))
+        kept, lazies, _ = self._spare.pop(id(optimizer), ([], [], []))
         free = bool(kept) and all(lazy.measured for lazy in lazies)
         if not free or len(kept) != len(params) or any(_unlike(k, p) for k, p in zip(kept, params)):
             return [p.detach().clone() for p in params]
@@ -144,9 +155,27 @@ class UpdateHooks:
                     unready.append(lazy)
                 self.recorder.add_update(owners.get(id(p), []), (sample, lazy, None))
         if all(c.device.type == "cpu" for c in copies):
-            self._spare[id(optimizer)] = (copies, lazies)
+            self._spare[id(optimizer)] = (copies, lazies, [weakref.ref(p) for p in params])
             self._measure_shared(lazies, unready)
         self.written(step, len(params) - len(rest) + len(lazies))
+
+    def prefetch(self, step: int, run_soon: Callable[[Callable[[], None]], bool]) -> None:
+        """A logged step's forward pass has ended: copy the parameters of each optimizer whose
+        CPU copies of its last logged step are free again into those copies, on the writer
+        thread (``run_soon``), while the backward pass runs, rather than on the training thread
+        when the optimizer step begins. Nothing writes into the parameters between the two in a
+        usual step; their version counters tell ``_pre`` if something did (then it copies again)."""
+        for key, (kept, lazies, refs) in list(self._spare.items()):
+            params = [ref() for ref in refs]
+            if key in self._prefetched or not all(lazy.measured for lazy in lazies):
+                continue
+            if not params or any(p is None for p in params):  # a parameter gone since: nothing to copy
+                continue
+            job = _Prefetch(step, params, kept)  # type: ignore[arg-type]  # checked: none is None
+            if not run_soon(job.run):
+                return  # steps written on the training thread: there is no other thread to copy on
+            del self._spare[key]  # the prefetch owns them now; ``take`` hands them back
+            self._prefetched[key] = job
 
     def _measure_shared(self, lazies: List[LazySummary], unready: List[LazySummary]) -> None:
         """Measure the updates on both threads: training waits for them to be written when its
@@ -205,7 +234,55 @@ class UpdateHooks:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles, self._before, self._spare = [], {}, {}
+        self._handles, self._before, self._spare, self._prefetched = [], {}, {}, {}
+
+
+class _Prefetch:
+    """Copies of an optimizer's parameters taken on the writer thread (``UpdateHooks.prefetch``).
+    ``take`` (on the training thread, when the optimizer step begins) gives them if every
+    parameter is the one copied, unwritten since (its ``_version`` as before the copy), else
+    None: a copy that has not started by then is called off, one under way is waited for."""
+
+    def __init__(self, step: int, params: List[torch.Tensor], copies: List[torch.Tensor]) -> None:
+        self.step = step
+        self.params = params
+        self.copies = copies
+        self.versions: Optional[List[int]] = None  # the parameters' versions before the copy, once copied
+        self._state = "queued"  # then "copying" and "copied" or "failed"; or "called off"
+        self._lock = threading.Lock()
+        self._over = threading.Event()
+
+    def run(self) -> None:
+        with self._lock:
+            if self._state != "queued":
+                return
+            self._state = "copying"
+        state = "failed"
+        try:
+            versions = [p._version for p in self.params]  # before: a write during the copy changes them
+            with torch.no_grad():
+                torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
+            self.versions, state = versions, "copied"
+        finally:  # a failed copy is taken again by the training thread
+            with self._lock:
+                self._state = state
+            self._over.set()
+
+    def take(self, step: int, params: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+        with self._lock:
+            if self._state == "queued":
+                self._state = "called off"
+        if self._state != "called off":
+            self._over.wait()
+        versions = self.versions
+        if (
+            versions is None
+            or step != self.step
+            or len(params) != len(self.params)
+            or any(p is not q or p._version != v for p, q, v in zip(params, self.params, versions))
+        ):
+            return None
+        return self.copies
 
 
 def _unlike(copy: torch.Tensor, param: torch.Tensor) -> bool:

@@ -422,6 +422,8 @@ class Watch:
                 self.recorder.end_forward()
             if self._steps is not None:
                 self._steps.measure_ahead()  # on the writer thread, during the backward pass
+                if self._updates is not None and m.logging and m.step is not None:
+                    self._updates.prefetch(m.step, self._steps.run_soon)  # the next copies, meanwhile
         if m.step is not None and (m.logging or self.delay) and self._training():
             self._mark_backward(output)
         assert self._sentinel is not None

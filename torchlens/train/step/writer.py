@@ -227,6 +227,16 @@ class StepWriter:
             self._jobs.put((self._measure_handed, False))
         return True
 
+    def run_soon(self, job: Callable[[], None]) -> bool:
+        """Run ``job`` on the writer thread after what was handed over before it (an error it
+        raises fails the run: ``job`` handles its own); False where steps are written on the
+        training thread."""
+        if not self._threaded:
+            return False
+        self._start()
+        self._jobs.put((job, False))
+        return True
+
     def wait_measured(self) -> None:
         """Return when everything handed to ``measure_soon`` so far is measured (the writes
         queued meanwhile may still run)."""
