@@ -374,10 +374,12 @@ def test_the_parameters_are_copied_for_their_update_on_the_writer_thread_during_
         assert s.zeros[i] == (change == 0).sum().item()
 
 
-def test_a_parameter_written_after_its_copy_ahead_of_the_optimizer_step_is_copied_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("write", ["in place", "data assigned"])
+def test_a_parameter_written_after_its_copy_ahead_of_the_optimizer_step_is_copied_again(tmp_path, monkeypatch, write):
     """The copy taken during backward is stale when something writes into the weight before
-    the optimizer step: its version counter tells, and the update is measured from the value
-    the step started from."""
+    the optimizer step: its version counter tells (or, for an assignment to ``.data``, which
+    leaves the counter as it was, its memory), and the update is measured from the value the
+    step started from."""
     threads = _prefetch_threads(monkeypatch)
     torch.manual_seed(0)
     model = nn.Linear(256, 128)
@@ -388,14 +390,38 @@ def test_a_parameter_written_after_its_copy_ahead_of_the_optimizer_step_is_copie
             opt.zero_grad()
             model(torch.randn(5, 256)).sum().backward()
             w._steps.wait()  # the copy ahead is taken by now
-            with torch.no_grad():
-                model.weight.mul_(0.5)  # written after it
+            if write == "in place":
+                with torch.no_grad():
+                    model.weight.mul_(0.5)  # written after it
+            else:
+                model.weight.data = model.weight.data * 0.5
             before = model.weight.detach().clone()
             opt.step()
             changes.append(model.weight.detach() - before)
     assert len(threads) == 2
     s = tl.open_run(w.run_dir).series("", "updates", "weight")
     for i, change in enumerate(changes):  # -lr * grad, not that less half the weight
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+
+
+def test_a_model_converted_between_logged_steps_gets_its_updates_from_fresh_copies(tmp_path, monkeypatch):
+    threads = _prefetch_threads(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for step in range(3):
+            if step == 1:
+                model.double()  # the parameters keep their objects; their values become float64
+            opt.zero_grad()
+            model(torch.randn(5, 256, dtype=next(model.parameters()).dtype)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    assert len(threads) == 1  # step 1's copies of step 0 are float32: not copied into ahead
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    for i, change in enumerate(changes):
         assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
 
 

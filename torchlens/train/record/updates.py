@@ -171,6 +171,8 @@ class UpdateHooks:
                 continue
             if not params or any(p is None for p in params):  # a parameter gone since: nothing to copy
                 continue
+            if any(_unlike(k, p) for k, p in zip(kept, params)):  # converted since (model.half())
+                continue
             job = _Prefetch(step, params, kept)  # type: ignore[arg-type]  # checked: none is None
             if not run_soon(job.run):
                 return  # steps written on the training thread: there is no other thread to copy on
@@ -240,14 +242,15 @@ class UpdateHooks:
 class _Prefetch:
     """Copies of an optimizer's parameters taken on the writer thread (``UpdateHooks.prefetch``).
     ``take`` (on the training thread, when the optimizer step begins) gives them if every
-    parameter is the one copied, unwritten since (its ``_version`` as before the copy), else
-    None: a copy that has not started by then is called off, one under way is waited for."""
+    parameter is the one copied, unchanged since (``_mark``), else None: a copy that has not
+    started by then is called off, one under way is waited for."""
 
     def __init__(self, step: int, params: List[torch.Tensor], copies: List[torch.Tensor]) -> None:
         self.step = step
         self.params = params
         self.copies = copies
-        self.versions: Optional[List[int]] = None  # the parameters' versions before the copy, once copied
+        # what each parameter was when copied (read before the copy: a write during it shows)
+        self.marks: Optional[List[Tuple[Any, ...]]] = None
         self._state = "queued"  # then "copying" and "copied" or "failed"; or "called off"
         self._lock = threading.Lock()
         self._over = threading.Event()
@@ -259,10 +262,10 @@ class _Prefetch:
             self._state = "copying"
         state = "failed"
         try:
-            versions = [p._version for p in self.params]  # before: a write during the copy changes them
+            marks = [_mark(p) for p in self.params]
             with torch.no_grad():
                 torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
-            self.versions, state = versions, "copied"
+            self.marks, state = marks, "copied"
         finally:  # a failed copy is taken again by the training thread
             with self._lock:
                 self._state = state
@@ -274,15 +277,21 @@ class _Prefetch:
                 self._state = "called off"
         if self._state != "called off":
             self._over.wait()
-        versions = self.versions
+        marks = self.marks
         if (
-            versions is None
+            marks is None
             or step != self.step
             or len(params) != len(self.params)
-            or any(p is not q or p._version != v for p, q, v in zip(params, self.params, versions))
+            or any(p is not q or _mark(p) != mark for p, q, mark in zip(params, self.params, marks))
         ):
             return None
         return self.copies
+
+
+def _mark(param: torch.Tensor) -> Tuple[Any, ...]:
+    """What tells a parameter's values changed: its version counter moves with every write, and
+    its memory, shape or dtype with an assignment to ``.data`` (which leaves the counter as it was)."""
+    return (param._version, param.data_ptr(), param.shape, param.dtype, param.stride())
 
 
 def _unlike(copy: torch.Tensor, param: torch.Tensor) -> bool:
