@@ -425,6 +425,29 @@ def test_a_model_converted_between_logged_steps_gets_its_updates_from_fresh_copi
         assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
 
 
+def test_after_a_step_that_raised_before_its_optimizer_step_the_copies_are_taken_ahead_again(tmp_path, monkeypatch):
+    threads = _prefetch_threads(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for step in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(5, 256)).sum()
+            if step == 1:
+                continue  # the loss was bad: no backward, no optimizer step
+            loss.backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    assert len(threads) == 3  # steps 1, 2 and 3; step 2's into the copies step 1 took and never used
+    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+    assert s.steps.tolist() == [0, 2, 3]
+    for i, change in enumerate(changes):
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+
+
 def test_a_copy_ahead_not_started_when_the_optimizer_step_begins_is_called_off():
     from torchlens.train.record.updates import _Prefetch
 

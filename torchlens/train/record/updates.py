@@ -165,6 +165,11 @@ class UpdateHooks:
         thread (``run_soon``), while the backward pass runs, rather than on the training thread
         when the optimizer step begins. Nothing writes into the parameters between the two in a
         usual step; their version counters tell ``_pre`` if something did (then it copies again)."""
+        for key, old in list(self._prefetched.items()):
+            if old.step != step:  # taken for a step that had no optimizer step (it raised): free again
+                old.settle()
+                del self._prefetched[key]
+                self._spare[key] = (old.copies, [], [weakref.ref(p) for p in old.params])
         for key, (kept, lazies, refs) in list(self._spare.items()):
             params = [ref() for ref in refs]
             if key in self._prefetched or not all(lazy.measured for lazy in lazies):
@@ -271,12 +276,16 @@ class _Prefetch:
                 self._state = state
             self._over.set()
 
-    def take(self, step: int, params: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    def settle(self) -> None:
+        """Call the copy off if the writer thread has not started it, else wait for its end."""
         with self._lock:
             if self._state == "queued":
                 self._state = "called off"
         if self._state != "called off":
             self._over.wait()
+
+    def take(self, step: int, params: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+        self.settle()
         marks = self.marks
         if (
             marks is None
