@@ -202,6 +202,29 @@ def test_operations_do_not_grow_with_the_number_of_tensors():
     assert ops(200) <= ops(10) + 5  # views aside: no operation per tensor
 
 
+def test_one_dimensional_tensors_are_measured_without_a_view_each():
+    """A bias is its own flat view: on a GPU host each view is a dispatch of its own."""
+
+    class Views(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += bool(func.is_view)
+            return func(*args, **(kwargs or {}))
+
+    def views(n):
+        tensors, cache = [torch.randn(64) for _ in range(n)], LayoutCache()
+        measure_batch(tensors, 16, lambda d: None, cache)  # the layout (built once a signature)
+        with Views() as count:
+            b = measure_batch(tensors, 16, lambda d: None, cache)
+        assert b.rows[-1][1].item() == pytest.approx(tensors[-1].double().mean().item())
+        return count.ops
+
+    assert views(200) <= views(10) + 5
+
+
 def test_phase_learns_the_places_changed_in_place():
     pm = PhaseMeasure(4, lambda d: None)
     x = torch.tensor([1.0, -2.0])

@@ -140,8 +140,8 @@ def _mode(shape: Sequence[int], strides: Sequence[int]) -> int:
 
 
 def _flat(t: torch.Tensor, mode: int) -> torch.Tensor:
-    if mode == _VIEW:
-        return t.view(-1)
+    if mode == _VIEW:  # a contiguous 1-D tensor is its own flat view (a bias: no operation for it)
+        return t if t.dim() == 1 else t.view(-1)
     if mode == _DENSE:
         return t.as_strided((t.numel(),), (1,), t.storage_offset())
     return t.reshape(-1)
