@@ -448,6 +448,36 @@ def test_after_a_step_that_raised_before_its_optimizer_step_the_copies_are_taken
         assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
 
 
+def test_a_copy_ahead_that_fails_is_taken_again_on_the_training_thread_and_the_run_goes_on(tmp_path, monkeypatch):
+    import threading
+
+    copy = torch._foreach_copy_
+
+    def fails_on_the_writer(*args, **kwargs):
+        if threading.current_thread().name == "torchlens-step-writer":
+            raise RuntimeError("a copy that fails")
+        return copy(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", fails_on_the_writer)
+    torch.manual_seed(0)
+    model = nn.Linear(256, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    changes = []
+    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(5, 256)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            changes.append(model.weight.detach() - before)
+    run = tl.open_run(w.run_dir)
+    assert run.status == "finished"
+    s = run.series("", "updates", "weight")
+    assert s.steps.tolist() == [0, 1, 2]
+    for i, change in enumerate(changes):
+        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+
+
 def test_a_copy_ahead_not_started_when_the_optimizer_step_begins_is_called_off():
     from torchlens.train.record.updates import _Prefetch
 

@@ -271,7 +271,9 @@ class _Prefetch:
             with torch.no_grad():
                 torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
             self.marks, state = marks, "copied"
-        finally:  # a failed copy is taken again by the training thread
+        except Exception:  # noqa: S110 - not the run's failure: the training thread copies again
+            pass
+        finally:
             with self._lock:
                 self._state = state
             self._over.set()
