@@ -131,6 +131,30 @@ def test_model_and_rng_left_as_found():
     assert model.training
 
 
+def test_validation_pauses_automatic_collection_and_leaves_it_as_found():
+    """A collection during the replays would promote the history under check, and the full
+    collections that promotion triggers walk every object of the process."""
+    import gc
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(gc.isenabled())
+            return x * 2
+
+    assert gc.isenabled()
+    assert tl.validate_model_activations(Probe(), torch.rand(3))
+    assert len(seen) == 2 and not any(seen)  # the plain run and the logged one
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert tl.validate_model_activations(Probe(), torch.rand(3))
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()
+
+
 def test_the_old_value_of_an_out_tensor_is_not_a_parent():
     class Out(nn.Module):
         def forward(self, x):

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from ..arguments import ArgumentValueError, check, refuse_type, require_instance
+from ..collector import automatic_collection_paused
 from .capture import RngState, allocates_uninitialised
 from .history.model_history import ModelHistory
 from .records.meta import is_meta_history, refuse_meta
@@ -74,7 +75,8 @@ def validate_history(
     rng = RngState()
     try:
         expected = None if expected_outputs is None else list(expected_outputs)
-        return _validate(history, expected, _Report(verbose))
+        with automatic_collection_paused():  # the replays' garbage dies young (collector.py)
+            return _validate(history, expected, _Report(verbose))
     finally:
         rng.restore()
 
