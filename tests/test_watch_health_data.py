@@ -353,25 +353,46 @@ def _prefetch_threads(monkeypatch):
     return threads
 
 
-def test_the_parameters_are_copied_for_their_update_on_the_writer_thread_during_backward(tmp_path, monkeypatch):
-    threads = _prefetch_threads(monkeypatch)
+def _train_with_updates(tmp_path, steps=3, before=None, between=None, skip=()):
+    """A ``Linear(256, 128)`` trained by SGD for ``steps`` steps, watched for its ``updates``
+    alone: each step's change of the weight, taken by hand, and the run. ``before(step,
+    model)``: first in each step; ``between(model, watch)``: between the backward pass and the
+    optimizer step; the steps in ``skip`` end after their forward pass."""
     torch.manual_seed(0)
     model = nn.Linear(256, 128)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     changes = []
     with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
-        for _ in range(3):
+        for step in range(steps):
+            if before is not None:
+                before(step, model)
             opt.zero_grad()
-            model(torch.randn(5, 256)).sum().backward()
-            before = model.weight.detach().clone()
+            loss = model(torch.randn(5, 256, dtype=model.weight.dtype)).sum()
+            if step in skip:
+                continue
+            loss.backward()
+            if between is not None:
+                between(model, w)
+            start = model.weight.detach().clone()
             opt.step()
-            changes.append(model.weight.detach() - before)
-    # step 0 copies on the training thread; steps 1 and 2 into its copies, on the writer thread
-    assert threads == ["torchlens-step-writer"] * 2
-    s = tl.open_run(w.run_dir).series("", "updates", "weight")
+            changes.append(model.weight.detach() - start)
+    return changes, tl.open_run(w.run_dir)
+
+
+def _assert_updates_are(run, changes):
+    s = run.series("", "updates", "weight")
+    assert len(s.steps) == len(changes)
     for i, change in enumerate(changes):
         assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
         assert s.zeros[i] == (change == 0).sum().item()
+
+
+def test_the_parameters_are_copied_for_their_update_on_the_writer_thread_during_backward(tmp_path, monkeypatch):
+    threads = _prefetch_threads(monkeypatch)
+    changes, run = _train_with_updates(tmp_path)
+    # step 0 copies on the training thread; steps 1 and 2 into its copies, on the writer thread
+    assert threads == ["torchlens-step-writer"] * 2
+    _assert_updates_are(run, changes)
 
 
 @pytest.mark.parametrize("write", ["in place", "data assigned"])
@@ -379,73 +400,40 @@ def test_a_parameter_written_after_its_copy_ahead_of_the_optimizer_step_is_copie
     """The copy taken during backward is stale when something writes into the weight before
     the optimizer step: its version counter tells (or, for an assignment to ``.data``, which
     leaves the counter as it was, its memory), and the update is measured from the value the
-    step started from."""
+    step started from (-lr * grad, not that less half the weight)."""
     threads = _prefetch_threads(monkeypatch)
-    torch.manual_seed(0)
-    model = nn.Linear(256, 128)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    changes = []
-    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(5, 256)).sum().backward()
-            w._steps.wait()  # the copy ahead is taken by now
-            if write == "in place":
-                with torch.no_grad():
-                    model.weight.mul_(0.5)  # written after it
-            else:
-                model.weight.data = model.weight.data * 0.5
-            before = model.weight.detach().clone()
-            opt.step()
-            changes.append(model.weight.detach() - before)
+
+    def halve(model, w):
+        w._steps.wait()  # the copy ahead is taken by now
+        if write == "in place":
+            with torch.no_grad():
+                model.weight.mul_(0.5)  # written after it
+        else:
+            model.weight.data = model.weight.data * 0.5
+
+    changes, run = _train_with_updates(tmp_path, between=halve)
     assert len(threads) == 2
-    s = tl.open_run(w.run_dir).series("", "updates", "weight")
-    for i, change in enumerate(changes):  # -lr * grad, not that less half the weight
-        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+    _assert_updates_are(run, changes)
 
 
 def test_a_model_converted_between_logged_steps_gets_its_updates_from_fresh_copies(tmp_path, monkeypatch):
     threads = _prefetch_threads(monkeypatch)
-    torch.manual_seed(0)
-    model = nn.Linear(256, 128)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    changes = []
-    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
-        for step in range(3):
-            if step == 1:
-                model.double()  # the parameters keep their objects; their values become float64
-            opt.zero_grad()
-            model(torch.randn(5, 256, dtype=next(model.parameters()).dtype)).sum().backward()
-            before = model.weight.detach().clone()
-            opt.step()
-            changes.append(model.weight.detach() - before)
+
+    def convert(step, model):
+        if step == 1:
+            model.double()  # the parameters keep their objects; their values become float64
+
+    changes, run = _train_with_updates(tmp_path, before=convert)
     assert len(threads) == 1  # step 1's copies of step 0 are float32: not copied into ahead
-    s = tl.open_run(w.run_dir).series("", "updates", "weight")
-    for i, change in enumerate(changes):
-        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+    _assert_updates_are(run, changes)
 
 
 def test_after_a_step_that_raised_before_its_optimizer_step_the_copies_are_taken_ahead_again(tmp_path, monkeypatch):
     threads = _prefetch_threads(monkeypatch)
-    torch.manual_seed(0)
-    model = nn.Linear(256, 128)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    changes = []
-    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
-        for step in range(4):
-            opt.zero_grad()
-            loss = model(torch.randn(5, 256)).sum()
-            if step == 1:
-                continue  # the loss was bad: no backward, no optimizer step
-            loss.backward()
-            before = model.weight.detach().clone()
-            opt.step()
-            changes.append(model.weight.detach() - before)
+    changes, run = _train_with_updates(tmp_path, steps=4, skip={1})  # step 1: no backward, no optimizer step
     assert len(threads) == 3  # steps 1, 2 and 3; step 2's into the copies step 1 took and never used
-    s = tl.open_run(w.run_dir).series("", "updates", "weight")
-    assert s.steps.tolist() == [0, 2, 3]
-    for i, change in enumerate(changes):
-        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+    assert run.series("", "updates", "weight").steps.tolist() == [0, 2, 3]
+    _assert_updates_are(run, changes)
 
 
 def test_a_copy_ahead_that_fails_is_taken_again_on_the_training_thread_and_the_run_goes_on(tmp_path, monkeypatch):
@@ -459,23 +447,9 @@ def test_a_copy_ahead_that_fails_is_taken_again_on_the_training_thread_and_the_r
         return copy(*args, **kwargs)
 
     monkeypatch.setattr(torch, "_foreach_copy_", fails_on_the_writer)
-    torch.manual_seed(0)
-    model = nn.Linear(256, 128)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    changes = []
-    with quiet_watch(model, tmp_path, log=("updates",), sample_n=None, reject_outlier_proportion=0.0) as w:
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(5, 256)).sum().backward()
-            before = model.weight.detach().clone()
-            opt.step()
-            changes.append(model.weight.detach() - before)
-    run = tl.open_run(w.run_dir)
+    changes, run = _train_with_updates(tmp_path)
     assert run.status == "finished"
-    s = run.series("", "updates", "weight")
-    assert s.steps.tolist() == [0, 1, 2]
-    for i, change in enumerate(changes):
-        assert s.true_min[i] == change.min().item() and s.true_max[i] == change.max().item()
+    _assert_updates_are(run, changes)
 
 
 def test_a_copy_ahead_not_started_when_the_optimizer_step_begins_is_called_off():
