@@ -342,10 +342,10 @@ def validate_model_activations(
     # history being checked, and the full collections that promotion triggers walk the whole
     # process (about a fifth of a GPT-2's validation); the history is gone when it resumes
     with automatic_collection_paused():
-        return _validated(model, args, kwargs, seed, verbose)
+        return _validated(model, args, kwargs, seed=seed, verbose=verbose)
 
 
-def _validated(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], seed: int, verbose: bool) -> bool:
+def _validated(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, seed: int, verbose: bool) -> bool:
     """``validate_model_activations`` once its arguments are checked."""
     rng = RngState()
     buffers = BufferSnapshot(model)
