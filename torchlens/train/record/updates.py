@@ -301,17 +301,16 @@ class _Prefetch:
 
 def _mark(param: torch.Tensor) -> Tuple[Any, ...]:
     """What tells a parameter's values changed: its version counter moves with every write, and
-    its memory, shape or dtype with an assignment to ``.data`` (which leaves the counter as it was)."""
-    return (param._version, param.data_ptr(), param.shape, param.dtype, param.stride())
+    its memory or layout with an assignment to ``.data`` (which leaves the counter as it was)."""
+    return (param._version, param.data_ptr(), *_layout(param))
+
+
+def _layout(t: torch.Tensor) -> Tuple[Any, ...]:
+    return (t.shape, t.dtype, t.device, t.stride())
 
 
 def _unlike(copy: torch.Tensor, param: torch.Tensor) -> bool:
-    return (copy.shape, copy.dtype, copy.device, copy.stride()) != (
-        param.shape,
-        param.dtype,
-        param.device,
-        param.stride(),
-    )
+    return _layout(copy) != _layout(param)
 
 
 def _norms(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
