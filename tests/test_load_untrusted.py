@@ -568,10 +568,34 @@ def test_side_effects_inside_a_replayed_function_are_refused(capfd):
     """The guard sees the operators a composite function reaches, not only the saved name."""
     from torchlens.trace.replay_guard import ReplayGuard, ReplayRefusedError
 
-    with pytest.raises(ReplayRefusedError, match="effect outside its result"):
-        with ReplayGuard(limit_bytes=1 << 20):
-            torch.ops.aten._print("\x1b[2Jpwned")
+    for _ in range(2):  # the second time from the verdict kept for the operator
+        with pytest.raises(ReplayRefusedError, match="effect outside its result"):
+            with ReplayGuard(limit_bytes=1 << 20):
+                torch.ops.aten._print("\x1b[2Jpwned")
     assert "pwned" not in capfd.readouterr().out
+
+
+def test_the_guard_finds_the_tensors_of_an_operator_call_as_tree_flatten_does():
+    """The guard opens every operator's arguments with its own small function: the same leaves,
+    in the same order, as torch's tree_flatten, or a tensor could escape the byte bound."""
+    import collections
+
+    from torch.utils._pytree import tree_flatten
+
+    from torchlens.trace.replay_guard import leaves_of
+
+    pair = collections.namedtuple("pair", "a b")
+    t = [torch.ones(i + 1) for i in range(4)]
+    calls = [
+        ((t[0], [t[1], None], 3), {"dim": [0, 1], "out": t[2]}),
+        ((), {}),
+        ((torch.Size([2, 3]), (1, (2, [t[3]]))), {"a": {"b": t[0]}}),
+        ((pair(1, t[1]), collections.OrderedDict(x=t[2], y=[t[3], "s"])), {"k": (None, 2.5)}),
+    ]
+    for args, kwargs in calls:
+        ours, torchs = leaves_of(args, kwargs), tree_flatten((args, kwargs))[0]
+        assert len(ours) == len(torchs)
+        assert all(a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(ours, torchs))
 
 
 def test_a_parent_swapped_for_another_shape_is_refused_before_the_call(saved):
