@@ -36,6 +36,8 @@ step (four kinds) adds to it, on every thread (the writer thread's too), as ``to
 counts them on the CPU, for two MLPs (10 and 200 modules of width 64) and ResNet-18: what the
 watch launches per watched tensor, which on a GPU is what its cost grows with. Each model is
 counted twice: measured as a CPU step measures (``cpu``) and as a CUDA step does (``cuda``).
+The last column is what the logged step adds on the training thread alone: on a GPU, the
+launches and views that hold up the step (the writer thread's views are host work beside it).
 
 With ``--backends``, ResNet-18's logged step is also measured with each backend: the run
 database alone, ``tensorboard`` and ``wandb`` (offline: nothing leaves the machine), as ratios
@@ -115,17 +117,24 @@ VIEWS = frozenset(
 )
 
 
-def aten_ops(run: Callable[[], None]) -> Tuple[int, int]:
+def aten_ops(run: Callable[[], None]) -> Tuple[int, int, int]:
     """ATen operations ``run`` performs, on every thread (nested ones included): all of them,
-    and those that compute (views aside)."""
+    those that compute (views aside), and all of those on the calling (training) thread."""
     from torch._C._profiler import _ExperimentalConfig
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     config = _ExperimentalConfig(profile_all_threads=True)  # the writer thread's work counts
     with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
-        run()
-    names = [e.name for e in prof.events() if e.name.startswith("aten::")]
-    return len(names), sum(name not in VIEWS for name in names)
+        with record_function("training thread"):
+            run()
+    events = prof.events()
+    training = next(e.thread for e in events if e.name == "training thread")
+    names = [(e.name, e.thread) for e in events if e.name.startswith("aten::")]
+    return (
+        len(names),
+        sum(name not in VIEWS for name, _ in names),
+        sum(thread == training for _, thread in names),
+    )
 
 
 class OneOpKernels(Kernels):
@@ -138,8 +147,8 @@ class OneOpKernels(Kernels):
     def get(self) -> tuple:
         return ()
 
-    def rows(self, ptrs: torch.Tensor, row_src: torch.Tensor, row_at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(row_src.numel(), 8, dtype=torch.float64).zero_()
+    def rows(self, ptrs: torch.Tensor, rows: Tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(rows[0].numel(), 8, dtype=torch.float64).zero_()
 
     def merge(self, stats: torch.Tensor, runs: torch.Tensor, numel: torch.Tensor, pads: torch.Tensor) -> torch.Tensor:
         return torch.empty(numel.numel(), 10, dtype=torch.float64).zero_()
@@ -149,7 +158,7 @@ class OneOpKernels(Kernels):
         return True
 
 
-def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, int], Tuple[int, int]]:
+def step_ops(make: Callable, batched: bool = False) -> Tuple[int, Tuple[int, ...], Tuple[int, ...]]:
     """The series of a logged step of the model ``make`` builds, the ATen operations of its
     plain step, and those of its logged step (four kinds): all, and views aside. ``batched``:
     the step's tensors measured as a CUDA step measures them (together at each phase's end, on
@@ -195,12 +204,14 @@ def count_ops() -> None:
     print("ATen operations, on every thread; in brackets, views aside (no kernel on a GPU)")
     print("path: 'cpu' as a CPU step measures; 'cuda' as a CUDA step does, run here on the CPU (each")
     print("      launch of a measuring Triton kernel counted as one operation, its values not computed)")
-    print(f"{'model':<10} {'path':<5} {'series':>7} {'plain step':>18} {'a logged step adds':>19}")
+    print("last column: what a logged step adds on the training thread alone (a GPU step's launches)")
+    print(f"{'model':<10} {'path':<5} {'series':>7} {'plain step':>18} {'a logged step adds':>19} {'training':>9}")
     for name, make in (("mlp-10", lambda: mlp(10)), ("mlp-200", lambda: mlp(200)), ("resnet18", resnet18)):
         for path in ("cpu", "cuda"):
             series, plain, logged = step_ops(make, batched=path == "cuda")
             added = f"{logged[0] - plain[0]} ({logged[1] - plain[1]})"
-            print(f"{name:<10} {path:<5} {series:>7} {f'{plain[0]} ({plain[1]})':>18} {added:>19}")
+            row = f"{name:<10} {path:<5} {series:>7} {f'{plain[0]} ({plain[1]})':>18} {added:>19}"
+            print(f"{row} {logged[2] - plain[2]:>9}")
 
 
 CLOCK = time.perf_counter

@@ -14,7 +14,7 @@ when a ``LayoutCache`` is given (``layout.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,14 +23,42 @@ from .layout import BLOCK, Group, LayoutCache, _flat, measurable, plan, signatur
 from .rows import COMPILED, merge_rows, row_stats
 
 
+class Samples:
+    """A group's samples end to end (``values``), member ``j``'s being ``sizes[j]`` long: the
+    views of all of them are made by one ``split``, when the first is asked for (by the watch's
+    writer thread, not the training thread that measured them).
+
+    Example:
+        >>> Samples(torch.arange(5.0), [2, 3]).piece(1).tolist()
+        [2.0, 3.0, 4.0]
+    """
+
+    __slots__ = ("values", "sizes", "_pieces")
+
+    def __init__(self, values: torch.Tensor, sizes: List[int]) -> None:
+        self.values = values
+        self.sizes = sizes
+        self._pieces: Optional[Sequence[torch.Tensor]] = None
+
+    def piece(self, j: int) -> torch.Tensor:
+        pieces = self._pieces
+        if pieces is None:  # two threads may both split: the same views, harmlessly
+            pieces = self._pieces = self.values.split(self.sizes)
+        return pieces[j]
+
+
+SampleSpan = Tuple[Samples, int]  # a tensor's sample: its group's samples, its place among them
+
+
 @dataclass
 class Batch:
     """What ``measure_batch`` found: ``rows[i]`` (row ``where[i][1]`` of ``tables[where[i][0]]``,
     or None where ``tensors[i]`` is not ``measurable``) and ``samples[i]`` (float32, on the
-    tensor's device)."""
+    tensor's device). ``spans[i]`` says where ``samples[i]`` lies among its group's samples: a
+    logged step hands that on, so that the training thread makes no view per tensor."""
 
     tables: Dict[torch.device, torch.Tensor]
-    samples: List[Optional[torch.Tensor]]
+    spans: List[Optional[SampleSpan]]
     where: List[Optional[Tuple[torch.device, int]]]
 
     @property
@@ -38,6 +66,11 @@ class Batch:
         """Each tensor's row of its device's table (made when asked: a logged step reads the
         rows of the tables' host copies instead, on the writer thread)."""
         return [None if w is None else self.tables[w[0]][w[1]] for w in self.where]
+
+    @property
+    def samples(self) -> List[Optional[torch.Tensor]]:
+        """Each tensor's sample (made when asked, one view each)."""
+        return [None if s is None else s[0].piece(s[1]) for s in self.spans]
 
 
 def measure_batch(
@@ -63,19 +96,27 @@ def measure_batch(
     if keys is None:
         keys = signature(tensors)
     compiled = _compiled(keys)
-    layout = cache.get(keys, sample_n, compiled) if cache is not None else plan(keys, sample_n, compiled)
+    addressed = _addressed(keys)
+    layout = (
+        cache.get(keys, sample_n, compiled, addressed)
+        if cache is not None
+        else plan(keys, sample_n, compiled, addressed)
+    )
     n = len(tensors)
-    samples: List[Optional[torch.Tensor]] = [None] * n
+    spans: List[Optional[SampleSpan]] = [None] * n
     where: List[Optional[Tuple[torch.device, int]]] = [None] * n
     tables: Dict[torch.device, torch.Tensor] = {}
     with torch.no_grad():
         for group in layout.groups:
             device = group.device
-            table, found = _measure_group(group, tensors, sample_n, generator(device))
+            measured = _measure_group(group, tensors, sample_n, generator(device))
+            if measured is None:  # the kernels failed (and are off now): packed, as torch reads them
+                return measure_batch(tensors, sample_n, generator, cache=cache, keys=keys)
+            table, found = measured
             tables[device] = table
-            for j, (i, sample) in enumerate(zip(group.members, found)):
-                samples[i], where[i] = sample, (device, j)
-    return Batch(tables, samples, where)
+            for j, i in enumerate(group.members):
+                spans[i], where[i] = (found, j), (device, j)
+    return Batch(tables, spans, where)
 
 
 def _compiled(keys: Sequence[Optional[tuple]]) -> bool:
@@ -88,21 +129,34 @@ def _compiled(keys: Sequence[Optional[tuple]]) -> bool:
     return any(k is not None and k[1].type == "cuda" for k in keys) and COMPILED.get() is not None
 
 
+def _addressed(keys: Sequence[Optional[tuple]]) -> FrozenSet[torch.device]:
+    """The devices whose tensors the Triton kernels read at their own addresses."""
+    devices = {k[1] for k in keys if k is not None and TRITON.applies(k[1])}
+    return frozenset(devices) if devices and TRITON.get() is not None else frozenset()
+
+
 def _measure_group(
     group: Group, tensors: Sequence[torch.Tensor], sample_n: Optional[int], generator: Optional[torch.Generator]
-) -> Tuple[torch.Tensor, Sequence[torch.Tensor]]:
-    """The table of ``group``'s members and their samples."""
+) -> Optional[Tuple[torch.Tensor, Samples]]:
+    """The table of ``group``'s members and their samples; None where the group was laid out
+    for the Triton kernels (``group.addressed``) and they failed."""
     device = group.device
     index = group.on_device()
-    flats = [_flat(tensors[i], mode) for i, mode in zip(group.members, group.modes)]
+    members = group.members
     sources: List[torch.Tensor] = []
     for source in group.sources:
-        if not source.parts:  # a tensor's body, read in place
-            sources.append(flats[source.member][: source.rows * BLOCK].view(source.rows, BLOCK))
+        if not source.parts:
+            member = tensors[members[source.member]]
+            if group.addressed:  # the kernels read the tensor itself: its address is all they need
+                sources.append(member)
+            else:  # a tensor's body, read in place
+                flat = _flat(member, group.modes[source.member])
+                sources.append(flat[: source.rows * BLOCK].view(source.rows, BLOCK))
             continue
         pieces: List[torch.Tensor] = []
         for j, start, stop, whole, pad in source.parts:
-            pieces.append(flats[j] if whole else flats[j][start:stop])
+            flat = _flat(tensors[members[j]], group.modes[j])
+            pieces.append(flat if whole else flat[start:stop])
             if pad is not None:
                 pieces.append(pad)
         values = torch.empty(source.rows * BLOCK, dtype=source.dtype, device=device)
@@ -110,13 +164,20 @@ def _measure_group(
         sources.append(values.view(source.rows, BLOCK))
     # the kernels of kernels.py read every source of a dtype at once, through their addresses
     ptrs = _addresses(sources, device) if TRITON.applies(device) and TRITON.get() is not None else None
+    if group.addressed and ptrs is None:
+        return None
     stats = _row_stats(group, sources, index, ptrs)
+    if stats is None:
+        return None
     table = TRITON.merge(stats, index["runs"], index["numel"], index["pads"]) if ptrs is not None else None
     if table is None:
+        if group.addressed:
+            return None
         table = merge_rows(stats, index["owner"], index["numel"], index["pads"])
 
     if sample_n is None:  # every value: a float32 copy of each tensor
-        return table, [f.to(torch.float32, copy=True) for f in flats]
+        every = [_flat(tensors[i], mode).to(torch.float32) for i, mode in zip(members, group.modes)]
+        return table, Samples(torch.cat(every), group.sizes)
     u = torch.rand(index["base"].numel(), generator=generator, device=device, dtype=torch.float64)
     at = torch.minimum((u * index["span"]).long(), index["last"]).add_(index["base"])
     sample = None
@@ -127,27 +188,33 @@ def _measure_group(
             if not TRITON.gather(ptrs[s0:s1], draws, sample, dtype):
                 sample = None
                 break
+    if sample is None and group.addressed:
+        return None
     if sample is None:  # torch's own: one gather per source
         drawn = [(sources[s], c) for s, c in enumerate(group.draws) if c]
         parts = at.split([c for _, c in drawn]) if len(drawn) > 1 else (at,)
         picked = [source.take(p) for (source, _), p in zip(drawn, parts)]
         values = torch.cat(picked) if len(picked) > 1 else picked[0]
         sample = values.to(torch.float32).index_select(0, index["order"])
-    return table, sample.split(group.sizes)
+    return table, Samples(sample, group.sizes)
 
 
 def _row_stats(
     group: Group, sources: List[torch.Tensor], index: Dict[str, torch.Tensor], ptrs: Optional[torch.Tensor]
-) -> torch.Tensor:
+) -> Optional[torch.Tensor]:
     """``ROW_COLUMNS`` of every row of the group's sources, in the order of ``index["owner"]``:
-    one kernel per dtype, or ``row_stats`` per segment."""
+    one kernel per dtype, or ``row_stats`` per segment (None: the kernels failed on a group
+    only they can read)."""
     found: List[torch.Tensor] = []
     for dtype, s0, s1, r0, r1, _, _ in group.by_dtype:
         if ptrs is not None:
-            got = TRITON.rows(ptrs[s0:s1], index["row_src"][r0:r1], index["row_at"][r0:r1], dtype)
+            rows = (index["row_src"][r0:r1], index["row_at"][r0:r1], index["row_n"][r0:r1])
+            got = TRITON.rows(ptrs[s0:s1], rows, dtype)
             if got is not None:
                 found.append(got)
                 continue
+            if group.addressed:
+                return None
         for s, a, b, whole in group.segments:
             if s0 <= s < s1:
                 found.append(row_stats(sources[s] if whole else sources[s][a:b]))

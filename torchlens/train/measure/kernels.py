@@ -3,8 +3,9 @@ tensor read in place and the packed buffer) in one launch each, through a small 
 sources' addresses, and merge the rows of every tensor in one more: the number of launches of a
 phase does not grow with its tensors.
 
-``row_kernel``: program ``r`` reduces row ``r`` (``BLOCK`` values at ``row_at[r]`` in source
-``row_src[r]``) into the columns of ``rows.ROW_COLUMNS``, all in float64 (the values widened
+``row_kernel``: program ``r`` reduces row ``r`` (the ``row_n[r]`` values at ``row_at[r]`` in
+source ``row_src[r]``: ``BLOCK`` of them but in the last row of a tensor read at its own
+address, whose missing values count as NaN pads) into the columns of ``rows.ROW_COLUMNS``, all in float64 (the values widened
 first: the sum, the row's mean and the squared deviations from it are float64). ``gather_kernel``:
 value ``g`` of the draws (at ``at[g]`` in source ``draw_src[g]``) is written, as float32, to
 ``out[slot[g]]``. ``merge_kernel``: program ``j`` merges the rows of tensor ``j`` into its
@@ -18,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from .layout import BLOCK
+from .layout import ADDRESSED_DTYPES, BLOCK
 
 
 def _define() -> tuple:
@@ -37,11 +38,14 @@ def _row_kernel(triton: Any, tl: Any) -> Any:
     """Program ``r``: the 8 row statistics of row ``r`` (``ROW_COLUMNS`` of rows.py)."""
 
     @triton.jit
-    def row_kernel(ptrs, row_src, row_at, out, DTYPE: tl.constexpr, WIDTH: tl.constexpr):
+    def row_kernel(ptrs, row_src, row_at, row_n, out, DTYPE: tl.constexpr, WIDTH: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         src = tl.load(row_src + r)
         base = tl.load(ptrs + src).to(tl.pointer_type(DTYPE))
-        x = tl.load(base + tl.load(row_at + r) + tl.arange(0, WIDTH)).to(tl.float64)
+        lanes = tl.arange(0, WIDTH)
+        # past a tensor's end (its last row, read at its address): NaN, taken off as a pad is
+        inside = lanes < tl.load(row_n + r)
+        x = tl.load(base + tl.load(row_at + r) + lanes, mask=inside, other=float("nan")).to(tl.float64)
         inf = float("inf")
         finite = (x == x) & (x != inf) & (x != -inf)
         count = tl.sum(finite.to(tl.float64), axis=0)
@@ -179,16 +183,17 @@ class Kernels:
         """Whether the kernels read tensors of ``device`` (CUDA; the CPU when interpreted)."""
         return (device.type == "cpu") == self.interpret and (self.interpret or device.type == "cuda")
 
-    def rows(self, ptrs: torch.Tensor, row_src: torch.Tensor, row_at: torch.Tensor, dtype: torch.dtype) -> Any:
-        """(rows, 8) float64: ``ROW_COLUMNS`` of each row (see the module); None where the
-        kernels are off."""
+    def rows(self, ptrs: torch.Tensor, rows: Tuple[torch.Tensor, ...], dtype: torch.dtype) -> Any:
+        """(rows, 8) float64: ``ROW_COLUMNS`` of each row (see the module), the rows being given
+        by ``rows`` = (row_src, row_at, row_n); None where the kernels are off."""
         fns = self.get()
         if fns is None:
             return None
-        out = torch.empty(row_src.numel(), 8, dtype=torch.float64, device=row_src.device)
+        n = rows[0].numel()
+        out = torch.empty(n, 8, dtype=torch.float64, device=rows[0].device)
         try:
             with _on(out.device):  # Triton launches on the current device: the tensors' one
-                fns[0][(row_src.numel(),)](ptrs, row_src, row_at, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
+                fns[0][(n,)](ptrs, *rows, out, DTYPE=_TL[dtype](), WIDTH=BLOCK, num_warps=4)
         except Exception as error:  # a compiler failure: the eager code from now on
             self.disable(error)
             return None
@@ -234,19 +239,19 @@ def _on(device: torch.device) -> Any:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _tl_float32() -> Any:
-    import triton.language as tl
+def _tl_dtype(name: str) -> Callable[[], Any]:
+    """Triton's dtype of that name, looked up when asked (Triton is imported only then)."""
 
-    return tl.float32
+    def get() -> Any:
+        import triton.language as tl
+
+        return getattr(tl, name)
+
+    return get
 
 
-def _tl_float64() -> Any:
-    import triton.language as tl
-
-    return tl.float64
-
-
-_TL = {torch.float32: _tl_float32, torch.float64: _tl_float64}
+# the dtypes the kernels read: those of the packed buffers and ADDRESSED_DTYPES (layout.py)
+_TL = {dtype: _tl_dtype(str(dtype).rpartition(".")[2]) for dtype in ADDRESSED_DTYPES}
 
 TRITON = Kernels()
 

@@ -5,7 +5,10 @@ of each tensor's sample.
 A tensor of at least ``BIG`` values whose memory is one dense float block of the computing
 dtype is read in place, viewed as rows (no copy; its last ``numel % BLOCK`` values are packed);
 the others are packed end to end into one buffer per device and computing dtype, each padded
-with NaN to a whole row (the pads are then taken off the NaN count). ``row_stats`` reads every
+with NaN to a whole row (the pads are then taken off the NaN count). Where the Triton kernels
+read a device's tensors (a GPU), every dense float tensor is read at its own address instead,
+whatever its size, its last row masked where it ends (``plan(addressed=...)``): a step then
+makes no view, slice or packing copy per tensor. ``row_stats`` reads every
 source (a view or a buffer) in one call, or in slices of at most ``CHUNK`` values where torch's
 eager kernels make temporaries as large as what they read.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Hashable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +39,8 @@ CHUNK = 1 << 24  # values per eager row_stats call at most (bounds the temporari
 BIG = 1 << 22  # a tensor this large is read in place where it can be
 
 _PLAIN = (torch.Tensor, nn.Parameter)
+# dtypes the kernels of kernels.py read at a tensor's own address (``plan(addressed=...)``)
+ADDRESSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # how a tensor's values are viewed as one dimension (``flat``): a view, a view of a dense
 # permutation, or a copy of a tensor with gaps
 _VIEW, _DENSE, _COPY = 0, 1, 2
@@ -168,10 +173,12 @@ class Group:
     the order of the rows ``owner`` maps to members. The samples: ``draws[s]`` positions drawn
     in source ``s`` (at ``base + floor(u * span)``, at most ``last``), the drawn values put in
     the sample's order by ``order`` (or each written at ``slot``); member ``j``'s sample is
-    ``sizes[j]`` values long. ``row_src``/``row_at`` and ``draw_src``: each row's and draw's
-    source (within its dtype) and the row's offset there, for the kernels of ``kernels.py``."""
+    ``sizes[j]`` values long. ``row_src``/``row_at``/``row_n`` and ``draw_src``: each row's and draw's
+    source (within its dtype), the row's offset there and its number of values, for the kernels
+    of ``kernels.py``."""
 
     device: torch.device
+    addressed: bool  # sources without parts are whole tensors read at their address (``plan``)
     members: List[int]
     modes: List[int]
     sources: List[Source]
@@ -205,11 +212,19 @@ class Layout:
     skipped: List[int]
 
 
-def plan(keys: Sequence[Optional[Tuple[Any, ...]]], sample_n: Optional[int], whole_views: bool = False) -> Layout:
+def plan(
+    keys: Sequence[Optional[Tuple[Any, ...]]],
+    sample_n: Optional[int],
+    whole_views: bool = False,
+    addressed: FrozenSet[torch.device] = frozenset(),
+) -> Layout:
     """The layout of a batch of tensors of ``signature`` ``keys``, with ``sample_n`` sample
     positions per tensor (all its values when it has fewer or ``sample_n`` is None).
     ``whole_views``: every source is read by one ``row_stats`` call however large (a compiled
-    kernel makes no temporaries to bound).
+    kernel makes no temporaries to bound). On the devices in ``addressed`` the kernels of
+    ``kernels.py`` read every dense tensor of a dtype they read (``ADDRESSED_DTYPES``) at its own
+    address, its last row masked where it ends: no view and no copy of it is made; only the
+    others (with gaps, or of other dtypes) are packed.
 
     Example:
         >>> p = plan(signature([torch.zeros(3), torch.zeros(2000)]), 5)
@@ -225,32 +240,55 @@ def plan(keys: Sequence[Optional[Tuple[Any, ...]]], sample_n: Optional[int], who
         else:
             by_device.setdefault(key[1], []).append(i)
     groups = [
-        _group(device, [keys[i] for i in members], sample_n=sample_n, whole_views=whole_views, members=members)
+        _group(
+            device,
+            [keys[i] for i in members],
+            sample_n=sample_n,
+            whole_views=whole_views,
+            members=members,
+            addressed=device in addressed,
+        )
         for device, members in by_device.items()
     ]
     return Layout(groups, skipped)
 
 
-def _group(
-    device: torch.device, keys: List[Any], *, sample_n: Optional[int], whole_views: bool, members: List[int]
-) -> Group:
-    n_of = [math.prod(key[2]) for key in keys]
-    modes = [_mode(key[2], key[3]) for key in keys]
-    wides = [compute_dtype(key[0]) for key in keys]
-    sources: List[Source] = []
-    pads = np.zeros(len(keys), np.int64)
-    # (source, offset, length) of each piece of each member
-    pieces: List[List[Tuple[int, int, int]]] = [[] for _ in keys]
-    spans: List[Tuple[torch.dtype, int, int, int, int]] = []  # dtype, its sources, its rows
-    rows_at = 0
-    for wide in sorted({w for w in wides if w is not None}, key=str):
-        first, first_row = len(sources), rows_at
-        mine = [j for j, w in enumerate(wides) if w == wide]
-        body = {j for j in mine if n_of[j] >= BIG and keys[j][0] == wide and modes[j] != _COPY}
+class _Sources:
+    """The sources of a group as they are laid out, dtype after dtype: each member's pieces
+    (source, offset, length), its NaN pad, and the spans of sources and rows of each dtype."""
+
+    def __init__(self, n_of: List[int]) -> None:
+        self.n_of = n_of
+        self.sources: List[Source] = []
+        self.pads = np.zeros(len(n_of), np.int64)
+        self.pieces: List[List[Tuple[int, int, int]]] = [[] for _ in n_of]
+        self.spans: List[Tuple[torch.dtype, int, int, int, int]] = []  # dtype, its sources, its rows
+        self.rows = 0
+
+    def span(self, dtype: torch.dtype, first: int) -> None:
+        """The sources from ``first`` on are ``dtype``'s."""
+        first_row = self.rows
+        self.rows += sum(s.rows for s in self.sources[first:])
+        self.spans.append((dtype, first, len(self.sources), first_row, self.rows))
+
+    def own(self, dtype: torch.dtype, members: List[int]) -> None:
+        """Each of ``members`` its own source, read whole at its address (its last row masked)."""
+        first = len(self.sources)
+        for j in members:
+            n = self.n_of[j]
+            rows = -(-n // BLOCK)
+            self.pads[j] = rows * BLOCK - n
+            self.pieces[j].append((len(self.sources), 0, n))
+            self.sources.append(Source(dtype, rows=rows, member=j))
+        self.span(dtype, first)
+
+    def packed(self, device: torch.device, wide: torch.dtype, mine: List[int], body: Set[int]) -> None:
+        """The whole rows of each of ``body`` read in place, the rest of ``mine`` packed."""
+        n_of, pads, first = self.n_of, self.pads, len(self.sources)
         for j in mine:
             if j in body:
-                pieces[j].append((len(sources), 0, n_of[j] // BLOCK * BLOCK))
-                sources.append(Source(wide, rows=n_of[j] // BLOCK, member=j))
+                self.pieces[j].append((len(self.sources), 0, n_of[j] // BLOCK * BLOCK))
+                self.sources.append(Source(wide, rows=n_of[j] // BLOCK, member=j))
         buffer = Source(wide)
         for j in mine:
             start = n_of[j] // BLOCK * BLOCK if j in body else 0
@@ -259,13 +297,38 @@ def _group(
             take = n_of[j] - start
             rows = -(-take // BLOCK)
             pads[j] = rows * BLOCK - take
-            pieces[j].append((len(sources), buffer.rows * BLOCK, take))
+            self.pieces[j].append((len(self.sources), buffer.rows * BLOCK, take))
             buffer.parts.append((j, start, n_of[j], start == 0, _nan_pad(device, wide)[: pads[j]] if pads[j] else None))
             buffer.rows += rows
         if buffer.parts:
-            sources.append(buffer)
-        rows_at += sum(s.rows for s in sources[first:])
-        spans.append((wide, first, len(sources), first_row, rows_at))
+            self.sources.append(buffer)
+        self.span(wide, first)
+
+
+def _group(
+    device: torch.device,
+    keys: List[Any],
+    *,
+    sample_n: Optional[int],
+    whole_views: bool,
+    members: List[int],
+    addressed: bool,
+) -> Group:
+    n_of = [math.prod(key[2]) for key in keys]
+    modes = [_mode(key[2], key[3]) for key in keys]
+    wides = [compute_dtype(key[0]) for key in keys]
+    laid = _Sources(n_of)
+    for wide in sorted({w for w in wides if w is not None}, key=str):
+        mine = [j for j, w in enumerate(wides) if w == wide]
+        if addressed:  # each dense tensor its own source, read at its address (see ``plan``)
+            own = {j for j in mine if keys[j][0] in ADDRESSED_DTYPES and modes[j] != _COPY}
+            for dtype in sorted({keys[j][0] for j in own}, key=str):
+                laid.own(dtype, [j for j in mine if j in own and keys[j][0] == dtype])
+            mine = [j for j in mine if j not in own]
+        if mine:
+            body = {j for j in mine if n_of[j] >= BIG and keys[j][0] == wide and modes[j] != _COPY}
+            laid.packed(device, wide, mine, body)
+    sources, spans = laid.sources, laid.spans
     step = max(1, CHUNK // BLOCK)
     segments: List[Tuple[int, int, int, bool]] = []
     for s, source in enumerate(sources):
@@ -273,26 +336,14 @@ def _group(
         for r0 in range(0, source.rows, step_s):
             r1 = min(source.rows, r0 + step_s)
             segments.append((s, r0, r1, r1 - r0 == source.rows))
-    owners = [
-        np.full(s.rows, s.member, np.int64)
-        if not s.parts
-        else np.repeat([p[0] for p in s.parts], [-(-(p[2] - p[1]) // BLOCK) for p in s.parts])
-        for s in sources
-    ]
     first_of = {s: d[1] for d in spans for s in range(d[1], d[2])}
-    row_src = [np.full(src.rows, s - first_of[s], np.int64) for s, src in enumerate(sources)]
-    host = {
-        "owner": np.concatenate(owners).astype(np.int64),
-        "numel": np.asarray(n_of, np.int64),
-        "pads": pads,
-        "row_src": np.concatenate(row_src),
-        "row_at": np.concatenate([np.arange(src.rows, dtype=np.int64) * BLOCK for src in sources]),
-    }
+    host = _row_index(sources, first_of, n_of)
+    host["pads"] = laid.pads
     host["runs"] = _runs(host["owner"], len(keys))
     sizes = [n if sample_n is None else min(n, sample_n) for n in n_of]
     draws = [0] * len(sources)
     if sample_n is not None:
-        _draw_plan(host, pieces, n_of=n_of, sample_n=sample_n, draws=draws)
+        _draw_plan(host, laid.pieces, n_of=n_of, sample_n=sample_n, draws=draws)
         host["draw_src"] = np.repeat([s - first_of[s] for s in range(len(sources))], draws).astype(np.int64)
     by_dtype, draws_at = [], 0
     for wide, s0, s1, r0, r1 in spans:
@@ -301,6 +352,7 @@ def _group(
         draws_at += n_draws
     return Group(
         device=device,
+        addressed=addressed,
         members=members,
         modes=modes,
         sources=sources,
@@ -310,6 +362,31 @@ def _group(
         draws=draws,
         host=host,
     )
+
+
+def _row_index(sources: List[Source], first_of: Dict[int, int], n_of: List[int]) -> Dict[str, np.ndarray]:
+    """Per row of the sources: the member it belongs to (``owner``), its source within its
+    dtype, its offset there and its number of values (fewer than ``BLOCK`` only in the last row
+    of a tensor read whole at its address); and each member's ``numel``."""
+    rows = [np.arange(src.rows, dtype=np.int64) for src in sources]
+    owners = [
+        np.full(s.rows, s.member, np.int64)
+        if not s.parts
+        else np.repeat([p[0] for p in s.parts], [-(-(p[2] - p[1]) // BLOCK) for p in s.parts])
+        for s in sources
+    ]
+    return {
+        "owner": np.concatenate(owners).astype(np.int64),
+        "numel": np.asarray(n_of, np.int64),
+        "row_src": np.concatenate([np.full(src.rows, s - first_of[s], np.int64) for s, src in enumerate(sources)]),
+        "row_at": np.concatenate([r * BLOCK for r in rows]),
+        "row_n": np.concatenate(
+            [
+                np.minimum(BLOCK, n_of[src.member] - r * BLOCK) if not src.parts else np.full(src.rows, BLOCK)
+                for src, r in zip(sources, rows)
+            ]
+        ).astype(np.int64),
+    }
 
 
 def _runs(owner: np.ndarray, members: int) -> np.ndarray:
@@ -409,15 +486,19 @@ class LayoutCache:
         self._layouts: "OrderedDict[Hashable, Layout]" = OrderedDict()
 
     def get(
-        self, keys: Tuple[Optional[Tuple[Any, ...]], ...], sample_n: Optional[int], whole_views: bool = False
+        self,
+        keys: Tuple[Optional[Tuple[Any, ...]], ...],
+        sample_n: Optional[int],
+        whole_views: bool = False,
+        addressed: FrozenSet[torch.device] = frozenset(),
     ) -> Layout:
         """The layout of ``keys``: the one kept, or a new one (kept in place of the oldest)."""
-        full = (keys, sample_n, whole_views, BIG, CHUNK)  # the sizes: tests change them
+        full = (keys, sample_n, whole_views, addressed, BIG, CHUNK)  # the sizes: tests change them
         found = self._layouts.get(full)
         if found is not None:
             self._layouts.move_to_end(full)
             return found
-        found = self._layouts[full] = plan(keys, sample_n, whole_views)
+        found = self._layouts[full] = plan(keys, sample_n, whole_views, addressed)
         self.builds += 1
         while len(self._layouts) > self.size:
             self._layouts.popitem(last=False)
@@ -448,6 +529,7 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 __all__ = [
+    "ADDRESSED_DTYPES",
     "BLOCK",
     "CHUNK",
     "BIG",

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
-from .batch import Batch, measure_batch
+from .batch import Batch, SampleSpan, measure_batch
 from .exact import LazySummary, kept_dtype
 from .layout import LayoutCache, tensor_key
 
@@ -35,13 +35,17 @@ class Measured(LazySummary):
     (its ``EXACT_FIELDS`` on the host, read once the phase's copy has arrived: reading waits for
     it) are set when the phase is flushed."""
 
-    __slots__ = ("_row", "event", "_table", "_at")
+    __slots__ = ("_row", "event", "_table", "_at", "_sample", "_span")
 
     def __init__(self, values: torch.Tensor) -> None:
         # every slot of LazySummary's, set here rather than by its __init__ (a logged step makes
         # one per tensor it measures: a second call, and the summary setter's, cost as much)
         self.values: Optional[torch.Tensor] = values
-        self.then = self.release = self.draw = self.sample = None
+        self.then = self.release = self.draw = None
+        self._sample: Optional[torch.Tensor] = None
+        # the phase's samples and this tensor's place among them: its view is made when read
+        # (on the writer thread), as its row is
+        self._span: Optional[SampleSpan] = None
         self._row: Optional[torch.Tensor] = None
         self.event: Any = None
         # the phase's host table and this tensor's row in it: the row is taken when read (on
@@ -63,6 +67,17 @@ class Measured(LazySummary):
     @summary.setter
     def summary(self, row: Optional[torch.Tensor]) -> None:
         self._row, self._table = row, None
+
+    @property  # type: ignore[override]
+    def sample(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, made when read
+        span = self._span
+        if span is not None:
+            self._sample, self._span = span[0].piece(span[1]), None
+        return self._sample
+
+    @sample.setter
+    def sample(self, sample: Optional[torch.Tensor]) -> None:
+        self._sample, self._span = sample, None
 
 
 class _Entry:
@@ -221,12 +236,12 @@ class PhaseMeasure:
             if line is not None:
                 table[:, 9] = line(table)
             host[device] = _to_host(table)
-        for m, where, sample in zip(measured, batch.where, batch.samples):
+        for m, where, span in zip(measured, batch.where, batch.spans):
             if where is None:  # not measurable in a batch (e.g. complex): as the per-tensor path does
                 m.summary, m.sample, m.values = None, None, None
                 continue
             rows, event = host[where[0]]
-            m.sample, m._table, m._at, m.event = sample, rows, where[1], event
+            m._span, m._table, m._at, m.event = span, rows, where[1], event
             m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
 
 
