@@ -103,6 +103,8 @@ class Sampler:
         g = grad.detach() if grad.requires_grad else grad
         if g.layout != torch.strided or g.numel() == 0:
             return None
+        if g.dim() > 2:  # over the dimensions after the first: no view of it (one dispatch fewer each)
+            return _float32(torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))))
         return _float32(torch.linalg.vector_norm(_rows(g), dim=1))
 
     def norms_of(self, grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
