@@ -35,8 +35,9 @@ of rows, where a GPU runs one kernel per dtype (kernels.py): the time and the co
 ``--host`` measures, on the CPU, the host's work of a logged step where kernels cost almost
 nothing, as on a GPU: a ResNet-18 of the same layers at an eighth of the width (8 to 64
 channels), batch 2 at 32x32, one thread, the batched path forced (what a CUDA step runs), and
-the row statistics that Triton computes in one launch on a GPU replaced by one small operation
-(their numbers are then not real: this mode times, it does not check). Printed per step, as
+each launch of the Triton kernels that measure a phase on a GPU replaced by one small operation
+(``watch_overhead.OneOpKernels``; the tensors are then laid out as for those kernels, and the
+numbers are not real: this mode times, it does not check). Printed per step, as
 medians over blocks that take turns with a plain step: the training thread's CPU time, the wall
 time, and the part of it spent waiting for the writer thread at the end of the optimizer step
 (the write a killed process must find in the run), with the default ``durable=True`` and with
@@ -332,6 +333,8 @@ def narrow_resnet18(width: int = 8, classes: int = 10) -> nn.Module:
 
 def host_only(rounds: int, block: int, json_path: object) -> None:
     """The host's work of a logged step, on the CPU (see ``--host`` in the module)."""
+    from watch_overhead import OneOpKernels  # beside this script
+
     from torchlens.train.measure import batch
     from torchlens.train.step import writer
 
@@ -348,8 +351,8 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
         w = tl.watch(models[name], run_dir=f"{folder}/{i}", backend=None, verbose=False, **options)
         w.recorder.batch_devices = frozenset({"cpu"})  # what a CUDA step runs
         watches.append(w)
-    row_stats = batch.row_stats
-    batch.row_stats = lambda x: x.new_zeros(x.shape[0], 8, dtype=torch.float64)  # one launch on a GPU
+    kernels = batch.TRITON
+    batch.TRITON = OneOpKernels()  # a GPU's Triton kernels: one small operation per launch
     waited = [0.0]
     durable = writer.StepWriter.durable
 
@@ -383,7 +386,7 @@ def host_only(rounds: int, block: int, json_path: object) -> None:
                 found[name].append(run_block(name, block))
     finally:
         writer.StepWriter.durable = durable  # type: ignore[assignment]
-        batch.row_stats = row_stats
+        batch.TRITON = kernels
         for w in watches:
             w.close()
     med = {name: [statistics.median(v[i] for v in found[name]) * 1e3 for i in range(3)] for name in models}
