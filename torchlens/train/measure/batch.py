@@ -1,7 +1,10 @@
 """The exact statistics and the samples of a batch of tensors, in a number of kernels that does
 not grow with the number of tensors (per device: one packing copy per computing dtype, one
 ``row_stats`` per tensor read in place and per buffer, one merge, one random draw, one gather
-per source and one reordering of the samples).
+per source and one reordering of the samples). Where the Triton kernels of ``kernels.py`` run
+(a GPU), three launches per dtype read every dense tensor at its own address: nothing is
+packed, viewed or copied per tensor, only those with gaps or of integer and boolean dtypes are
+packed first. A batch's samples stay one tensor per device (``Samples``) until one is read.
 
 The fields are ``EXACT_FIELDS`` (``torchlens.web.exact``) with their meaning there: counts of
 every value, mean, spread, min and max of the finite ones; ``exact_summary`` of each tensor
