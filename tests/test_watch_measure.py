@@ -389,6 +389,62 @@ def test_the_triton_kernels_agree_with_torch(tmp_path):
     assert done.returncode == 0 and "agree 10" in done.stdout, done.stderr[-3000:]
 
 
+RUN_CHECK = r"""
+import copy, sys, tempfile
+import numpy as np, torch
+from torch import nn
+import torchlens as tl
+from torchlens.train.measure import batch
+from torchlens.train.measure.kernels import Kernels
+sys.path.insert(0, sys.argv[1])
+from measure_nets import KINDS, small_net
+
+def train(model, batched):
+    w = tl.watch(model, run_dir=tempfile.mkdtemp(), backend=None, verbose=False, log=KINDS, input_grads=True)
+    if batched:
+        w.recorder.batch_devices = frozenset({"cpu"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8, generator=g)), torch.randint(0, 10, (4,), generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    w.close()
+    return tl.open_run(w.run_dir)
+
+base = small_net()
+plain = train(copy.deepcopy(base), batched=False)
+kernels = batch.TRITON = Kernels(interpret=True)  # each tensor read at its address, as on a GPU
+fast = train(copy.deepcopy(base), batched=True)
+assert kernels.fns is not None and kernels.error is None, kernels.error
+names = plain.series_names()
+assert sorted(names) == sorted(fast.series_names()) and len(names) > 40
+for call, kind, name in names:
+    a, b = plain.series(call, kind, name), fast.series(call, kind, name)
+    assert a.steps.tolist() == b.steps.tolist() == [0, 1, 2], (call, kind, name)
+    for field in ("count", "mean", "std", "true_min", "true_max", "nan", "posinf", "neginf", "zeros"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert np.allclose(x, y, rtol=2e-5, atol=1e-7, equal_nan=True), (call, kind, name, field, x, y)
+print("runs agree", len(names))
+"""
+
+
+def test_a_run_measured_by_the_triton_kernels_equals_the_per_tensor_path():
+    """The whole logged step as a GPU runs it (the kernels reading each tensor at its address,
+    the samples split on the writer thread), by Triton's interpreter: the same run."""
+    pytest.importorskip("triton")
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")  # read when Triton is imported: a process of its own
+    here = str(pathlib.Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", RUN_CHECK, here], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "runs agree" in done.stdout, done.stderr[-3000:]
+
+
 def test_the_triton_kernels_compile_for_a_gpu():
     """Compiled for an H100/H200 (sm_90) ahead of time: no GPU needed to see that they build."""
     pytest.importorskip("triton")
