@@ -2,7 +2,7 @@
 not grow with the number of tensors (per device: one packing copy per computing dtype, one
 ``row_stats`` per tensor read in place and per buffer, one merge, one random draw, one gather
 per source and one reordering of the samples). Where the Triton kernels of ``kernels.py`` run
-(a GPU), three launches per dtype read every dense tensor at its own address: nothing is
+(a GPU), two launches per dtype and one merge read every dense tensor at its own address: nothing is
 packed, viewed or copied per tensor, only those with gaps or of integer and boolean dtypes are
 packed first. A batch's samples stay one tensor per device (``Samples``) until one is read.
 
