@@ -690,23 +690,34 @@ def test_tensors_read_at_their_addresses_cost_no_operation_each(monkeypatch):
 
 
 class _FailsOnce(_OneLaunch):
-    """Kernels that fail at their first launch and are off from then on (as ``Kernels`` is)."""
+    """Kernels whose launch ``failing`` fails and turns them off from then on (as ``Kernels``
+    does); the launches before it run."""
 
-    def __init__(self):
-        self.off = False
+    def __init__(self, failing):
+        self.failing, self.off = failing, False
 
     def get(self):
         return None if self.off else ()
 
     def rows(self, ptrs, rows, dtype):
+        return self._fail() if self.failing == "rows" else super().rows(ptrs, rows, dtype)
+
+    def merge(self, stats, runs, numel, pads):
+        return self._fail() if self.failing == "merge" else super().merge(stats, runs, numel, pads)
+
+    def gather(self, ptrs, index, out, dtype):
+        return self._fail() is not None if self.failing == "gather" else super().gather(ptrs, index, out, dtype)
+
+    def _fail(self):
         self.off = True
         return None
 
 
-def test_kernels_that_fail_on_tensors_laid_out_for_them_leave_torch_to_measure_them(monkeypatch):
+@pytest.mark.parametrize("failing", ["rows", "merge", "gather"])
+def test_kernels_that_fail_on_tensors_laid_out_for_them_leave_torch_to_measure_them(monkeypatch, failing):
     from torchlens.train.measure import batch
 
-    monkeypatch.setattr(batch, "TRITON", _FailsOnce())
+    monkeypatch.setattr(batch, "TRITON", _FailsOnce(failing))
     tensors = [planted(n, torch.float32, n) for n in (5, 1500, 3000)] + [torch.randn(4, 6).t()]
     cache = LayoutCache()
     b = measure_batch(tensors, 8, lambda d: None, cache)
