@@ -21,7 +21,6 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...errors import TorchlensError
 from .kernels import TRITON
 from .layout import BLOCK, Group, LayoutCache, _flat, measurable, plan, signature
 from .rows import COMPILED, merge_rows, row_stats
@@ -113,10 +112,10 @@ def measure_batch(
     with torch.no_grad():
         for group in layout.groups:
             device = group.device
-            try:
-                table, found = _measure_group(group, tensors, sample_n, generator(device))
-            except _KernelsFailed:  # and are off now: laid out again, as torch reads the tensors
+            measured = _measure_group(group, tensors, sample_n, generator(device))
+            if measured is None:  # the kernels failed (and are off now): packed, as torch reads them
                 return measure_batch(tensors, sample_n, generator, cache=cache, keys=keys)
+            table, found = measured
             tables[device] = table
             for j, i in enumerate(group.members):
                 spans[i], where[i] = (found, j), (device, j)
@@ -133,25 +132,17 @@ def _compiled(keys: Sequence[Optional[tuple]]) -> bool:
     return any(k is not None and k[1].type == "cuda" for k in keys) and COMPILED.get() is not None
 
 
-def _kernels_read(device: torch.device) -> bool:
-    """Whether the Triton kernels read the tensors of ``device`` (a GPU, where Triton builds)."""
-    return TRITON.applies(device) and TRITON.get() is not None
-
-
 def _addressed(keys: Sequence[Optional[tuple]]) -> FrozenSet[torch.device]:
     """The devices whose tensors the Triton kernels read at their own addresses."""
-    return frozenset(d for d in {k[1] for k in keys if k is not None} if _kernels_read(d))
-
-
-class _KernelsFailed(TorchlensError):
-    """The kernels failed on a group laid out for them alone (``Group.addressed``); caught by
-    ``measure_batch``, which lays the batch out again: it never reaches the caller."""
+    devices = {k[1] for k in keys if k is not None and TRITON.applies(k[1])}
+    return frozenset(devices) if devices and TRITON.get() is not None else frozenset()
 
 
 def _measure_group(
     group: Group, tensors: Sequence[torch.Tensor], sample_n: Optional[int], generator: Optional[torch.Generator]
-) -> Tuple[torch.Tensor, Samples]:
-    """The table of ``group``'s members and their samples (``_KernelsFailed``: see there)."""
+) -> Optional[Tuple[torch.Tensor, Samples]]:
+    """The table of ``group``'s members and their samples; None where the group was laid out
+    for the Triton kernels (``group.addressed``) and they failed."""
     device = group.device
     index = group.on_device()
     members = group.members
@@ -175,11 +166,16 @@ def _measure_group(
         torch.cat(pieces, out=values)
         sources.append(values.view(source.rows, BLOCK))
     # the kernels of kernels.py read every source of a dtype at once, through their addresses
-    ptrs = _addresses(sources, device) if _kernels_read(device) else None
+    ptrs = _addresses(sources, device) if TRITON.applies(device) and TRITON.get() is not None else None
+    if group.addressed and ptrs is None:
+        return None
     stats = _row_stats(group, sources, index, ptrs)
+    if stats is None:
+        return None
     table = TRITON.merge(stats, index["runs"], index["numel"], index["pads"]) if ptrs is not None else None
     if table is None:
-        _eager_only(group)
+        if group.addressed:
+            return None
         table = merge_rows(stats, index["owner"], index["numel"], index["pads"])
 
     if sample_n is None:  # every value: a float32 copy of each tensor
@@ -195,8 +191,9 @@ def _measure_group(
             if not TRITON.gather(ptrs[s0:s1], draws, sample, dtype):
                 sample = None
                 break
+    if sample is None and group.addressed:
+        return None
     if sample is None:  # torch's own: one gather per source
-        _eager_only(group)
         drawn = [(sources[s], c) for s, c in enumerate(group.draws) if c]
         parts = at.split([c for _, c in drawn]) if len(drawn) > 1 else (at,)
         picked = [source.take(p) for (source, _), p in zip(drawn, parts)]
@@ -207,9 +204,10 @@ def _measure_group(
 
 def _row_stats(
     group: Group, sources: List[torch.Tensor], index: Dict[str, torch.Tensor], ptrs: Optional[torch.Tensor]
-) -> torch.Tensor:
+) -> Optional[torch.Tensor]:
     """``ROW_COLUMNS`` of every row of the group's sources, in the order of ``index["owner"]``:
-    one kernel per dtype, or ``row_stats`` per segment."""
+    one kernel per dtype, or ``row_stats`` per segment (None: the kernels failed on a group
+    only they can read)."""
     found: List[torch.Tensor] = []
     for dtype, s0, s1, r0, r1, _, _ in group.by_dtype:
         if ptrs is not None:
@@ -218,17 +216,12 @@ def _row_stats(
             if got is not None:
                 found.append(got)
                 continue
-        _eager_only(group)
+            if group.addressed:
+                return None
         for s, a, b, whole in group.segments:
             if s0 <= s < s1:
                 found.append(row_stats(sources[s] if whole else sources[s][a:b]))
     return torch.cat(found) if len(found) > 1 else found[0]
-
-
-def _eager_only(group: Group) -> None:
-    """Torch's eager code is about to read the group: its sources must be rows of ``BLOCK``."""
-    if group.addressed:
-        raise _KernelsFailed()
 
 
 def _addresses(sources: List[torch.Tensor], device: torch.device) -> torch.Tensor:
