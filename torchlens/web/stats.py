@@ -10,7 +10,7 @@ details panel describes one saved activation with ``tensor_stats``, which bins t
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -18,6 +18,50 @@ import torch
 from .exact import EXACT_FIELDS, exact_summary
 
 NUM_BINS = 32
+
+
+class Piece(NamedTuple):
+    """Values ``start`` to ``start + size`` of the 1-D tensor ``buffer``: a sample handed over
+    without a view of its own (a logged step's samples lie end to end in a few buffers, and a
+    view per sample would cost an operation each).
+
+    Example:
+        >>> as_tensor(Piece(torch.arange(5.0), 1, 3)).tolist()
+        [1.0, 2.0, 3.0]
+    """
+
+    buffer: torch.Tensor
+    start: int
+    size: int
+
+
+class Row(NamedTuple):
+    """Row ``at`` of the 2-D tensor ``table``: an exact summary handed over without a view.
+
+    Example:
+        >>> as_tensor(Row(torch.eye(3), 1)).tolist()
+        [0.0, 1.0, 0.0]
+    """
+
+    table: torch.Tensor
+    at: int
+
+
+Sample = Union[torch.Tensor, Piece]  # a 1-D float sample, or where it lies
+Summary = Union[None, torch.Tensor, Row]  # an ``exact_summary``, or where it lies, or none
+
+
+def as_tensor(value: Any) -> Any:
+    """A ``Piece`` or ``Row`` as the tensor it stands for (one view); anything else as it is."""
+    if type(value) is Piece:
+        return value.buffer[value.start : value.start + value.size]
+    if type(value) is Row:
+        return value.table[value.at]
+    return value
+
+
+def _device_of(sample: Sample) -> torch.device:
+    return sample.buffer.device if type(sample) is Piece else sample.device  # type: ignore[union-attr]
 
 
 def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[torch.Tensor]:
@@ -118,50 +162,90 @@ def unpack(packed: np.ndarray, bins: int) -> Histograms:
 
 
 def histograms(
-    samples: Sequence[torch.Tensor],
+    samples: Sequence[Sample],
     reject_proportion: float,
     bins: int = NUM_BINS,
-    summaries: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    summaries: Optional[Sequence[Summary]] = None,
 ) -> Histograms:
     """Histograms of 1-D float samples over [min, max] of each, in ``bins`` equal bins.
 
     ``summaries`` (one ``exact_summary`` per sample, or None) come back to the host in the same
-    transfer, as ``Histograms.exact``.
+    transfer, as ``Histograms.exact``. Samples may be ``Piece``s of a few buffers and summaries
+    ``Row``s of a few tables: the operations run are then as many however many samples there are.
 
     Example:
         >>> h = histograms([torch.tensor([0., 1., 2., 3.])], reject_proportion=0.0, bins=3)
         >>> h.counts.tolist(), float(h.lo[0]), float(h.hi[0])
         ([[1.0, 1.0, 2.0]], 0.0, 3.0)
+        >>> buffer = torch.arange(6.0)
+        >>> h = histograms([Piece(buffer, 3, 3), Piece(buffer, 0, 3)], 0.0, bins=3)
+        >>> h.lo.tolist(), h.counts.tolist()
+        ([3.0, 0.0], [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
     """
     if not samples:
         empty = np.zeros(0)
         return Histograms(np.zeros((0, bins), np.float32), empty, empty, np.zeros(0, np.int64))
-    devices = {s.device for s in samples}
+    joined = _join(samples)
+    devices = {part.device for part in joined.parts}
     if len(devices) > 1:  # rare: a model split over devices; one pass per device
         return _per_device(samples, reject_proportion, bins, summaries)
-    device = samples[0].device
-    given = list(summaries) if summaries is not None else [None] * len(samples)
-    # summaries already on the host (a GPU step's, moved once per phase) stay there
-    on_host = {} if device.type == "cpu" else {i: v for i, v in enumerate(given) if v is not None and v.is_cpu}
-    counts, lo, hi, nonfinite, sums, squares = _bin(samples, reject_proportion, bins)
-    exact = sums.dtype
-    missing = torch.full((len(EXACT_FIELDS),), float("nan"), dtype=exact, device=device)
-    summary_rows = torch.stack(
-        [
-            missing
-            if v is None or i in on_host
-            else v
-            if v.dtype == exact and v.device == device
-            else v.to(device, exact)
-            for i, v in enumerate(given)
-        ]
-    )
-    moments = torch.cat([sums[:, None], squares[:, None], summary_rows], dim=1)
+    device = joined.parts[0].device
+    counts, lo, hi, nonfinite, sums, squares = _bin(samples, reject_proportion, bins, joined)
+    on_device, on_host = _summary_groups(summaries, device)
+    exact = torch.full((len(samples), len(EXACT_FIELDS)), float("nan"), dtype=sums.dtype, device=device)
+    for series, rows in on_device:
+        exact.index_copy_(0, _on(series, device), rows.to(exact.dtype))
+    moments = torch.cat([sums[:, None], squares[:, None], exact], dim=1)
     packed = pack(counts, lo, hi, nonfinite, moments=moments)
     packed_host = _to_host(packed).double().numpy()  # the one host transfer
-    for i, v in on_host.items():
-        packed_host[i, bins + 5 :] = v.double().numpy()
+    for series, host_rows in on_host:  # summaries already on the host (a GPU step's, moved once per phase)
+        packed_host[series, bins + 5 :] = host_rows
     return unpack(packed_host, bins)
+
+
+def _summary_groups(
+    summaries: Optional[Sequence[Summary]], device: torch.device
+) -> Tuple[List[Tuple[np.ndarray, torch.Tensor]], List[Tuple[np.ndarray, np.ndarray]]]:
+    """The summaries as blocks of rows, a fixed number of operations for any number of them:
+    (series, rows) on ``device`` and (series, rows) on the host. The ``Row``s of one table are
+    one block (the host's read as an array, the device's by one ``index_select``); loose rows are
+    stacked into one block per place."""
+    on_device: List[Tuple[np.ndarray, torch.Tensor]] = []
+    on_host: List[Tuple[np.ndarray, np.ndarray]] = []
+    if summaries is None:
+        return on_device, on_host
+    tables: Dict[int, Tuple[torch.Tensor, List[int], List[int]]] = {}
+    loose: Dict[bool, Tuple[List[int], List[torch.Tensor]]] = {}
+    for i, v in enumerate(summaries):
+        if v is None:
+            continue
+        if type(v) is Row:
+            block = tables.get(id(v.table))
+            if block is None:
+                block = tables[id(v.table)] = (v.table, [], [])
+            block[1].append(i)
+            block[2].append(v.at)
+        else:
+            host = v.is_cpu and device.type != "cpu"  # type: ignore[union-attr]
+            series, rows = loose.setdefault(host, ([], []))
+            series.append(i)
+            rows.append(v if host or v.device == device else v.to(device))  # type: ignore[union-attr, arg-type]
+    for table, series, indices in tables.values():
+        if table.is_cpu:
+            on_host.append((np.asarray(series), _host_array(table)[indices]))
+        else:
+            on_device.append((np.asarray(series), table.to(device).index_select(0, _on(np.asarray(indices), device))))
+    for host, (series, rows) in loose.items():
+        if host:
+            on_host.append((np.asarray(series), _host_array(torch.stack(rows))))
+        else:
+            on_device.append((np.asarray(series), torch.stack(rows)))
+    return on_device, on_host
+
+
+def _host_array(table: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as an array of float64 (shared where it is float64 already)."""
+    return table.detach().numpy().astype(np.float64, copy=False)
 
 
 def stack_rows(n: int, parts: Sequence[Tuple[Sequence[int], Histograms, Sequence[int]]]) -> Histograms:
@@ -184,15 +268,15 @@ def stack_rows(n: int, parts: Sequence[Tuple[Sequence[int], Histograms, Sequence
 
 
 def _per_device(
-    samples: Sequence[torch.Tensor],
+    samples: Sequence[Sample],
     reject_proportion: float,
     bins: int,
-    summaries: Optional[Sequence[Optional[torch.Tensor]]],
+    summaries: Optional[Sequence[Summary]],
 ) -> Histograms:
     """``histograms`` of samples on several devices: one pass per device."""
     parts: Dict[torch.device, List[int]] = {}
     for i, s in enumerate(samples):
-        parts.setdefault(s.device, []).append(i)
+        parts.setdefault(_device_of(s), []).append(i)
     n = len(samples)
     result = Histograms(np.zeros((n, bins), np.float32), np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
     for indices in parts.values():
@@ -200,23 +284,27 @@ def _per_device(
         part = histograms([samples[i] for i in indices], reject_proportion, bins, summaries=chosen)
         result.counts[indices], result.lo[indices] = part.counts, part.lo
         result.hi[indices], result.nonfinite[indices] = part.hi, part.nonfinite
+        result.sums[indices], result.sums_of_squares[indices] = part.sums, part.sums_of_squares
         result.exact[indices] = part.exact
     return result
 
 
-def _bin(samples: Sequence[torch.Tensor], reject_proportion: float, bins: int) -> Tuple[torch.Tensor, ...]:
+def _bin(
+    samples: Sequence[Sample], reject_proportion: float, bins: int, joined: Optional[_Joined] = None
+) -> Tuple[torch.Tensor, ...]:
     """On the samples' device: the counts (S, bins), lo, hi, non-finite counts (before outlier
     rejection), and the sums and sums of squares of the binned values (S,) of each sample."""
-    device = samples[0].device
+    joined = _join(samples) if joined is None else joined
+    device = joined.parts[0].device
     n = len(samples)
     # No operation below needs a value on the host (no boolean masks, no bincount, whose output
     # size depends on the data): on a GPU the whole step stays asynchronous until the one copy.
     nonfinite = torch.zeros(n, device=device)
-    numels = [s.numel() for s in samples]  # once, for both below (a step has hundreds of samples)
-    values, segments = _flatten(samples, device, numels)
+    values, segments = end_to_end(samples, device, joined)
     nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
 
-    values, segments = _kept_values(samples, reject_proportion, device, numels)
+    if reject_proportion > 0:
+        values, segments = _kept_values(samples, reject_proportion, device, joined.sizes, flat=values)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
         0, segments, torch.where(finite, values, float("inf")), "amin"
@@ -252,14 +340,19 @@ def _to_host(values: torch.Tensor) -> torch.Tensor:
 
 
 def _kept_values(
-    samples: Sequence[torch.Tensor], proportion: float, device: torch.device, numels: Optional[List[int]] = None
+    samples: Sequence[Sample],
+    proportion: float,
+    device: torch.device,
+    numels: Optional[List[int]] = None,
+    flat: Optional[torch.Tensor] = None,
 ) -> tuple:
     """``reject_outliers`` of every sample, end to end, with the index of the sample each value
     came from; a rejected value is NaN (binning leaves non-finite values out). The samples are
     handled in groups by the power of two their length rounds up to, each one matrix padded with
     NaN to the group's longest (a median and a top-k per group, not per length: a step's samples
     have many lengths, and the padding at most doubles what is read). The values kept are those
-    of ``reject_outliers`` but for ties at the far end.
+    of ``reject_outliers`` but for ties at the far end. ``flat``: all samples end to end, where
+    the caller has them.
 
     Example:
         >>> values, segments = _kept_values([torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)], 0.25,
@@ -267,12 +360,16 @@ def _kept_values(
         >>> sorted(v for v in values.tolist() if v == v), segments.tolist()
         ([1.0, 1.0, 1.0, 2.0, 3.0], [0, 0, 0, 0, 0, 1, 1, 1])
     """
-    numels = [s.numel() for s in samples] if numels is None else numels
+    if numels is None or flat is None:
+        joined = _join(samples)
+        numels, flat = joined.sizes, end_to_end(samples, device, joined)[0]
     if proportion <= 0:
-        return _flatten(samples, device, numels)
+        return end_to_end(samples, device)
+    sizes = np.asarray(numels, np.int64)
+    in_flat = np.cumsum(sizes) - sizes  # where each sample starts in ``flat``
     groups = _length_groups(np.asarray(numels, np.int64))
     if not groups:
-        return _flatten(samples, device, numels)
+        return end_to_end(samples, device)
     values, segments = [], []
     for members, lengths in groups:
         width = int(lengths.max())
@@ -280,11 +377,13 @@ def _kept_values(
         keep = np.where((keep < 1) | (keep >= lengths), lengths, keep)  # too short to reject from
         # one row per sample and one spare column, always NaN: where a sample drops fewer
         # values than the group's most, its remaining top-k places point there
-        flat = torch.cat([samples[i] for i in members.tolist()])
-        batch = torch.full((len(members), width + 1), float("nan"), dtype=flat.dtype, device=device)
+        # the group's values, taken from ``flat`` in one gather
+        inside = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        taken = flat.index_select(0, _on(np.repeat(in_flat[members], lengths) + inside, device))
+        batch = torch.full((len(members), width + 1), float("nan"), dtype=taken.dtype, device=device)
         starts = np.arange(len(members)) * (width + 1) - (np.cumsum(lengths) - lengths)
         at = np.repeat(starts, lengths) + np.arange(lengths.sum())  # each value's place in its row
-        batch.view(-1).index_copy_(0, _on(at, device), flat)
+        batch.view(-1).index_copy_(0, _on(at, device), taken)
         body = batch[:, :width]
         median = body.nanmedian(dim=1, keepdim=True).values
         distance = (body - median).abs().nan_to_num(nan=float("inf"))  # pads and NaN: the farthest
@@ -327,12 +426,66 @@ def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
-def _flatten(samples: Sequence[torch.Tensor], device: torch.device, numels: Optional[List[int]] = None) -> tuple:
-    """All samples end to end, and the index of the sample each value came from (``numels``:
-    their lengths, where the caller has them)."""
-    lengths = torch.tensor([s.numel() for s in samples] if numels is None else numels, dtype=torch.int64)
-    segments = torch.repeat_interleave(torch.arange(len(samples)), lengths).to(device, non_blocking=True)
-    return torch.cat(list(samples)), segments
+class _Joined(NamedTuple):
+    """Where samples lie once joined: ``parts`` (the buffers their ``Piece``s lie in, and the
+    loose samples) end to end, each sample ``sizes[i]`` values from ``starts[i]`` on."""
+
+    parts: List[torch.Tensor]
+    starts: List[int]
+    sizes: List[int]
+    total: int  # the values of all parts
+
+
+def _join(samples: Sequence[Sample]) -> _Joined:
+    offsets: Dict[int, int] = {}  # id(buffer) -> where it starts among the parts
+    parts: List[torch.Tensor] = []
+    starts: List[int] = []
+    sizes: List[int] = []
+    total = 0
+    for s in samples:  # one plain loop: a step has hundreds of samples
+        if type(s) is Piece:
+            buffer, start, size = s
+            at = offsets.get(id(buffer))
+            if at is None:
+                at = offsets[id(buffer)] = total
+                parts.append(buffer)
+                total += buffer.numel()
+            starts.append(at + start)
+            sizes.append(size)
+        else:
+            size = s.numel()  # type: ignore[union-attr]
+            parts.append(s)  # type: ignore[arg-type]
+            starts.append(total)
+            sizes.append(size)
+            total += size
+    return _Joined(parts, starts, sizes, total)
+
+
+def end_to_end(samples: Sequence[Sample], device: torch.device, joined: Optional[_Joined] = None) -> tuple:
+    """All samples end to end, and the index of the sample each value came from, in a fixed
+    number of operations: the buffers the ``Piece``s lie in and the loose samples joined (one
+    ``cat``, none for a single buffer), then the samples' values taken in order (one gather,
+    none where they lie in order already). ``joined``: ``_join(samples)``, where the caller has it.
+
+    Example:
+        >>> buffer = torch.arange(4.0)
+        >>> values, segments = end_to_end([Piece(buffer, 2, 2), torch.tensor([9.0]), Piece(buffer, 0, 1)],
+        ...                               torch.device("cpu"))
+        >>> values.tolist(), segments.tolist()
+        ([2.0, 3.0, 9.0, 0.0], [0, 0, 1, 2])
+    """
+    parts, starts, sizes, total = _join(samples) if joined is None else joined
+    joined_values = parts[0] if len(parts) == 1 else torch.cat(parts)
+    lengths = np.asarray(sizes, np.int64)
+    begins = np.asarray(starts, np.int64)
+    ends = np.cumsum(lengths)
+    if total == int(ends[-1]) and np.array_equal(begins, ends - lengths):
+        values = joined_values  # in order, nothing left out
+    else:
+        inside = np.arange(int(ends[-1])) - np.repeat(ends - lengths, lengths)
+        values = joined_values.index_select(0, _on(np.repeat(begins, lengths) + inside, device))
+    segments = torch.repeat_interleave(torch.arange(len(sizes)), torch.from_numpy(lengths))
+    return values, segments.to(device, non_blocking=True)
 
 
 def bin_edges(lo: np.ndarray, hi: np.ndarray, bins: int) -> np.ndarray:
@@ -405,6 +558,12 @@ def tensor_stats(tensor: Any, bins: int = NUM_BINS) -> Optional[Dict[str, Any]]:
 
 
 __all__ = [
+    "Piece",
+    "Row",
+    "Sample",
+    "Summary",
+    "as_tensor",
+    "end_to_end",
     "histograms",
     "pack",
     "unpack",

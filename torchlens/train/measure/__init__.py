@@ -21,7 +21,7 @@ Example:
 
 from .batch import Batch, measurable, measure_batch
 from .distributed import RankGroup, RankMismatchError, active_group, local_shard, rank_group, step_histograms
-from .exact import SMALL, CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm
+from .exact import SMALL, CopyPool, LazySummary, combine_summaries, measure, row_summaries, summary_norm, table_rows
 from .layout import BLOCK, CHUNK, LayoutCache, flat_view, signature, tensor_key
 from .phase import Measured, PhaseMeasure
 from .rows import COMPILED, ROW_COLUMNS, merge_rows, row_stats, row_stats_eager
@@ -32,6 +32,7 @@ __all__ = [
     "LazySummary",
     "measure",
     "row_summaries",
+    "table_rows",
     "summary_norm",
     "combine_summaries",
     "RankGroup",

@@ -16,11 +16,13 @@ when a ``LayoutCache`` is given (``layout.py``).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...web.stats import Piece
 from .kernels import TRITON
 from .layout import BLOCK, Group, LayoutCache, _flat, measurable, plan, signature
 from .rows import COMPILED, merge_rows, row_stats
@@ -34,14 +36,24 @@ class Samples:
     Example:
         >>> Samples(torch.arange(5.0), [2, 3]).piece(1).tolist()
         [2.0, 3.0, 4.0]
+        >>> Samples(torch.arange(5.0), [2, 3]).piece_at(1)[1:]
+        (2, 3)
     """
 
-    __slots__ = ("values", "sizes", "_pieces")
+    __slots__ = ("values", "sizes", "_pieces", "_starts")
 
     def __init__(self, values: torch.Tensor, sizes: List[int]) -> None:
         self.values = values
         self.sizes = sizes
         self._pieces: Optional[Sequence[torch.Tensor]] = None
+        self._starts: Optional[List[int]] = None
+
+    def piece_at(self, j: int) -> Piece:
+        """Where member ``j``'s sample lies, without a view (the histograms read it from there)."""
+        starts = self._starts
+        if starts is None:  # two threads may both add up: the same list, harmlessly
+            starts = self._starts = [0, *itertools.accumulate(self.sizes)]
+        return Piece(self.values, starts[j], self.sizes[j])
 
     def piece(self, j: int) -> torch.Tensor:
         pieces = self._pieces

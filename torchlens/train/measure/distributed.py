@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ...errors import TorchlensError
-from ...web.stats import NUM_BINS, Histograms, histograms, pack, reject_outliers, unpack
+from ...web.stats import NUM_BINS, Histograms, as_tensor, histograms, pack, reject_outliers, unpack
 from ..model import named_modules
 
 REPLICATED = ("params", "params_grad", "updates")  # the same on every rank under DDP
@@ -237,7 +237,8 @@ def step_histograms(ranks: Optional[RankGroup], data: Any, reject: float, step: 
     data.summarize()
     if ranks is None:
         return histograms(data.samples, reject, summaries=data.summaries)
-    return ranks.histograms(data.samples, reject, data.summaries, step=step, keys=data.keys)
+    samples = [as_tensor(s) for s in data.samples]  # each binned on the global edges: one view each
+    return ranks.histograms(samples, reject, data.summaries, step=step, keys=data.keys)
 
 
 def combine_exact(rows: np.ndarray) -> np.ndarray:

@@ -19,16 +19,19 @@ import threading
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from ...web.exact import exact_dtype, exact_summary
+from ...web.stats import Piece, Row, Sample, Summary, as_tensor, end_to_end
 
 
-def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> List[torch.Tensor]:
-    """The ``exact_summary`` of each 1-D tensor of ``rows``, in a fixed number of operations per
-    device (one call per small tensor would cost far more than its values): all rows in one
-    buffer, reduced by segment. ``median_line``: each row's median (NaN left out) as its line, as
-    per-sample gradient norms have (one median per distinct length); else the line is NaN.
+def row_summaries(rows: Sequence[Sample], median_line: bool = False) -> List[torch.Tensor]:
+    """The ``exact_summary`` of each 1-D tensor (or ``Piece``) of ``rows``, in a fixed number of
+    operations per device (one call per small tensor would cost far more than its values): all
+    rows in one buffer, reduced by segment. ``median_line``: each row's median (NaN left out) as
+    its line, as per-sample gradient norms have (one median per distinct length); else the line
+    is NaN.
 
     Example:
         >>> from torchlens.web.exact import EXACT_FIELDS
@@ -39,40 +42,57 @@ def row_summaries(rows: Sequence[torch.Tensor], median_line: bool = False) -> Li
         >>> a[[0, 1, 6]].tolist(), b[[0, 1, 2, 8]].tolist()
         ([1.0, 1.0, 1.0], [3.0, 2.0, 8.0, 1.0])
     """
+    return [as_tensor(r) for r in table_rows(rows, median_line)]
+
+
+def table_rows(rows: Sequence[Sample], median_line: bool = False) -> List[Row]:
+    """``row_summaries``, each a ``Row`` of its device's table: no view per row (a logged step
+    measures hundreds).
+
+    Example:
+        >>> values = torch.tensor([1.0, 2.0, 4.0, 8.0])
+        >>> first, second = table_rows([Piece(values, 0, 2), Piece(values, 2, 2)])
+        >>> first.table is second.table, second.at, second.table[1, 1].item()
+        (True, 1, 6.0)
+    """
     by_device: Dict[torch.device, List[int]] = {}
     for i, v in enumerate(rows):
-        by_device.setdefault(v.device, []).append(i)
-    placed: Dict[int, torch.Tensor] = {}
+        by_device.setdefault(v.buffer.device if type(v) is Piece else v.device, []).append(i)  # type: ignore[union-attr]
+    placed: Dict[int, Row] = {}
     for device, indices in by_device.items():
-        group = [rows[i] if rows[i].dim() == 1 else rows[i].reshape(-1) for i in indices]
+        group = [r if type(r) is Piece or r.dim() == 1 else r.reshape(-1) for r in (rows[i] for i in indices)]  # type: ignore[union-attr]
+        sizes = [r.size if type(r) is Piece else r.numel() for r in group]  # type: ignore[union-attr]
         # a row's fields depend on its own values only (the forward's rows are measured apart
         # from the gradients' or with them: the same step must give the same run)
-        table = _segment_summaries(group, exact_dtype(device))
+        values, segment = end_to_end(group, device)
+        table = _segment_summaries(values, segment, len(group), exact_dtype(device))
         if median_line:
-            _median_lines(table, group)
-        placed.update(zip(indices, table))
+            _median_lines(table, values, sizes)
+        placed.update((i, Row(table, j)) for j, i in enumerate(indices))
     return [placed[i] for i in range(len(rows))]
 
 
-def _median_lines(table: torch.Tensor, group: List[torch.Tensor]) -> None:
-    """Each row's median (NaN left out) written as its line: one median per distinct length."""
+def _median_lines(table: torch.Tensor, values: torch.Tensor, sizes: List[int]) -> None:
+    """Each row's median (NaN left out) written as its line: one median per distinct length
+    (``values``: the rows end to end, ``sizes`` their lengths)."""
     by_length: Dict[int, List[int]] = {}
-    for j, v in enumerate(group):
-        by_length.setdefault(v.numel(), []).append(j)
-    for at in by_length.values():
-        stacked = torch.stack([group[j] for j in at]).to(table.dtype)
-        table[at, -1] = stacked.nanmedian(dim=1).values
+    for j, n in enumerate(sizes):
+        by_length.setdefault(n, []).append(j)
+    starts = np.cumsum(sizes) - np.asarray(sizes)
+    for n, at in by_length.items():
+        if n == 0:
+            continue
+        positions = (starts[at][:, None] + np.arange(n)[None, :]).reshape(-1)
+        stacked = values.index_select(0, torch.from_numpy(positions).to(values.device)).view(len(at), n)
+        table[at, -1] = stacked.to(table.dtype).nanmedian(dim=1).values
 
 
-def _segment_summaries(group: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """``EXACT_FIELDS`` of each 1-D tensor of ``group`` (of several lengths, on one device): all
-    values in one buffer, each field summed (or its min and max taken) per segment."""
+def _segment_summaries(x: torch.Tensor, segment: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``EXACT_FIELDS`` of each of ``n`` rows whose values lie end to end in ``x`` (``segment``:
+    the row of each value): each field summed (or its min and max taken) per segment."""
     inf = float("inf")
-    x = torch.cat(group).to(dtype)
-    n, device = len(group), x.device
-    segment = torch.repeat_interleave(
-        torch.arange(n, device=device), torch.tensor([v.numel() for v in group], device=device)
-    )
+    x = x.to(dtype)
+    device = x.device
 
     def per_row(values: torch.Tensor) -> torch.Tensor:
         return torch.zeros(n, dtype=dtype, device=device).index_add_(0, segment, values.to(dtype))
@@ -118,7 +138,7 @@ class LazySummary:
     values once measured (a ``CopyPool`` takes its buffer back); ``draw``: draws ``sample`` (for
     the histogram) from the values before they are let go."""
 
-    __slots__ = ("values", "summary", "then", "release", "draw", "sample")
+    __slots__ = ("values", "_summary", "then", "release", "draw", "sample")
 
     def __init__(
         self,
@@ -127,7 +147,7 @@ class LazySummary:
         release: Optional[Callable[[torch.Tensor], None]] = None,
     ) -> None:
         self.values: Optional[torch.Tensor] = values
-        self.summary: Optional[torch.Tensor] = None
+        self._summary: Summary = None  # a ``Row`` of the table its batch was measured in, until read
         self.then = then
         self.release = release
         # draws the samples of several values at once (``Sampler.values_of``)
@@ -139,13 +159,34 @@ class LazySummary:
         """Whether it has been measured (its values are let go then)."""
         return self.values is None
 
+    @property
+    def summary(self) -> Optional[torch.Tensor]:
+        """The exact summary (None: none); its row of the batch's table is viewed when read."""
+        found = self._summary
+        if type(found) is Row:
+            found = self._summary = as_tensor(found)
+        return found  # type: ignore[return-value]
+
+    @summary.setter
+    def summary(self, row: Summary) -> None:
+        self._summary = row
+
+    def summary_ref(self) -> Summary:
+        """The summary as it lies: a ``Row`` of a table, not viewed (the writer thread places a
+        step's rows together), or a tensor."""
+        return self._summary
+
+    def sample_ref(self) -> Optional[Sample]:
+        """The sample as it lies: a ``Piece`` of a buffer, not viewed, or a tensor."""
+        return self.sample
+
     @staticmethod
     @torch.no_grad()
     def resolve(pending: Sequence["LazySummary"]) -> None:
         """Measure all that are not measured yet: the small ones in one batch."""
         todo = list({id(s): s for s in pending if s.values is not None}.values())
         small = [s for s in todo if s.values.numel() <= SMALL]  # type: ignore[union-attr]
-        found = dict(zip(map(id, small), row_summaries([s.values for s in small])))  # type: ignore[misc]
+        found = dict(zip(map(id, small), table_rows([s.values for s in small])))  # type: ignore[misc]
         by_draw: Dict[Callable, List[LazySummary]] = {}
         for s in todo:
             if s.draw is not None:
@@ -157,8 +198,8 @@ class LazySummary:
             values = s.values
             if values is None:  # measured meanwhile, by a ``then`` that needed it
                 continue
-            row = found[id(s)] if id(s) in found else exact_summary(values)
-            s.summary = s.then(row) if s.then is not None and row is not None else row
+            row: Summary = found[id(s)] if id(s) in found else exact_summary(values)
+            s.summary = s.then(as_tensor(row)) if s.then is not None and row is not None else row
             s.values = None  # after the summary: another thread reads ``measured``, then ``summary``
             if s.release is not None:
                 s.release(values)
@@ -316,6 +357,7 @@ def combine_summaries(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 __all__ = [
     "SMALL",
     "row_summaries",
+    "table_rows",
     "LazySummary",
     "CopyPool",
     "measure",

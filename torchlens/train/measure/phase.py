@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
+from ...web.stats import Piece, Row, Sample, Summary, as_tensor
 from .batch import Batch, SampleSpan, measure_batch
 from .exact import LazySummary, kept_dtype
 from .layout import LayoutCache, tensor_key
@@ -41,12 +42,12 @@ class Measured(LazySummary):
         # every slot of LazySummary's, set here rather than by its __init__ (a logged step makes
         # one per tensor it measures: a second call, and the summary setter's, cost as much)
         self.values: Optional[torch.Tensor] = values
-        self.then = self.release = self.draw = None
-        self._sample: Optional[torch.Tensor] = None
+        self.then = self.release = self.draw = self._summary = None  # _summary: its own _row stands for it
+        self._sample: Optional[Sample] = None
         # the phase's samples and this tensor's place among them: its view is made when read
         # (on the writer thread), as its row is
         self._span: Optional[SampleSpan] = None
-        self._row: Optional[torch.Tensor] = None
+        self._row: Summary = None
         self.event: Any = None
         # the phase's host table and this tensor's row in it: the row is taken when read (on
         # the writer thread), not one view per tensor when the phase ends (on the training one)
@@ -62,18 +63,41 @@ class Measured(LazySummary):
         table = self._table
         if table is not None:
             self._row, self._table = table[self._at], None
-        return self._row
+        row = self._row
+        if type(row) is Row:  # measured on the writer thread (``resolve``) with others
+            row = self._row = as_tensor(row)
+        return row  # type: ignore[return-value]
 
     @summary.setter
-    def summary(self, row: Optional[torch.Tensor]) -> None:
+    def summary(self, row: Summary) -> None:
         self._row, self._table = row, None
+
+    def summary_ref(self) -> Summary:
+        """The summary as it lies: its ``Row`` of the phase's host table (once the copy has
+        arrived), not viewed, or a tensor."""
+        event = self.event
+        if event is not None:
+            event.synchronize()
+            self.event = None
+        table = self._table
+        return Row(table, self._at) if table is not None else self._row
+
+    def sample_ref(self) -> Optional[Sample]:
+        """The sample as it lies: a ``Piece`` of the phase's samples, not viewed, or a tensor."""
+        span = self._span
+        if span is not None:
+            self._sample, self._span = span[0].piece_at(span[1]), None
+        return self._sample
 
     @property  # type: ignore[override]
     def sample(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, made when read
         span = self._span
         if span is not None:
             self._sample, self._span = span[0].piece(span[1]), None
-        return self._sample
+        sample = self._sample
+        if type(sample) is Piece:  # handed over as it lies (``sample_ref``), now viewed
+            sample = self._sample = as_tensor(sample)
+        return sample  # type: ignore[return-value]
 
     @sample.setter
     def sample(self, sample: Optional[torch.Tensor]) -> None:

@@ -39,6 +39,7 @@ from torch import nn
 
 from ...errors import TorchlensError
 from ...trace.observe import tensors_in_call
+from ...web.stats import Summary
 from ..measure import (
     SMALL,
     CopyPool,
@@ -239,7 +240,7 @@ class StepRecorder:
         self._last_grad: Optional[Tuple[torch.Tensor, int, Part]] = None
         self._norms_later: List[NormsLater] = []  # small gradients' norms, computed with the pass's end
         # a series' summary, kept while its parts stay the same (a step is written more than once)
-        self._summaries: Dict[Key, Tuple[int, Part, Optional[torch.Tensor]]] = {}
+        self._summaries: Dict[Key, Tuple[int, Part, Summary]] = {}
         self.calls_of: Dict[str, List[str]] = {}  # module address -> call ids seen this step
         self.counts: Dict[str, int] = {}
         self.stack: List[str] = []

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...web.stats import Piece, Sample, as_tensor
 from ..measure import SMALL
 
 
@@ -107,15 +108,16 @@ class Sampler:
             return _float32(torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))))
         return _float32(torch.linalg.vector_norm(_rows(g), dim=1))
 
-    def norms_of(self, grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def norms_of(self, grads: Sequence[torch.Tensor]) -> List[Optional[Sample]]:
         """``norms`` of each of ``grads`` (strided, not empty), computed together: one stack and
-        one norm per group of equal shape, dtype and device, not one each.
+        one norm per group of equal shape, dtype and device, not one each; those of a group are
+        ``Piece``s of its norms (no view each).
 
         Example:
-            >>> [n.tolist() for n in Sampler(4).norms_of([torch.ones(2, 4), torch.zeros(2, 4)])]
+            >>> [as_tensor(n).tolist() for n in Sampler(4).norms_of([torch.ones(2, 4), torch.zeros(2, 4)])]
             [[2.0, 2.0], [0.0, 0.0]]
         """
-        out: List[torch.Tensor] = [None] * len(grads)  # type: ignore[list-item]
+        out: List[Optional[Sample]] = [None] * len(grads)
         groups: Dict[Tuple[torch.Size, torch.dtype, torch.device], List[int]] = {}
         for i, g in enumerate(grads):
             groups.setdefault((g.shape, g.dtype, g.device), []).append(i)
@@ -124,9 +126,10 @@ class Sampler:
                 out[indices[0]] = self.norms(grads[indices[0]])  # type: ignore[assignment]
                 continue
             rows = torch.stack([_rows(grads[i]) for i in indices])  # (tensors, samples, values)
-            out_rows = _float32(torch.linalg.vector_norm(rows, dim=2)).unbind(0)
-            for i, norms in zip(indices, out_rows):
-                out[i] = norms
+            norms = _float32(torch.linalg.vector_norm(rows, dim=2)).view(-1)
+            per = rows.shape[1]
+            for k, i in enumerate(indices):
+                out[i] = Piece(norms, k * per, per)
         return out
 
 
@@ -136,13 +139,32 @@ class NormsLater:
     gradient is held, with its version: one changed meanwhile gets no values (``norms`` None,
     an empty ``sample``). ``sample``: what the histogram draws on (all the norms, or a sample)."""
 
-    __slots__ = ("grad", "version", "norms", "sample")
+    __slots__ = ("grad", "version", "_norms", "_sample")
 
     def __init__(self, grad: torch.Tensor) -> None:
         self.grad: Optional[torch.Tensor] = grad.detach() if grad.requires_grad else grad
         self.version = grad._version
-        self.norms: Optional[torch.Tensor] = None
-        self.sample: Optional[torch.Tensor] = None
+        # where they lie: a ``Piece`` of the norms of the gradients of its shape, until read
+        self._norms: Optional[Sample] = None
+        self._sample: Optional[Sample] = None
+
+    @property
+    def norms(self) -> Optional[torch.Tensor]:
+        """All the per-sample norms (None: not measured)."""
+        return as_tensor(self._norms)  # type: ignore[no-any-return]
+
+    @property
+    def sample(self) -> Optional[torch.Tensor]:
+        """What the histogram draws on."""
+        return as_tensor(self._sample)  # type: ignore[no-any-return]
+
+    def norms_ref(self) -> Optional[Sample]:
+        """``norms`` as they lie (a ``Piece``: no view)."""
+        return self._norms
+
+    def sample_ref(self) -> Optional[Sample]:
+        """``sample`` as it lies (a ``Piece``: no view)."""
+        return self._sample
 
     @staticmethod
     def resolve(pending: Sequence["NormsLater"], sampler: Sampler) -> None:
@@ -159,18 +181,22 @@ class NormsLater:
             if grad is None:
                 continue
             if grad._version != p.version:  # written over since it arrived: not its values now
-                p.sample = grad.new_empty(0, dtype=torch.float32)
+                p._sample = grad.new_empty(0, dtype=torch.float32)
             else:
                 kept.append(p)
                 grads.append(grad)
         for p, norms in zip(kept, sampler.norms_of(grads)):
-            p.norms = norms
+            p._norms = norms
         n = sampler.sample_n
-        drawn = [p for p in kept if n is not None and p.norms.numel() > n]  # type: ignore[union-attr]
+        drawn = [p for p in kept if n is not None and _count(p._norms) > n]
         for p in kept:
-            p.sample = p.norms  # a tensor of their own: a sample holding all of them needs no copy
+            p._sample = p._norms  # values of their own: a sample holding all of them needs no copy
         for p, sample in zip(drawn, sampler.values_of([p.norms for p in drawn])):  # type: ignore[misc]
-            p.sample = sample
+            p._sample = sample
+
+
+def _count(values: Optional[Sample]) -> int:
+    return 0 if values is None else values.size if type(values) is Piece else values.numel()  # type: ignore[union-attr]
 
 
 def _rows(g: torch.Tensor) -> torch.Tensor:

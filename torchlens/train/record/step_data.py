@@ -8,7 +8,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ..measure import LazySummary, combine_summaries, row_summaries
+from ...web.stats import Sample, Summary, as_tensor
+from ..measure import LazySummary, combine_summaries, table_rows
 from .sampling import NormsLater
 
 Key = Tuple[str, str, str]  # (call id, kind, name)
@@ -31,12 +32,14 @@ class StepData:
     written more than once): the count of parts and the last one, as lists only grow or are
     made anew; only ``summarize`` touches it, on one thread."""
 
-    def __init__(self, cache: Optional[Dict[Key, Tuple[int, Part, Optional[torch.Tensor]]]] = None) -> None:
+    def __init__(self, cache: Optional[Dict[Key, Tuple[int, Part, Summary]]] = None) -> None:
         self.keys: List[Key] = []
         self.parts: List[List[Part]] = []
         self.counts: List[int] = []
-        self.samples: List[torch.Tensor] = []
-        self.summaries: List[Optional[torch.Tensor]] = []
+        # where they lie: ``Piece``s of a phase's samples and ``Row``s of its table, mostly (the
+        # histograms take them from there: no view per series)
+        self.samples: List[Sample] = []
+        self.summaries: List[Summary] = []
         self.reasons: Dict[Key, str] = {}
         self.cache = cache if cache is not None else {}
 
@@ -55,42 +58,47 @@ class StepData:
         for (key, parts), summary in zip(changed, _summaries_of([parts for _, parts in changed])):
             self.cache[key] = (len(parts), parts[-1], summary)
         self.samples = [
-            _sample(parts[0]) if len(parts) == 1 else torch.cat(list(map(_sample, parts))) for parts in series
+            _sample(parts[0]) if len(parts) == 1 else torch.cat([as_tensor(_sample(p)) for p in parts])
+            for parts in series
         ]
         self.summaries = [self.cache[key][2] for key in self.keys]
         return self
 
 
-def _sample(part: Part) -> torch.Tensor:
-    """A part's sample: taken when its tensor was seen, or drawn from its copy (or its norms) since."""
+def _sample(part: Part) -> Sample:
+    """A part's sample: taken when its tensor was seen, or drawn from its copy (or its norms)
+    since; as it lies (a ``Piece`` of a phase's samples: no view)."""
     sample = part[0]
-    return sample.sample if isinstance(sample, (LazySummary, NormsLater)) else sample  # type: ignore[return-value]
+    return sample.sample_ref() if isinstance(sample, (LazySummary, NormsLater)) else sample  # type: ignore[return-value]
 
 
-def _norms(norms: Union[None, torch.Tensor, NormsLater]) -> Optional[torch.Tensor]:
-    return norms.norms if isinstance(norms, NormsLater) else norms
+def _norms(norms: Union[None, torch.Tensor, NormsLater]) -> Optional[Sample]:
+    return norms.norms_ref() if isinstance(norms, NormsLater) else norms
 
 
-def _summaries_of(series: List[List[Part]]) -> List[Optional[torch.Tensor]]:
+def _summary(measured: Union[None, torch.Tensor, LazySummary]) -> Summary:
+    return measured.summary_ref() if isinstance(measured, LazySummary) else measured
+
+
+def _summaries_of(series: List[List[Part]]) -> List[Summary]:
     """The exact summary of each series from its parts; for per-sample norms, of all of them,
     with their median as the line (all such series at once)."""
-    out: List[Optional[torch.Tensor]] = [None] * len(series)
+    out: List[Summary] = [None] * len(series)
     norm_rows, norm_of = [], []
     for i, parts in enumerate(series):
         if parts[0][2] is not None:
             norms = [n for n in (_norms(p[2]) for p in parts) if n is not None]
             if norms:  # else none was measured (each was written over before it was read)
-                norm_rows.append(norms[0] if len(norms) == 1 else torch.cat(norms))
+                norm_rows.append(norms[0] if len(norms) == 1 else torch.cat([as_tensor(n) for n in norms]))
                 norm_of.append(i)
             continue
         if len(parts) == 1:  # most series: one tensor's summary is the series'
-            m = parts[0][1]
-            out[i] = m.summary if isinstance(m, LazySummary) else m
+            out[i] = _summary(parts[0][1])
             continue
-        measured = [p[1].summary if isinstance(p[1], LazySummary) else p[1] for p in parts]
+        measured = [as_tensor(_summary(p[1])) for p in parts]
         summaries = [m for m in measured if m is not None]
         out[i] = combine_summaries(summaries) if summaries else None
-    for i, summary in zip(norm_of, row_summaries(norm_rows, median_line=True) if norm_rows else []):
+    for i, summary in zip(norm_of, table_rows(norm_rows, median_line=True) if norm_rows else []):
         out[i] = summary
     return out
 
