@@ -11,7 +11,7 @@ averages ``.grad`` at the very end of backward.
 
 An input's gradient is what the call sends back into it, not the input's total gradient (a
 tensor that also feeds a skip gets gradient from both): the forward pre-hook hands the call its
-own alias of each input that requires grad (``x.view_as(x)``, one per distinct tensor, so
+own alias of each input that requires grad (``aten.alias(x)``, one per distinct tensor, so
 ``query is key`` stays true), and the hook on the alias sees only this call's uses. When the
 call changes its alias in place (``ReLU(inplace=True)``), autograd routes the later uses
 through the in-place op's node on the alias's base: that node's gradient for the old base,
@@ -111,6 +111,9 @@ IN_PLACE_ACTIVATIONS = frozenset(
 
 
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)  # types that are never a DTensor (``local_shard``)
+# a view of the whole tensor whose backward passes the gradient on as it is (``view_as``'s
+# reshapes it: one more operation per input in every logged backward)
+_ALIAS = torch.ops.aten.alias.default
 
 
 class _Alias:
@@ -501,7 +504,7 @@ class StepRecorder:
                     continue
                 if t.requires_grad:
                     try:
-                        alias = t.view_as(t)
+                        alias = _ALIAS(t)
                     except RuntimeError as error:  # a view whose base changed in place
                         raise _hook_error(module, cid, key[2], error) from error
                 elif root and self.input_grads:  # the data: a copy that requires grad, not the user's tensor
