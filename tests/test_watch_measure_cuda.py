@@ -183,3 +183,24 @@ def test_the_triton_kernels_agree_with_torch_on_cuda(monkeypatch):
         assert sa.shape == sb.shape and bool(torch.isin(sa[~sa.isnan()], t.float()).all())
     for sa, sb in zip(fast_small.samples, slow_small.samples):
         assert torch.equal(sa, sb)  # the same positions, read by the gather kernel or by take
+
+
+def test_histograms_of_a_cuda_phase_as_it_lies_equal_those_of_its_views():
+    """A GPU step hands the writer its samples as pieces of a phase's samples on the device and
+    its statistics as rows of the phase's host table (or of a device table: the per-sample
+    norms'): binned from there, every field equals what binning the views gives."""
+    from torchlens.train.measure import LayoutCache, table_rows
+    from torchlens.web.stats import Row, as_tensor, histograms
+
+    tensors = [planted(40 + i, torch.float32, i).cuda() for i in range(12)]
+    tensors += [torch.randn(5, 9 + i, device="cuda").to(torch.bfloat16) for i in range(6)]
+    b = measure_batch(tensors, 16, lambda d: None, LayoutCache())
+    samples = [group.piece_at(j) for group, j in b.spans]
+    on_host = [Row(b.tables[device].cpu(), j) for device, j in b.where]
+    on_device = table_rows([as_tensor(s) for s in samples])
+    assert on_device[0].table.is_cuda
+    for summaries in (on_host, on_device):
+        got = histograms(samples, 0.1, summaries=summaries)
+        want = histograms([as_tensor(s) for s in samples], 0.1, summaries=[as_tensor(r) for r in summaries])
+        for field in ("counts", "lo", "hi", "nonfinite", "sums", "sums_of_squares", "exact"):
+            assert np.array_equal(getattr(got, field), getattr(want, field), equal_nan=True), field
