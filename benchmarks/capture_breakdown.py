@@ -18,6 +18,9 @@ copies             ``run_pass`` saving every activation
 postprocess        ``run_pass`` + ``build_history``
 log_forward_pass   the public call, ``layers_to_save='all'`` (adds request parsing etc.)
 get_model_metadata the public call (no activations saved)
+outputs kept       ``plain`` holding every module's output until it returns (a copy where the
+                   module works in place), as a pass that saves everything holds them: on the CPU
+                   that alone costs fresh memory and cache misses, a floor no tracer can go under
 =================  ==============================================================================
 
 Models: a 5-layer MLP (``Linear(64, 64)`` x 5 with ReLUs, batch 8), torchvision ResNet-18
@@ -106,6 +109,19 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
             for h in handles:
                 h.remove()
 
+    def kept() -> Any:
+        outputs: List[Any] = []
+
+        def keep(module: nn.Module, inputs: Any, output: Any) -> None:
+            in_place = getattr(module, "inplace", False) and isinstance(output, torch.Tensor)
+            outputs.append(output.detach().clone() if in_place else output)
+
+        handle = nn.modules.module.register_module_forward_hook(keep)
+        try:
+            return plain(), outputs
+        finally:
+            handle.remove()
+
     def wrapped() -> Any:
         ops.install(table)
         try:
@@ -136,6 +152,7 @@ def variants(model: nn.Module, args: tuple, kwargs: dict, validate: bool) -> Dic
             model, list(args), input_kwargs=kwargs or None, random_seed=0
         ),
     }
+    found["outputs kept"] = kept
     if validate:
         found["validate"] = lambda: tl.validate_model_activations(
             model, list(args), input_kwargs=kwargs or None, random_seed=0
@@ -181,7 +198,7 @@ def report(name: str, medians: Dict[str, float], ops: int) -> None:
             f"{value * 1e3:>12.2f}{value / plain:>7.2f}x"
         )
         previous = value
-    for key in ("get_model_metadata", "validate"):
+    for key in ("get_model_metadata", "outputs kept", "validate"):
         if key in medians:
             print(f"  {key:<20}{'':>10}{'':>12}{medians[key] * 1e3:>12.2f}{medians[key] / plain:>7.2f}x")
     ops_time = medians["postprocess"] - medians["copies"]
