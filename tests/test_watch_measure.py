@@ -684,7 +684,7 @@ def test_tensors_read_at_their_addresses_cost_no_operation_each(monkeypatch):
             b = measure_batch(tensors, 16, lambda d: None, cache)
         (kept,) = cache._layouts.values()
         assert all(g.addressed and not any(s.parts for s in g.sources) for g in kept.groups)
-        assert len(b.spans) == 4 * n
+        assert len(b.pieces) == 4 * n
         return sum(e.name.startswith("aten::") for e in prof.events())
 
     few, many = ops(10), ops(200)
@@ -701,7 +701,7 @@ def _measured_refs(n):
         tensors += [planted(40 + i, torch.float32, i), torch.randn(5, 7 + i), planted(30, torch.float64, i + n)]
         tensors += [planted(90 + i, torch.bfloat16, 2 * n + i)]
     b = measure_batch(tensors, 16, lambda d: torch.Generator().manual_seed(0), LayoutCache())
-    samples = [group.piece_at(j) for group, j in b.spans]
+    samples = list(b.pieces)
     summaries = [Row(b.tables[device], j) for device, j in b.where]
     return samples, summaries
 

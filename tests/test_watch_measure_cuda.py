@@ -195,7 +195,7 @@ def test_histograms_of_a_cuda_phase_as_it_lies_equal_those_of_its_views():
     tensors = [planted(40 + i, torch.float32, i).cuda() for i in range(12)]
     tensors += [torch.randn(5, 9 + i, device="cuda").to(torch.bfloat16) for i in range(6)]
     b = measure_batch(tensors, 16, lambda d: None, LayoutCache())
-    samples = [group.piece_at(j) for group, j in b.spans]
+    samples = list(b.pieces)
     on_host = [Row(b.tables[device].cpu(), j) for device, j in b.where]
     on_device = table_rows([as_tensor(s) for s in samples])
     assert on_device[0].table.is_cuda

@@ -60,8 +60,14 @@ def as_tensor(value: Any) -> Any:
     return value
 
 
-def _device_of(sample: Sample) -> torch.device:
+def device_of(sample: Sample) -> torch.device:
+    """The device a sample (or the buffer its ``Piece`` lies in) is on."""
     return sample.buffer.device if type(sample) is Piece else sample.device  # type: ignore[union-attr]
+
+
+def size_of(sample: Optional[Sample]) -> int:
+    """How many values a sample has (0 for None), without a view of a ``Piece``."""
+    return 0 if sample is None else sample.size if type(sample) is Piece else sample.numel()  # type: ignore[union-attr]
 
 
 def reject_outliers(samples: Sequence[torch.Tensor], proportion: float) -> List[torch.Tensor]:
@@ -185,7 +191,7 @@ def histograms(
     if not samples:
         empty = np.zeros(0)
         return Histograms(np.zeros((0, bins), np.float32), empty, empty, np.zeros(0, np.int64))
-    joined = _join(samples)
+    joined = join(samples)
     devices = {part.device for part in joined.parts}
     if len(devices) > 1:  # rare: a model split over devices; one pass per device
         return _per_device(samples, reject_proportion, bins, summaries)
@@ -276,7 +282,7 @@ def _per_device(
     """``histograms`` of samples on several devices: one pass per device."""
     parts: Dict[torch.device, List[int]] = {}
     for i, s in enumerate(samples):
-        parts.setdefault(_device_of(s), []).append(i)
+        parts.setdefault(device_of(s), []).append(i)
     n = len(samples)
     result = Histograms(np.zeros((n, bins), np.float32), np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
     for indices in parts.values():
@@ -290,11 +296,11 @@ def _per_device(
 
 
 def _bin(
-    samples: Sequence[Sample], reject_proportion: float, bins: int, joined: Optional[_Joined] = None
+    samples: Sequence[Sample], reject_proportion: float, bins: int, joined: Optional[Joined] = None
 ) -> Tuple[torch.Tensor, ...]:
     """On the samples' device: the counts (S, bins), lo, hi, non-finite counts (before outlier
     rejection), and the sums and sums of squares of the binned values (S,) of each sample."""
-    joined = _join(samples) if joined is None else joined
+    joined = join(samples) if joined is None else joined
     device = joined.parts[0].device
     n = len(samples)
     # No operation below needs a value on the host (no boolean masks, no bincount, whose output
@@ -303,8 +309,7 @@ def _bin(
     values, segments = end_to_end(samples, device, joined)
     nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
 
-    if reject_proportion > 0:
-        values, segments = _kept_values(samples, reject_proportion, device, joined.sizes, flat=values)
+    values, segments = _kept_values(values, segments, joined.sizes, reject_proportion, device)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
         0, segments, torch.where(finite, values, float("inf")), "amin"
@@ -340,46 +345,39 @@ def _to_host(values: torch.Tensor) -> torch.Tensor:
 
 
 def _kept_values(
-    samples: Sequence[Sample],
-    proportion: float,
-    device: torch.device,
-    numels: Optional[List[int]] = None,
-    flat: Optional[torch.Tensor] = None,
+    flat: torch.Tensor, segments: torch.Tensor, sizes: List[int], proportion: float, device: torch.device
 ) -> tuple:
     """``reject_outliers`` of every sample, end to end, with the index of the sample each value
-    came from; a rejected value is NaN (binning leaves non-finite values out). The samples are
-    handled in groups by the power of two their length rounds up to, each one matrix padded with
-    NaN to the group's longest (a median and a top-k per group, not per length: a step's samples
-    have many lengths, and the padding at most doubles what is read). The values kept are those
-    of ``reject_outliers`` but for ties at the far end. ``flat``: all samples end to end, where
-    the caller has them.
+    came from; a rejected value is NaN (binning leaves non-finite values out). ``flat`` and
+    ``segments``: the samples end to end and each value's sample (``end_to_end``), ``sizes``
+    their lengths. The samples are handled in groups by the power of two their length rounds
+    up to, each one matrix padded with NaN to the group's longest (a median and a top-k per
+    group, not per length: a step's samples have many lengths, and the padding at most doubles
+    what is read). The values kept are those of ``reject_outliers`` but for ties at the far end.
 
     Example:
-        >>> values, segments = _kept_values([torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)], 0.25,
-        ...                                 torch.device("cpu"))
+        >>> samples = [torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)]
+        >>> flat, segments = end_to_end(samples, torch.device("cpu"))
+        >>> values, segments = _kept_values(flat, segments, [4, 2], 0.25, torch.device("cpu"))
         >>> sorted(v for v in values.tolist() if v == v), segments.tolist()
         ([1.0, 1.0, 1.0, 2.0, 3.0], [0, 0, 0, 0, 0, 1, 1, 1])
     """
-    if numels is None or flat is None:
-        joined = _join(samples)
-        numels, flat = joined.sizes, end_to_end(samples, device, joined)[0]
-    if proportion <= 0:
-        return end_to_end(samples, device)
-    sizes = np.asarray(numels, np.int64)
-    in_flat = np.cumsum(sizes) - sizes  # where each sample starts in ``flat``
-    groups = _length_groups(np.asarray(numels, np.int64))
+    lengths_all = np.asarray(sizes, np.int64)
+    groups = _length_groups(lengths_all) if proportion > 0 else []
     if not groups:
-        return end_to_end(samples, device)
-    values, segments = [], []
+        return flat, segments
+    in_flat = np.cumsum(lengths_all) - lengths_all  # where each sample starts in ``flat``
+    rows_kept: List[torch.Tensor] = []
+    rows_of: List[np.ndarray] = []
     for members, lengths in groups:
         width = int(lengths.max())
         keep = lengths - (proportion * lengths).astype(np.int64)
         keep = np.where((keep < 1) | (keep >= lengths), lengths, keep)  # too short to reject from
-        # one row per sample and one spare column, always NaN: where a sample drops fewer
-        # values than the group's most, its remaining top-k places point there
         # the group's values, taken from ``flat`` in one gather
         inside = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         taken = flat.index_select(0, _on(np.repeat(in_flat[members], lengths) + inside, device))
+        # one row per sample and one spare column, always NaN: where a sample drops fewer
+        # values than the group's most, its remaining top-k places point there
         batch = torch.full((len(members), width + 1), float("nan"), dtype=taken.dtype, device=device)
         starts = np.arange(len(members)) * (width + 1) - (np.cumsum(lengths) - lengths)
         at = np.repeat(starts, lengths) + np.arange(lengths.sum())  # each value's place in its row
@@ -393,9 +391,9 @@ def _kept_values(
             farthest = distance.topk(k, dim=1, sorted=True).indices
             beyond = np.arange(k)[None, :] >= far[:, None]
             batch.scatter_(1, farthest.masked_fill_(_on(beyond, device), width), float("nan"))
-        values.append(batch.view(-1))
-        segments.append(np.repeat(members, width + 1))
-    return torch.cat(values), _on(np.concatenate(segments), device)
+        rows_kept.append(batch.view(-1))
+        rows_of.append(np.repeat(members, width + 1))
+    return torch.cat(rows_kept), _on(np.concatenate(rows_of), device)
 
 
 def _length_groups(lengths: np.ndarray) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -426,7 +424,7 @@ def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
-class _Joined(NamedTuple):
+class Joined(NamedTuple):
     """Where samples lie once joined: ``parts`` (the buffers their ``Piece``s lie in, and the
     loose samples) end to end, each sample ``sizes[i]`` values from ``starts[i]`` on."""
 
@@ -436,7 +434,9 @@ class _Joined(NamedTuple):
     total: int  # the values of all parts
 
 
-def _join(samples: Sequence[Sample]) -> _Joined:
+def join(samples: Sequence[Sample]) -> Joined:
+    """Where ``samples`` lie once the buffers of their pieces and the loose ones are joined
+    (``end_to_end`` takes their values from there)."""
     offsets: Dict[int, int] = {}  # id(buffer) -> where it starts among the parts
     parts: List[torch.Tensor] = []
     starts: List[int] = []
@@ -458,14 +458,14 @@ def _join(samples: Sequence[Sample]) -> _Joined:
             starts.append(total)
             sizes.append(size)
             total += size
-    return _Joined(parts, starts, sizes, total)
+    return Joined(parts, starts, sizes, total)
 
 
-def end_to_end(samples: Sequence[Sample], device: torch.device, joined: Optional[_Joined] = None) -> tuple:
+def end_to_end(samples: Sequence[Sample], device: torch.device, joined: Optional[Joined] = None) -> tuple:
     """All samples end to end, and the index of the sample each value came from, in a fixed
     number of operations: the buffers the ``Piece``s lie in and the loose samples joined (one
     ``cat``, none for a single buffer), then the samples' values taken in order (one gather,
-    none where they lie in order already). ``joined``: ``_join(samples)``, where the caller has it.
+    none where they lie in order already). ``joined``: ``join(samples)``, where the caller has it.
 
     Example:
         >>> buffer = torch.arange(4.0)
@@ -474,7 +474,7 @@ def end_to_end(samples: Sequence[Sample], device: torch.device, joined: Optional
         >>> values.tolist(), segments.tolist()
         ([2.0, 3.0, 9.0, 0.0], [0, 0, 1, 2])
     """
-    parts, starts, sizes, total = _join(samples) if joined is None else joined
+    parts, starts, sizes, total = join(samples) if joined is None else joined
     joined_values = parts[0] if len(parts) == 1 else torch.cat(parts)
     lengths = np.asarray(sizes, np.int64)
     begins = np.asarray(starts, np.int64)
@@ -563,6 +563,10 @@ __all__ = [
     "Sample",
     "Summary",
     "as_tensor",
+    "device_of",
+    "size_of",
+    "Joined",
+    "join",
     "end_to_end",
     "histograms",
     "pack",

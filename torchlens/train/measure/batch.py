@@ -4,7 +4,8 @@ not grow with the number of tensors (per device: one packing copy per computing 
 per source and one reordering of the samples). Where the Triton kernels of ``kernels.py`` run
 (a GPU), two launches per dtype and one merge read every dense tensor at its own address: nothing is
 packed, viewed or copied per tensor, only those with gaps or of integer and boolean dtypes are
-packed first. A batch's samples stay one tensor per device (``Samples``) until one is read.
+packed first. A batch's samples stay one tensor per device, each tensor's a ``Piece`` of it
+(no view until one is read).
 
 The fields are ``EXACT_FIELDS`` (``torchlens.web.exact``) with their meaning there: counts of
 every value, mean, spread, min and max of the finite ones; ``exact_summary`` of each tensor
@@ -22,58 +23,21 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...web.stats import Piece
+from ...web.stats import Piece, as_tensor
 from .kernels import TRITON
 from .layout import BLOCK, Group, LayoutCache, _flat, measurable, plan, signature
 from .rows import COMPILED, merge_rows, row_stats
-
-
-class Samples:
-    """A group's samples end to end (``values``), member ``j``'s being ``sizes[j]`` long: the
-    views of all of them are made by one ``split``, when the first is asked for (by the watch's
-    writer thread, not the training thread that measured them).
-
-    Example:
-        >>> Samples(torch.arange(5.0), [2, 3]).piece(1).tolist()
-        [2.0, 3.0, 4.0]
-        >>> Samples(torch.arange(5.0), [2, 3]).piece_at(1)[1:]
-        (2, 3)
-    """
-
-    __slots__ = ("values", "sizes", "_pieces", "_starts")
-
-    def __init__(self, values: torch.Tensor, sizes: List[int]) -> None:
-        self.values = values
-        self.sizes = sizes
-        self._pieces: Optional[Sequence[torch.Tensor]] = None
-        self._starts: Optional[List[int]] = None
-
-    def piece_at(self, j: int) -> Piece:
-        """Where member ``j``'s sample lies, without a view (the histograms read it from there)."""
-        starts = self._starts
-        if starts is None:  # two threads may both add up: the same list, harmlessly
-            starts = self._starts = [0, *itertools.accumulate(self.sizes)]
-        return Piece(self.values, starts[j], self.sizes[j])
-
-    def piece(self, j: int) -> torch.Tensor:
-        pieces = self._pieces
-        if pieces is None:  # two threads may both split: the same views, harmlessly
-            pieces = self._pieces = self.values.split(self.sizes)
-        return pieces[j]
-
-
-SampleSpan = Tuple[Samples, int]  # a tensor's sample: its group's samples, its place among them
 
 
 @dataclass
 class Batch:
     """What ``measure_batch`` found: ``rows[i]`` (row ``where[i][1]`` of ``tables[where[i][0]]``,
     or None where ``tensors[i]`` is not ``measurable``) and ``samples[i]`` (float32, on the
-    tensor's device). ``spans[i]`` says where ``samples[i]`` lies among its group's samples: a
-    logged step hands that on, so that the training thread makes no view per tensor."""
+    tensor's device). ``pieces[i]`` says where ``samples[i]`` lies among its group's samples: a
+    logged step hands that on, so that no thread makes a view per tensor."""
 
     tables: Dict[torch.device, torch.Tensor]
-    spans: List[Optional[SampleSpan]]
+    pieces: List[Optional[Piece]]
     where: List[Optional[Tuple[torch.device, int]]]
 
     @property
@@ -85,7 +49,7 @@ class Batch:
     @property
     def samples(self) -> List[Optional[torch.Tensor]]:
         """Each tensor's sample (made when asked, one view each)."""
-        return [None if s is None else s[0].piece(s[1]) for s in self.spans]
+        return [as_tensor(p) for p in self.pieces]
 
 
 def measure_batch(
@@ -118,7 +82,7 @@ def measure_batch(
         else plan(keys, sample_n, compiled, addressed)
     )
     n = len(tensors)
-    spans: List[Optional[SampleSpan]] = [None] * n
+    pieces: List[Optional[Piece]] = [None] * n
     where: List[Optional[Tuple[torch.device, int]]] = [None] * n
     tables: Dict[torch.device, torch.Tensor] = {}
     with torch.no_grad():
@@ -127,11 +91,13 @@ def measure_batch(
             measured = _measure_group(group, tensors, sample_n, generator(device))
             if measured is None:  # the kernels failed (and are off now): packed, as torch reads them
                 return measure_batch(tensors, sample_n, generator, cache=cache, keys=keys)
-            table, found = measured
+            table, samples = measured
             tables[device] = table
-            for j, i in enumerate(group.members):
-                spans[i], where[i] = (found, j), (device, j)
-    return Batch(tables, spans, where)
+            sizes = group.sizes
+            starts = itertools.accumulate(sizes, initial=0)  # each member's place among the samples
+            for j, (i, start) in enumerate(zip(group.members, starts)):
+                pieces[i], where[i] = Piece(samples, start, sizes[j]), (device, j)
+    return Batch(tables, pieces, where)
 
 
 def _compiled(keys: Sequence[Optional[tuple]]) -> bool:
@@ -152,8 +118,8 @@ def _addressed(keys: Sequence[Optional[tuple]]) -> FrozenSet[torch.device]:
 
 def _measure_group(
     group: Group, tensors: Sequence[torch.Tensor], sample_n: Optional[int], generator: Optional[torch.Generator]
-) -> Optional[Tuple[torch.Tensor, Samples]]:
-    """The table of ``group``'s members and their samples; None where the group was laid out
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The table of ``group``'s members and their samples end to end; None where the group was laid out
     for the Triton kernels (``group.addressed``) and they failed."""
     device = group.device
     index = group.on_device()
@@ -192,7 +158,7 @@ def _measure_group(
 
     if sample_n is None:  # every value: a float32 copy of each tensor
         every = [_flat(tensors[i], mode).to(torch.float32) for i, mode in zip(members, group.modes)]
-        return table, Samples(torch.cat(every), group.sizes)
+        return table, torch.cat(every)
     u = torch.rand(index["base"].numel(), generator=generator, device=device, dtype=torch.float64)
     at = torch.minimum((u * index["span"]).long(), index["last"]).add_(index["base"])
     sample = None
@@ -211,7 +177,7 @@ def _measure_group(
         picked = [source.take(p) for (source, _), p in zip(drawn, parts)]
         values = torch.cat(picked) if len(picked) > 1 else picked[0]
         sample = values.to(torch.float32).index_select(0, index["order"])
-    return table, Samples(sample, group.sizes)
+    return table, sample
 
 
 def _row_stats(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...web.exact import exact_dtype, exact_summary
-from ...web.stats import Piece, Row, Sample, Summary, as_tensor, end_to_end
+from ...web.stats import Piece, Row, Sample, Summary, as_tensor, device_of, end_to_end, join
 
 
 def row_summaries(rows: Sequence[Sample], median_line: bool = False) -> List[torch.Tensor]:
@@ -57,14 +57,15 @@ def table_rows(rows: Sequence[Sample], median_line: bool = False) -> List[Row]:
     """
     by_device: Dict[torch.device, List[int]] = {}
     for i, v in enumerate(rows):
-        by_device.setdefault(v.buffer.device if type(v) is Piece else v.device, []).append(i)  # type: ignore[union-attr]
+        by_device.setdefault(device_of(v), []).append(i)
     placed: Dict[int, Row] = {}
     for device, indices in by_device.items():
         group = [r if type(r) is Piece or r.dim() == 1 else r.reshape(-1) for r in (rows[i] for i in indices)]  # type: ignore[union-attr]
-        sizes = [r.size if type(r) is Piece else r.numel() for r in group]  # type: ignore[union-attr]
+        joined = join(group)
+        sizes = joined.sizes
         # a row's fields depend on its own values only (the forward's rows are measured apart
         # from the gradients' or with them: the same step must give the same run)
-        values, segment = end_to_end(group, device)
+        values, segment = end_to_end(group, device, joined)
         table = _segment_summaries(values, segment, len(group), exact_dtype(device))
         if median_line:
             _median_lines(table, values, sizes)
@@ -138,7 +139,7 @@ class LazySummary:
     values once measured (a ``CopyPool`` takes its buffer back); ``draw``: draws ``sample`` (for
     the histogram) from the values before they are let go."""
 
-    __slots__ = ("values", "_summary", "then", "release", "draw", "sample")
+    __slots__ = ("values", "_summary", "then", "release", "draw", "_sample")
 
     def __init__(
         self,
@@ -152,7 +153,7 @@ class LazySummary:
         self.release = release
         # draws the samples of several values at once (``Sampler.values_of``)
         self.draw: Optional[Callable[[Sequence[torch.Tensor]], List[Optional[torch.Tensor]]]] = None
-        self.sample: Optional[torch.Tensor] = None
+        self._sample: Optional[Sample] = None  # a ``Piece`` of its batch's samples, until read
 
     @property
     def measured(self) -> bool:
@@ -176,9 +177,22 @@ class LazySummary:
         step's rows together), or a tensor."""
         return self._summary
 
+    @property
+    def sample(self) -> Optional[torch.Tensor]:
+        """The sample for the histogram (None: none); its piece of the batch's samples is viewed
+        when read."""
+        found = self._sample
+        if type(found) is Piece:
+            found = self._sample = as_tensor(found)
+        return found  # type: ignore[return-value]
+
+    @sample.setter
+    def sample(self, sample: Optional[Sample]) -> None:
+        self._sample = sample
+
     def sample_ref(self) -> Optional[Sample]:
         """The sample as it lies: a ``Piece`` of a buffer, not viewed, or a tensor."""
-        return self.sample
+        return self._sample
 
     @staticmethod
     @torch.no_grad()

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set
 
 import torch
 
-from ...web.stats import Piece, Row, Sample, Summary, as_tensor
-from .batch import Batch, SampleSpan, measure_batch
+from ...web.stats import Row, Summary
+from .batch import Batch, measure_batch
 from .exact import LazySummary, kept_dtype
 from .layout import LayoutCache, tensor_key
 
@@ -34,74 +34,37 @@ _UNKNOWN: Any = object()  # a key not given
 class Measured(LazySummary):
     """A tensor measured with its phase: ``sample`` (float32, on its device) and ``summary``
     (its ``EXACT_FIELDS`` on the host, read once the phase's copy has arrived: reading waits for
-    it) are set when the phase is flushed."""
+    it) are set when the phase is flushed, as a ``Piece`` of the phase's samples and a ``Row``
+    of its host table: viewed when read, or handed on as they lie (``sample_ref``,
+    ``summary_ref``) to the writer thread, which makes no view per tensor."""
 
-    __slots__ = ("_row", "event", "_table", "_at", "_sample", "_span")
+    __slots__ = ("event",)
 
     def __init__(self, values: torch.Tensor) -> None:
         # every slot of LazySummary's, set here rather than by its __init__ (a logged step makes
         # one per tensor it measures: a second call, and the summary setter's, cost as much)
         self.values: Optional[torch.Tensor] = values
-        self.then = self.release = self.draw = self._summary = None  # _summary: its own _row stands for it
-        self._sample: Optional[Sample] = None
-        # the phase's samples and this tensor's place among them: its view is made when read
-        # (on the writer thread), as its row is
-        self._span: Optional[SampleSpan] = None
-        self._row: Summary = None
-        self.event: Any = None
-        # the phase's host table and this tensor's row in it: the row is taken when read (on
-        # the writer thread), not one view per tensor when the phase ends (on the training one)
-        self._table: Optional[torch.Tensor] = None
-        self._at = 0
+        self.then = self.release = self.draw = self._summary = self._sample = None
+        self.event: Any = None  # the phase's copy to the host, until it has arrived
 
-    @property  # type: ignore[override]
-    def summary(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, behind a wait
+    def _arrived(self) -> None:
         event = self.event
         if event is not None:
             event.synchronize()  # waits for this copy alone: not a device synchronisation
             self.event = None
-        table = self._table
-        if table is not None:
-            self._row, self._table = table[self._at], None
-        row = self._row
-        if type(row) is Row:  # measured on the writer thread (``resolve``) with others
-            row = self._row = as_tensor(row)
-        return row  # type: ignore[return-value]
+
+    @property  # type: ignore[override]
+    def summary(self) -> Optional[torch.Tensor]:  # noqa: D401 - LazySummary's, behind a wait
+        self._arrived()
+        return LazySummary.summary.fget(self)  # type: ignore[attr-defined,no-any-return]
 
     @summary.setter
     def summary(self, row: Summary) -> None:
-        self._row, self._table = row, None
+        self._summary = row
 
     def summary_ref(self) -> Summary:
-        """The summary as it lies: its ``Row`` of the phase's host table (once the copy has
-        arrived), not viewed, or a tensor."""
-        event = self.event
-        if event is not None:
-            event.synchronize()
-            self.event = None
-        table = self._table
-        return Row(table, self._at) if table is not None else self._row
-
-    def sample_ref(self) -> Optional[Sample]:
-        """The sample as it lies: a ``Piece`` of the phase's samples, not viewed, or a tensor."""
-        span = self._span
-        if span is not None:
-            self._sample, self._span = span[0].piece_at(span[1]), None
-        return self._sample
-
-    @property  # type: ignore[override]
-    def sample(self) -> Optional[torch.Tensor]:  # noqa: D401 - the slot of LazySummary, made when read
-        span = self._span
-        if span is not None:
-            self._sample, self._span = span[0].piece(span[1]), None
-        sample = self._sample
-        if type(sample) is Piece:  # handed over as it lies (``sample_ref``), now viewed
-            sample = self._sample = as_tensor(sample)
-        return sample  # type: ignore[return-value]
-
-    @sample.setter
-    def sample(self, sample: Optional[torch.Tensor]) -> None:
-        self._sample, self._span = sample, None
+        self._arrived()
+        return self._summary
 
 
 class _Entry:
@@ -260,12 +223,12 @@ class PhaseMeasure:
             if line is not None:
                 table[:, 9] = line(table)
             host[device] = _to_host(table)
-        for m, where, span in zip(measured, batch.where, batch.spans):
+        for m, where, piece in zip(measured, batch.where, batch.pieces):
             if where is None:  # not measurable in a batch (e.g. complex): as the per-tensor path does
                 m.summary, m.sample, m.values = None, None, None
                 continue
             rows, event = host[where[0]]
-            m._span, m._table, m._at, m.event = span, rows, where[1], event
+            m._sample, m._summary, m.event = piece, Row(rows, where[1]), event
             m.values = None  # after the results: the writer thread reads ``measured``, then ``summary``
 
 

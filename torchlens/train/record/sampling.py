@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...web.stats import Piece, Sample, as_tensor
+from ...web.stats import Piece, Sample, as_tensor, size_of
 from ..measure import SMALL
 
 
@@ -188,15 +188,11 @@ class NormsLater:
         for p, norms in zip(kept, sampler.norms_of(grads)):
             p._norms = norms
         n = sampler.sample_n
-        drawn = [p for p in kept if n is not None and _count(p._norms) > n]
+        drawn = [p for p in kept if n is not None and size_of(p._norms) > n]
         for p in kept:
             p._sample = p._norms  # values of their own: a sample holding all of them needs no copy
         for p, sample in zip(drawn, sampler.values_of([p.norms for p in drawn])):  # type: ignore[misc]
             p._sample = sample
-
-
-def _count(values: Optional[Sample]) -> int:
-    return 0 if values is None else values.size if type(values) is Piece else values.numel()  # type: ignore[union-attr]
 
 
 def _rows(g: torch.Tensor) -> torch.Tensor:
