@@ -662,6 +662,56 @@ def test_the_cuda_path_adds_operations_that_do_not_grow_with_tensors_of_many_len
     assert many <= few + 30, (few, many)
 
 
+def _called_ops_on_every_thread(run) -> int:
+    """The ATen operations ``run`` calls, views included, on every thread; not those torch's own
+    kernels call inside them (CPU ``cat`` copies each input through views from some size on)."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    config = _ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        run()
+    called = [e for e in prof.events() if e.name.startswith("aten::")]
+    return sum(e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::") for e in called)
+
+
+def test_a_logged_cuda_step_adds_one_operation_per_watched_call_and_none_per_series(tmp_path, monkeypatch):
+    """The four default kinds, measured as a GPU step measures them: everything a logged step
+    adds, views included, on the training and the writer thread, is a fixed number of
+    operations plus one per watched call (its input's alias, which the per-call gradient hooks
+    need), not several per series."""
+    from torchlens.train.measure import batch
+
+    monkeypatch.setattr(batch, "TRITON", _OneLaunch())
+
+    def added(layers):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            loss = model(torch.randn(4, 16)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        for _ in range(2):
+            step()
+        plain = _called_ops_on_every_thread(step)
+        w = tl.watch(model, run_dir=str(tmp_path / f"run{layers}"), backend=None, verbose=False)
+        w.recorder.batch_devices = frozenset({"cpu"})  # measured as on a GPU
+        for _ in range(2):  # the first logged steps learn the layouts and trace the graph
+            step()
+            w.flush()
+        logged = _called_ops_on_every_thread(lambda: (step(), w.flush()))
+        w.close()
+        return logged - plain
+
+    few, many = added(5), added(40)
+    aliases = 2 * (40 - 5)  # every module call but the first (the data needs no gradient)
+    assert many - few <= aliases + 10, (few, many)
+
+
 def test_tensors_read_at_their_addresses_cost_no_operation_each(monkeypatch):
     """Where the kernels read every dense tensor at its own address (on a GPU), measuring a
     phase makes the same operations, views and those inside ``cat`` included, for 200 tensors
