@@ -554,19 +554,25 @@ def test_samples_drawn_together_are_each_of_their_own_tensor():
     assert more.ops <= count.ops + 5  # views aside: one draw per group, not per tensor
 
 
+def _mlp_training(layers):
+    """An MLP of ``layers`` Linear(16, 16) and ReLU pairs, and one SGD training step of it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        loss = model(torch.randn(4, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
 @pytest.mark.parametrize("kinds", [("io", "params"), ("io_grad", "params_grad")])
 def test_a_logged_cpu_step_adds_operations_that_do_not_grow_with_its_tensors(tmp_path, kinds):
     def added(layers):
-        torch.manual_seed(0)
-        model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step():
-            loss = model(torch.randn(4, 16)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
+        model, step = _mlp_training(layers)
         with Count() as plain:
             step()
         w = tl.watch(model, run_dir=str(tmp_path / f"run{layers}"), backend=None, verbose=False, log=kinds)
@@ -685,16 +691,7 @@ def test_a_logged_cuda_step_adds_one_operation_per_watched_call_and_none_per_ser
     monkeypatch.setattr(batch, "TRITON", _OneLaunch())
 
     def added(layers):
-        torch.manual_seed(0)
-        model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step():
-            loss = model(torch.randn(4, 16)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
+        model, step = _mlp_training(layers)
         for _ in range(2):
             step()
         plain = _called_ops_on_every_thread(step)
