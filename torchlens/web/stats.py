@@ -309,7 +309,7 @@ def _bin(
     values, segments = end_to_end(samples, device, joined)
     nonfinite.scatter_add_(0, segments, (~torch.isfinite(values)).float())
 
-    values, segments = _kept_values(values, segments, joined.sizes, reject_proportion, device)
+    values, segments = _kept_values(values, segments, sizes=joined.sizes, proportion=reject_proportion, device=device)
     finite = torch.isfinite(values)
     lo = torch.full((n,), float("inf"), device=device).scatter_reduce(
         0, segments, torch.where(finite, values, float("inf")), "amin"
@@ -358,7 +358,7 @@ def _kept_values(
     Example:
         >>> samples = [torch.tensor([1.0, 2.0, 3.0, 99.0]), torch.ones(2)]
         >>> flat, segments = end_to_end(samples, torch.device("cpu"))
-        >>> values, segments = _kept_values(flat, segments, [4, 2], 0.25, torch.device("cpu"))
+        >>> values, segments = _kept_values(flat, segments, sizes=[4, 2], proportion=0.25, device=torch.device("cpu"))
         >>> sorted(v for v in values.tolist() if v == v), segments.tolist()
         ([1.0, 1.0, 1.0, 2.0, 3.0], [0, 0, 0, 0, 0, 1, 1, 1])
     """
