@@ -178,3 +178,104 @@ def test_a_rerun_that_would_start_elsewhere_is_refused_with_the_way_out():
         tl.log_forward_pass(UnseenWriteAndInputWrite(), x)
     h = tl.log_forward_pass(UnseenWriteAndInputWrite(), torch.ones(3), activation_postfunc=lambda t: t)
     assert torch.equal(h["mul_1_2"].activation, torch.full((3,), 4.0))
+
+
+def _bn_stack() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+
+
+def _aten_counts(run) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    counts: dict = {}
+    for event in prof.events():
+        counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
+
+
+@pytest.fixture
+def copies_together_on_the_cpu(monkeypatch):
+    """The CPU treated as a GPU is: buffers kept until the end, copies made together."""
+    from torchlens.trace.capture import copy_on_write
+
+    monkeypatch.setattr(copy_on_write, "CPU_COPIES_AT_ONCE", False)
+
+
+def test_on_the_cpu_each_buffer_is_copied_when_first_read():
+    counts = _aten_counts(lambda: tl.log_forward_pass(_bn_stack().eval(), torch.randn(2, 3, 8, 8)))
+    assert counts.get("aten::clone") == 5 and "aten::_foreach_copy_" not in counts  # 4 buffers, the input
+
+
+@pytest.mark.usefixtures("copies_together_on_the_cpu")
+def test_the_buffers_of_an_eval_model_are_copied_together_at_the_end():
+    model, x = _bn_stack().eval(), torch.randn(2, 3, 8, 8)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    counts = _aten_counts(lambda: tl.log_forward_pass(model, x))
+    # four buffer records (the running mean and variance of each BatchNorm; eval mode reads no
+    # counter) and the input the caller holds: one multi-tensor copy, no copy of its own each
+    assert counts.get("aten::_foreach_copy_") == 1 and "aten::clone" not in counts
+    h = tl.log_forward_pass(model, x)
+    model.train()(torch.randn(2, 3, 8, 8) * 5)  # training moves the running statistics in place
+    for address, value in before.items():
+        if address.endswith("num_batches_tracked"):
+            continue  # never read in eval mode: no record
+        assert torch.equal(h[address].activation, value)
+        assert not torch.equal(model.get_buffer(address), value)
+
+
+@pytest.mark.usefixtures("copies_together_on_the_cpu")
+def test_the_buffers_of_a_training_model_hold_their_values_before_the_update():
+    model, x = _bn_stack().train(), torch.randn(2, 3, 8, 8)
+    mean = model[1].running_mean.clone()
+    h = tl.log_forward_pass(model, x)
+    assert torch.equal(h["1.running_mean"].activation, mean)
+    assert not torch.equal(model[1].running_mean, mean)  # the pass itself updated it
+
+
+class WritesItsBufferUnseen(nn.Module):
+    """A module of the user's (its forward unknown to torchlens) that updates a buffer in eval
+    mode through a call torchlens does not trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x):
+        y = x + self.count
+        torch._C.TensorBase.add_(self.count, 1)
+        return y
+
+
+@pytest.mark.usefixtures("copies_together_on_the_cpu")
+def test_a_buffer_the_user_s_module_writes_unseen_keeps_its_value_without_a_second_pass():
+    model = WritesItsBufferUnseen().eval()
+    h = tl.log_forward_pass(model, torch.ones(3))
+    assert torch.equal(h["count"].activation, torch.zeros(3))
+    assert torch.equal(model.count, torch.ones(3))
+    assert not any("second time" in note for note in h.notes)
+
+
+@pytest.mark.usefixtures("copies_together_on_the_cpu")
+def test_copies_equal_clones_whatever_the_tensors():
+    from torchlens.trace.capture.copy_on_write import copies
+
+    w = torch.randn(3, 4, requires_grad=True)
+    tensors = [
+        torch.randn(4, 5).t(),  # not contiguous: the copy keeps clone's layout
+        torch.tensor([-0.0, float("nan"), float("inf")]),
+        torch.arange(6).reshape(2, 3),
+        torch.tensor([True, False]),
+        torch.randn(2, dtype=torch.complex64),
+        w * 2,  # autograd history: cloned, the copy keeps it
+        torch.randn(3),
+    ]
+    made = copies(tensors)
+    for t, c in zip(tensors, made):
+        clone = t.clone()
+        assert c.dtype == t.dtype and c.stride() == clone.stride() and c.data_ptr() != t.data_ptr()
+        bits = (lambda v: v.contiguous().view(torch.uint8)) if c.dtype.is_floating_point else (lambda v: v)
+        assert torch.equal(bits(c), bits(clone))  # bit for bit: -0.0 and NaN as they were
+    assert made[5].grad_fn is not None and not made[0].requires_grad

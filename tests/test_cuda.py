@@ -54,6 +54,25 @@ def test_a_trace_makes_no_host_synchronisation():
         assert len(history) == len(metadata) > 10
 
 
+def test_the_buffers_of_an_eval_model_cost_one_copy_launch_together():
+    """ResNet-18's 40 BatchNorm statistics are copied at the end of the pass in one multi-tensor
+    copy (with the input the caller holds), not one clone each: the trace's device work is the
+    plain forward's plus the copies before in-place writes (relu_, +=) and that one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x = _resnet(), _image()
+    model(x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        history = tl.log_forward_pass(model, x)
+    names = [e.name for e in prof.events()]
+    assert names.count("aten::_foreach_copy_") == 1
+    assert names.count("aten::clone") == 25  # 17 in-place relu_ and 8 += write into saved values
+    before = history["bn1.running_mean"].activation.clone()
+    model.train()(_image(batch=4) * 3)  # training moves the statistics in place
+    assert torch.equal(history["bn1.running_mean"].activation, before)
+    assert not torch.equal(model.bn1.running_mean, before)
+
+
 def test_validation_on_cuda():
     assert tl.validate_model_activations(_resnet(), _image(), random_seed=0)
 

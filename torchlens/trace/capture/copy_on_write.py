@@ -12,14 +12,19 @@ after it was saved, and the writes a pass can make are visible to the tracer:
 
 A write torchlens cannot see (a C extension writing into a tensor, an operation that updates an
 argument without saying so) moves the tensor's version counter, which every saved activation
-records: ``finish`` lists those as stale and the pass is run again, copying everything. Buffers
-(updated in place by ``batch_norm``'s running statistics, which is no in-place operation by
-name) and tensors sharing memory with parameters or buffers are always copied at once.
+records: ``finish`` lists those as stale and the pass is run again, copying everything.
+Parameters, the buffers a pass may update unseen (of modules in training mode: ``batch_norm``
+updates its running statistics in place, which is no in-place operation by name; of modules
+whose forward torchlens does not know) and tensors sharing memory with them are copied at once.
+On a GPU, the buffers of torch.nn's own modules in eval mode are kept like any activation and
+copied with everything else the model holds at the end of the pass, together (``copies``: one
+multi-tensor copy instead of a kernel launch per buffer, some forty on a ResNet-18); on the CPU,
+where a copy costs the same now or later, they are copied when first read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
@@ -27,6 +32,13 @@ from ..records.tensor_log import TensorLogEntry
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
+# on the CPU a copy costs the same now or later (there is no kernel launch to save): its buffers
+# are copied when first read, each on its own (tests set this False to run the GPU's way here)
+CPU_COPIES_AT_ONCE = True
+# torch's multi-tensor copy (torch >= 2.1 has it; a GPU runs it as one kernel for many tensors)
+_FOREACH_COPY: Optional[Callable[[List[torch.Tensor], List[torch.Tensor]], None]] = getattr(
+    torch, "_foreach_copy_", None
+)
 
 
 def storage_key(tensor: torch.Tensor) -> Optional[int]:
@@ -43,19 +55,61 @@ def storage_key(tensor: torch.Tensor) -> Optional[int]:
     return key or None
 
 
+def copies(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """A copy of each of ``tensors`` (as ``clone`` makes it: same values, dtype, device and
+    layout), in one multi-tensor copy per device and dtype where there are several: on a GPU one
+    kernel launch instead of one per tensor. Tensors with autograd history are cloned (their
+    copies keep it), and so are tensor subclasses, quantized tensors and, while
+    ``CPU_COPIES_AT_ONCE``, CPU tensors.
+
+    Example:
+        >>> a, b = torch.arange(3.0), torch.tensor([[True], [False]])
+        >>> [(c.tolist(), c.data_ptr() != t.data_ptr()) for c, t in zip(copies([a, b, a * 2]), [a, b, a])]
+        [([0.0, 1.0, 2.0], True), ([[True], [False]], True), ([0.0, 2.0, 4.0], True)]
+    """
+    made: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
+    for i, t in enumerate(tensors):
+        if (
+            _FOREACH_COPY is None
+            or type(t) is not _Tensor
+            or t.requires_grad
+            or t.is_quantized
+            or (CPU_COPIES_AT_ONCE and t.is_cpu)
+        ):
+            made[i] = t.clone()
+        else:
+            groups.setdefault((t.device, t.dtype), []).append(i)
+    for group in groups.values():
+        sources = [tensors[i] for i in group]
+        if len(group) > 1:
+            targets = [torch.empty_like(t) for t in sources]  # the layout clone() gives
+            try:
+                _FOREACH_COPY(targets, sources)  # type: ignore[misc]  # not None: tested above
+            except (RuntimeError, NotImplementedError, TypeError):  # a kind torch's copy refuses
+                targets = [t.clone() for t in sources]
+        else:
+            targets = [sources[0].clone()]
+        for i, copy in zip(group, targets):
+            made[i] = copy
+    return made  # type: ignore[return-value]  # every place filled above
+
+
 class SharedActivations:
     """The saved activations of one pass that share memory with the model's tensors."""
 
-    def __init__(self, model_tensors: Iterable[torch.Tensor]) -> None:
+    def __init__(self, model_tensors: Iterable[torch.Tensor], kept_buffers: Iterable[torch.Tensor] = ()) -> None:
         # storage -> [(entry, version of its activation when saved)]
         self.by_storage: Dict[int, List[Tuple[TensorLogEntry, int]]] = {}
-        # memory of parameters and buffers: never shared (updated outside the tracer's view)
+        # memory of parameters and of buffers the pass may update unseen: never shared
         self.model_storages: Set[int] = {k for k in map(storage_key, model_tensors) if k is not None}
+        # the buffers whose records may stay uncopied until the pass ends (ids: they are alive)
+        self.kept_buffers = set(map(id, kept_buffers))
         self.stale: List[TensorLogEntry] = []
 
     def keep(self, tensor: torch.Tensor, entry: TensorLogEntry, detach: bool) -> Optional[torch.Tensor]:
         """``tensor`` itself (detached if asked) as the saved activation, or None: copy it."""
-        if entry.kind == "buffer":
+        if entry.kind == "buffer" and id(tensor) not in self.kept_buffers:
             return None
         key = storage_key(tensor)
         if key is None or key in self.model_storages:
@@ -73,23 +127,20 @@ class SharedActivations:
             return
         key = storage_key(tensor)
         kept = self.by_storage.pop(key, None) if key is not None else None
-        copies: Dict[Any, torch.Tensor] = {}  # one copy of each view held by several entries
-        for entry, version in kept or ():
-            saved = entry.activation
-            if saved._version == version:
-                view = _view_key(saved)
-                copy = copies.get(view)
-                if copy is None:
-                    copy = copies[view] = saved.clone()
-                entry.activation = copy
-            else:  # already changed by a write the tracer did not see
-                self.stale.append(entry)
+        if kept:
+            self._copy(kept)
 
     def finish(self, held: Iterable[torch.Tensor]) -> List[TensorLogEntry]:
-        """End of the pass: copy what the caller or the model still holds (``held``); return the
-        activations whose memory changed unseen (empty when the trace is right)."""
+        """End of the pass: copy what the caller or the model still holds (``held``), all
+        together; return the activations whose memory changed unseen (empty when the trace is
+        right)."""
+        to_copy: List[Tuple[TensorLogEntry, int]] = []
         for tensor in held:
-            self.before_write(tensor)
+            key = storage_key(tensor) if isinstance(tensor, _Tensor) else None
+            if key is not None:
+                to_copy.extend(self.by_storage.pop(key, ()))
+        if to_copy:
+            self._copy(to_copy)
         stale = self.stale
         for kept in self.by_storage.values():  # plain loops: one storage per activation, mostly
             for entry, version in kept:
@@ -97,6 +148,27 @@ class SharedActivations:
                     stale.append(entry)
         self.by_storage = {}
         return stale
+
+    def _copy(self, kept: List[Tuple[TensorLogEntry, int]]) -> None:
+        """Give each entry of ``kept`` its own copy (one copy of each view held by several), or
+        list it as stale where its memory changed already (a write the tracer did not see)."""
+        sources: List[torch.Tensor] = []
+        place: Dict[Any, int] = {}  # view -> its place in sources
+        owners: List[Tuple[TensorLogEntry, int]] = []
+        for entry, version in kept:
+            saved = entry.activation
+            if saved._version != version:
+                self.stale.append(entry)
+                continue
+            view = _view_key(saved)
+            at = place.get(view)
+            if at is None:
+                at = place[view] = len(sources)
+                sources.append(saved)
+            owners.append((entry, at))
+        made = copies(sources)
+        for entry, at in owners:
+            entry.activation = made[at]
 
 
 def _view_key(t: torch.Tensor) -> Any:
@@ -109,4 +181,4 @@ def _view_key(t: torch.Tensor) -> Any:
     return (t.data_ptr(), t.dtype, t.shape, t.stride())
 
 
-__all__ = ["SharedActivations", "storage_key"]
+__all__ = ["CPU_COPIES_AT_ONCE", "SharedActivations", "copies", "storage_key"]

@@ -114,6 +114,21 @@ class ModelInventory:
         inventory.describe_parameters()
         return inventory
 
+    def buffers_copied_at_once(self) -> List[torch.Tensor]:
+        """The buffers a pass may update in place without an operation that says so, so their
+        records are copied when made: those of modules in training mode (``batch_norm``'s
+        running statistics) and of every module but torch.nn's own classes (whose forward in
+        eval mode writes no buffer), all of them while a lazy module is not materialised."""
+        if self.has_lazy:
+            return list(self.buffers)
+        return [
+            b
+            for m in self.modules
+            if m._buffers and (m.training or not type(m).__module__.startswith("torch.nn."))
+            for b in m._buffers.values()
+            if b is not None
+        ]
+
     def describe_parameters(self) -> None:
         """``param_info`` of the parameters that exist (a lazy one has no shape yet)."""
         info: Dict[str, Tuple[torch.Size, int, int]] = {}

@@ -52,6 +52,7 @@ from torch import nn
 
 from ..records.position import OpRngState, Position
 from ..records.tensor_log import ParentRef, TensorLogEntry
+from . import copy_on_write
 from .args import Located, nested_shape, replace_tensors, tensors_in, tensors_in_call
 from .constructors import CODES as CONSTRUCTOR_CODES
 from .copy_on_write import SharedActivations
@@ -112,6 +113,20 @@ def identity(x: Any) -> Any:
     return x
 
 
+def _buffer_copies(inventory: ModelInventory) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The model's buffers whose records are copied when made (those a pass may update unseen;
+    on the CPU all of them), and the others, kept uncopied until the pass ends and then copied
+    together (on a GPU one launch for all instead of one each: copy_on_write.py)."""
+    buffers = inventory.buffers
+    kept = [b for b in buffers if not b.is_cpu] if copy_on_write.CPU_COPIES_AT_ONCE else buffers
+    if not kept:
+        return buffers, []
+    unsafe = set(map(id, inventory.buffers_copied_at_once()))
+    kept = [b for b in kept if id(b) not in unsafe]
+    kept_ids = set(map(id, kept))
+    return [b for b in buffers if id(b) not in kept_ids], kept
+
+
 @functools.lru_cache(maxsize=None)
 def _skip_code_ids() -> FrozenSet[int]:
     """Ids of the code of torchlens's own frames between the model and the tracer: every
@@ -148,7 +163,9 @@ class Tracer:
         # saved activations not copied until written (capture/shared.py); None: copy at once, or
         # nothing to copy (a plan that saves nothing: no storages to track, nothing to check after)
         share = plan.can_share and not plan.saves_nothing
-        self.shared = SharedActivations(inventory.parameters + inventory.buffers) if share else None
+        # buffers copied when first read, and those kept uncopied until the pass ends
+        at_once, self.kept_buffers = _buffer_copies(inventory) if share else ([], [])
+        self.shared = SharedActivations(inventory.parameters + at_once, self.kept_buffers) if share else None
         # told before a logged call writes into a tensor (in place or out=): the copies above, the hooks
         self.write_watchers: List[Callable[[torch.Tensor], None]] = overriding(self.hooks, "before_write")
         if self.shared is not None:
