@@ -12,6 +12,11 @@ process, ``time.process_time``, medians over interleaved rounds):
   what its history costs afterwards: the first young collection scans the whole history it
   returned, and the full collections that the histories promoted on the way trigger walk every
   object of the process (all of torch's), however small the model.
+* **device work**: the ATen operations of a plain forward (``torch.profiler`` on the CPU,
+  top-level operations) and the copies a trace adds to them, each a kernel launch on a GPU (the
+  trace runs the model's own operations, nothing else). Counted twice: as the CPU runs a trace
+  (every buffer copied when first read) and as a GPU does (the buffers of an eval model copied
+  together at the end: one ``_foreach_copy_`` for all of them, counted as one).
 * **heap**: the same ResNet-18 trace in this (small) process, then after ``gc.freeze()`` and two
   million more live objects (a notebook with a dataset loaded, a server that froze its heap
   before forking): the ratio of the two medians. A pass that walked the heap would cost several
@@ -112,6 +117,35 @@ def collector(model: nn.Module, x: torch.Tensor, traces: int) -> str:
     return f"{sum(per_trace):.2f} ms of {total / traces * 1e3:.2f} ms per trace ({sum(spent) / total:.1%}): {by_generation}"
 
 
+def top_level_ops(run: Callable[[], Any]) -> List[str]:
+    """Names of the ATen operations ``run`` calls directly (not those inside another one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    inner = {id(child) for e in events for child in e.cpu_children}
+    return [e.name for e in events if id(e) not in inner]
+
+
+def device_work(model: nn.Module, x: torch.Tensor) -> str:
+    from torchlens.trace.capture import copy_on_write
+
+    plain = top_level_ops(lambda: model(x))
+    found: List[int] = []
+    for cpu_copies_at_once in (True, False):  # as on the CPU, then as on a GPU
+        copy_on_write.CPU_COPIES_AT_ONCE = cpu_copies_at_once
+        try:
+            ops = top_level_ops(lambda: tl.log_forward_pass(model, x))
+        finally:
+            copy_on_write.CPU_COPIES_AT_ONCE = True
+        found.append(ops.count("aten::clone") + ops.count("aten::_foreach_copy_"))
+    return (
+        f"plain forward {len(plain)} ATen ops; a trace adds {found[0]} copies as on the CPU, "
+        f"{found[1]} as on a GPU (launches of copy kernels)"
+    )
+
+
 def heap(model: nn.Module, x: torch.Tensor, rounds: int, objects: int) -> str:
     trace = {"trace": lambda: tl.log_forward_pass(model, x)}
     small = medians(trace, rounds)["trace"]
@@ -136,6 +170,7 @@ def main() -> None:
     for name, (model, x) in found.items():
         print(f"{name:24s} {per_op(model, x, options.rounds)}")
         print(f"{'  collector':24s} {collector(model, x, options.traces)}")
+        print(f"{'  device work':24s} {device_work(model, x)}")
     model, x = found["resnet18 32x32"]
     print(f"{'heap, resnet18 32x32':24s} {heap(model, x, options.rounds, options.objects)}")
 
