@@ -554,19 +554,24 @@ def test_samples_drawn_together_are_each_of_their_own_tensor():
     assert more.ops <= count.ops + 5  # views aside: one draw per group, not per tensor
 
 
-def _mlp_training(layers):
-    """An MLP of ``layers`` Linear(16, 16) and ReLU pairs, and one SGD training step of it."""
-    torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
+def _training_step(model, width):
+    """One SGD training step of ``model`` on a random batch of 4 rows of ``width`` values."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step():
-        loss = model(torch.randn(4, 16)).pow(2).mean()
+        loss = model(torch.randn(4, width)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
 
-    return model, step
+    return step
+
+
+def _mlp_training(layers):
+    """An MLP of ``layers`` Linear(16, 16) and ReLU pairs, and one SGD training step of it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(16, 16), nn.ReLU())])
+    return model, _training_step(model, 16)
 
 
 @pytest.mark.parametrize("kinds", [("io", "params"), ("io_grad", "params_grad")])
@@ -638,14 +643,7 @@ def test_the_cuda_path_adds_operations_that_do_not_grow_with_tensors_of_many_len
         widths = [8 + 3 * i for i in range(layers + 1)]  # every layer its own shapes and lengths
         model = nn.Sequential(*[m for i in range(layers) for m in (nn.Linear(widths[i], widths[i + 1]), nn.ReLU())])
         model.append(nn.Linear(widths[-1], 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step():
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
+        step = _training_step(model, 8)
         plain = _computing_ops_on_every_thread(step)
         w = tl.watch(
             model,
