@@ -24,7 +24,8 @@ where a copy costs the same now or later, they are copied when first read.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+import itertools
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -98,18 +99,26 @@ def copies(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
 class SharedActivations:
     """The saved activations of one pass that share memory with the model's tensors."""
 
-    def __init__(self, model_tensors: Iterable[torch.Tensor], kept_buffers: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(
+        self,
+        parameters: List[torch.Tensor],
+        buffers: List[torch.Tensor],
+        kept_buffers: Sequence[torch.Tensor] = (),
+    ) -> None:
         # storage -> [(entry, version of its activation when saved)]
         self.by_storage: Dict[int, List[Tuple[TensorLogEntry, int]]] = {}
-        # memory of parameters and of buffers the pass may update unseen: never shared
-        self.model_storages: Set[int] = {k for k in map(storage_key, model_tensors) if k is not None}
-        # the buffers whose records may stay uncopied until the pass ends (ids: they are alive)
-        self.kept_buffers = set(map(id, kept_buffers))
+        # the buffers whose records stay uncopied until the pass ends (held by the model, so
+        # their ids are theirs while the pass runs); every other buffer's record is copied at once
+        self.kept_buffers = list(kept_buffers)
+        self._kept_ids = set(map(id, self.kept_buffers))
+        # memory of parameters and of the other buffers: never shared (updated unseen, maybe)
+        fixed = itertools.chain(parameters, (b for b in buffers if id(b) not in self._kept_ids))
+        self.model_storages: Set[int] = {k for k in map(storage_key, fixed) if k is not None}
         self.stale: List[TensorLogEntry] = []
 
     def keep(self, tensor: torch.Tensor, entry: TensorLogEntry, detach: bool) -> Optional[torch.Tensor]:
         """``tensor`` itself (detached if asked) as the saved activation, or None: copy it."""
-        if entry.kind == "buffer" and id(tensor) not in self.kept_buffers:
+        if entry.kind == "buffer" and id(tensor) not in self._kept_ids:
             return None
         key = storage_key(tensor)
         if key is None or key in self.model_storages:
@@ -131,11 +140,11 @@ class SharedActivations:
             self._copy(kept)
 
     def finish(self, held: Iterable[torch.Tensor]) -> List[TensorLogEntry]:
-        """End of the pass: copy what the caller or the model still holds (``held``), all
-        together; return the activations whose memory changed unseen (empty when the trace is
-        right)."""
+        """End of the pass: copy what the caller or the model still holds (``held``, and the
+        buffers kept), all together; return the activations whose memory changed unseen (empty
+        when the trace is right)."""
         to_copy: List[Tuple[TensorLogEntry, int]] = []
-        for tensor in held:
+        for tensor in itertools.chain(held, self.kept_buffers):
             key = storage_key(tensor) if isinstance(tensor, _Tensor) else None
             if key is not None:
                 to_copy.extend(self.by_storage.pop(key, ()))

@@ -250,7 +250,7 @@ def _run_model(
     stale: List[TensorLogEntry] = []
     if tracer.shared is not None:  # what the caller and model hold is only walked to copy from it
         handed_out = output if tracer.plan.hands_out_output else None
-        stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, handed_out) + tracer.kept_buffers)
+        stale = tracer.finish_sharing(_held_after(inventory, args, kwargs, handed_out))
     if inventory.has_lazy:
         inventory.describe_materialised()
     return output, stale

@@ -113,18 +113,17 @@ def identity(x: Any) -> Any:
     return x
 
 
-def _buffer_copies(inventory: ModelInventory) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-    """The model's buffers whose records are copied when made (those a pass may update unseen;
-    on the CPU all of them), and the others, kept uncopied until the pass ends and then copied
-    together (on a GPU one launch for all instead of one each: copy_on_write.py)."""
+def _kept_buffers(inventory: ModelInventory) -> List[torch.Tensor]:
+    """The model's buffers whose records stay uncopied until the pass ends, then copied together
+    (on a GPU one launch for all instead of one each: copy_on_write.py): those a pass cannot
+    update unseen, off the CPU. The others' records are copied when made."""
     buffers = inventory.buffers
-    kept = [b for b in buffers if not b.is_cpu] if copy_on_write.CPU_COPIES_AT_ONCE else buffers
-    if not kept:
-        return buffers, []
+    if copy_on_write.CPU_COPIES_AT_ONCE:
+        buffers = [b for b in buffers if not b.is_cpu]
+    if not buffers:
+        return []
     unsafe = set(map(id, inventory.buffers_copied_at_once()))
-    kept = [b for b in kept if id(b) not in unsafe]
-    kept_ids = set(map(id, kept))
-    return [b for b in buffers if id(b) not in kept_ids], kept
+    return [b for b in buffers if id(b) not in unsafe]
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,9 +162,9 @@ class Tracer:
         # saved activations not copied until written (capture/shared.py); None: copy at once, or
         # nothing to copy (a plan that saves nothing: no storages to track, nothing to check after)
         share = plan.can_share and not plan.saves_nothing
-        # buffers copied when first read, and those kept uncopied until the pass ends
-        at_once, self.kept_buffers = _buffer_copies(inventory) if share else ([], [])
-        self.shared = SharedActivations(inventory.parameters + at_once, self.kept_buffers) if share else None
+        self.shared = (
+            SharedActivations(inventory.parameters, inventory.buffers, _kept_buffers(inventory)) if share else None
+        )
         # told before a logged call writes into a tensor (in place or out=): the copies above, the hooks
         self.write_watchers: List[Callable[[torch.Tensor], None]] = overriding(self.hooks, "before_write")
         if self.shared is not None:
