@@ -369,6 +369,42 @@ def test_history_attributes_cannot_replace_methods(saved):
         tl.load(saved)
 
 
+def _guards_entered(monkeypatch) -> list:
+    from torchlens.trace import replay_guard
+
+    entered = []
+    enter = replay_guard.ReplayGuard.__enter__
+    monkeypatch.setattr(replay_guard.ReplayGuard, "__enter__", lambda self: entered.append(self) or enter(self))
+    return entered
+
+
+def test_a_loaded_history_is_replayed_under_the_guard_and_a_traced_one_without(saved, monkeypatch):
+    entered = _guards_entered(monkeypatch)
+    loaded = tl.load(saved)
+    assert not loaded.traced_here
+    assert validate_history(loaded) is True
+    loaded.rerun({"linear_1_1": torch.zeros(2, 3)}).rerun({"linear_1_1": torch.ones(2, 3)})  # a copy stays guarded
+    guarded = len(entered)
+    assert guarded >= 3 + 2 + 2  # every replayed operation of the three calls
+    torch.manual_seed(0)
+    fresh = tl.log_forward_pass(Small(), torch.rand(2, 3), save_function_args=True)
+    assert fresh.traced_here
+    assert validate_history(fresh) is True
+    changed = fresh.rerun({"linear_1_1": torch.zeros(2, 3)})
+    assert torch.equal(changed["sigmoid_1_4"].activation, torch.full((2, 3), 0.5))
+    assert tl.validate_model_activations(Small(), torch.rand(2, 3)) is True
+    assert len(entered) == guarded  # the model's own calls ran as in its forward pass
+
+
+def test_a_file_cannot_claim_its_history_was_traced_here(saved):
+    document = _index(saved)
+    assert "traced_here" not in document["history"]  # never written
+    document["history"]["traced_here"] = True
+    _write(saved, document)
+    with pytest.raises(tl.HistoryFileError, match="history: unexpected attribute 'traced_here'"):
+        tl.load(saved)
+
+
 # ----- memory: an edited index cannot multiply the folder's data ------------------------------
 def test_records_naming_the_same_stored_tensor_share_its_memory(saved):
     document = _index(saved)

@@ -28,13 +28,15 @@ class RerunError(TorchlensError, RuntimeError):
     """``rerun`` cannot recompute the history (the message says why and what to do)."""
 
 
-def _replay_layer(entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], values: Dict[str, torch.Tensor]) -> Any:
+def _replay_layer(
+    entry: TensorLogEntry, by_label: Dict[str, TensorLogEntry], values: Dict[str, torch.Tensor], guarded: bool
+) -> Any:
     """Re-run one layer's function with ``values`` for some parents (the validation replay);
     a string describing the failure if it raises."""
     from .replay import replay_entry
 
     with torch.no_grad():
-        return replay_entry(entry, by_label, values)
+        return replay_entry(entry, by_label, values, guarded)
 
 
 def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
@@ -78,7 +80,7 @@ def rerun(history: ModelHistory, changes: Mapping[Any, Change]) -> ModelHistory:
         if not any(p in new_values for p in e.parent_layers):
             continue
         _check_replayable(e, history, new_values)
-        result = _replay_layer(e, by_label, new_values)
+        result = _replay_layer(e, by_label, new_values, guarded=not history.traced_here)
         if isinstance(result, str) or not isinstance(result, torch.Tensor):
             raise RerunError(
                 f"rerun: re-running {e.label} ({e.func_name}) on the new values failed: "

@@ -219,6 +219,7 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
     ok = True
     generator = torch.Generator().manual_seed(0)
     verdicts: Verdicts[TensorLogEntry] = Verdicts(_parts)  # on a GPU, read once at the end
+    guarded = not history.traced_here  # a loaded history's calls come from a file (replay.py)
     for entry in history:
         if entry.kind in ("input", "buffer") or entry.func is None:
             continue
@@ -230,7 +231,7 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
         if entry.func_name in UNCOMPARABLE or allocates_uninitialised(entry.func_name, entry.func_args):
             continue
         with torch.no_grad():
-            result = replay_entry(entry, by_label, {})
+            result = replay_entry(entry, by_label, {}, guarded)
         if isinstance(result, str):
             ok = report.fail(f"{entry.label}: re-running {entry.func_name} failed: {result}")
             continue
@@ -245,14 +246,14 @@ def _check_operations(history: ModelHistory, by_label: Dict[str, TensorLogEntry]
             ok = report.fail(_mismatch(entry, result))
             continue
         for label, positions in unrecorded:
-            if _depends_on(entry, label, by_label, generator, reference=result):
+            if _depends_on(entry, label, by_label, generator, reference=result, guarded=guarded):
                 ok = report.fail(
                     f"{entry.label}: its result depends on the value of {label} (argument "
                     f"{_positions_text(positions)}), which is not a recorded parent: the trace lost an edge"
                 )
     for entry in verdicts.failed():  # replayed again for the message's difference
         with torch.no_grad():
-            ok = report.fail(_mismatch(entry, replay_entry(entry, by_label, {})))
+            ok = report.fail(_mismatch(entry, replay_entry(entry, by_label, {}, guarded)))
     return ok
 
 
@@ -330,6 +331,7 @@ def _depends_on(
     by_label: Dict[str, TensorLogEntry],
     generator: torch.Generator,
     reference: torch.Tensor,
+    guarded: bool = True,
 ) -> bool:
     """Some other value of layer ``label``'s activation changes the replayed result (or makes
     the function reject it: an index out of range shows the values matter)."""
@@ -338,7 +340,7 @@ def _depends_on(
         return False
     for candidate in _perturbations(source.activation, generator):
         with torch.no_grad():
-            changed = replay_entry(entry, by_label, {label: candidate})
+            changed = replay_entry(entry, by_label, {label: candidate}, guarded)
         if isinstance(changed, str) or not _identical(changed, reference):
             return True
     return False

@@ -58,6 +58,11 @@ class ModelHistory:
         ('linear_1_1', 'output_1_3')
     """
 
+    # Built by a trace in this process, not read from a folder: its saved functions and arguments
+    # are the model's own, so its replays (validation, rerun, patching) run without the guard that
+    # bounds a loaded history's (replay_guard.py). Never saved: a loaded history is always guarded.
+    traced_here: bool = False
+
     def __init__(
         self,
         model_name: str,

@@ -83,7 +83,7 @@ class Replayer:
         with torch.no_grad():
             for e in entries:
                 if any(p in values for p in e.parent_layers):
-                    value = replay_entry(e, self.by_label, values)
+                    value = replay_entry(e, self.by_label, values, guarded=not self.history.traced_here)
                     if not isinstance(value, torch.Tensor):
                         raise PatchError(
                             f"patch: re-running {e.label} ({e.func_name}) on the patched values failed: "

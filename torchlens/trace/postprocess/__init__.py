@@ -49,6 +49,7 @@ def build_history(result: PassResult) -> ModelHistory:
         pass_time=result.elapsed,
         postprocess_time=perf_counter() - start,
     )
+    history.traced_here = True
     history.notes.extend(result.notes)
     if no_gradient:
         shown = ", ".join(no_gradient[:5]) + (", ..." if len(no_gradient) > 5 else "")

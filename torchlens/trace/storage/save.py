@@ -22,7 +22,7 @@ FORMAT = "torchlens.trace.history"
 FORMAT_VERSION = 1
 INDEX_FILE = "torchlens.json"
 # history attributes rebuilt on load rather than stored
-DERIVED_HISTORY = ("layer_list", "_index", "_rolled", "_store")
+DERIVED_HISTORY = ("layer_list", "_index", "_rolled", "_store", "traced_here")
 ENTRY_FIELDS = tuple(f for f in _CAPTURE_FIELDS + _DERIVED_FIELDS if f != "branch_condition_record")
 
 
