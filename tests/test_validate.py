@@ -372,3 +372,54 @@ def test_a_dynamic_cache_grows_once():
         model, [new_token], {"past_key_values": past, "use_cache": True}, random_seed=0, verbose=True
     )
     assert past.get_seq_length() == 9
+
+
+def test_unequal_agrees_with_torch_equal_and_reads_a_device_once(monkeypatch):
+    import torchlens.trace.verdicts as verdicts
+
+    a = torch.tensor([1.0, float("nan"), -0.0])
+    pairs = [
+        (a, a.clone()),  # NaN is never equal
+        (torch.ones(3), torch.ones(3)),
+        (torch.ones(3), torch.tensor([1.0, 1.0, 2.0])),
+        (torch.tensor([0.0]), torch.tensor([-0.0])),  # equal values
+        (torch.arange(4), torch.arange(4)),
+        (torch.ones(2, 2), torch.ones(4)),  # another shape
+        (torch.zeros(0), torch.zeros(0)),
+    ]
+    expected = [i for i, (x, y) in enumerate(pairs) if not torch.equal(x, y)]
+    assert expected == [0, 2, 5]
+    assert verdicts.unequal(pairs) == expected
+    monkeypatch.setattr(verdicts, "READ_AT_ONCE", frozenset({"meta"}))  # the CPU plays a GPU
+    reads = []
+    real_stack = torch.stack
+    monkeypatch.setattr(verdicts.torch, "stack", lambda ts: reads.append(len(ts)) or real_stack(ts))
+    assert verdicts.unequal(pairs) == expected
+    assert reads == [6]  # every same-shaped pair's answer, read together
+
+
+@pytest.mark.parametrize("as_on_a_gpu", [False, True])
+def test_a_model_writing_its_parameters_unseen_is_left_as_found(monkeypatch, as_on_a_gpu):
+    """Validation restores a parameter the forward changes through ``.data`` (no version
+    counter sees it), and leaves the others untouched (their versions do not move)."""
+    import torchlens.trace.verdicts as verdicts
+
+    if as_on_a_gpu:
+        monkeypatch.setattr(verdicts, "READ_AT_ONCE", frozenset({"meta"}))
+
+    class Drifting(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x):
+            self.b.bias.data.add_(1.0)
+            return self.b(self.a(x).relu())
+
+    model = Drifting()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    versions = {n: p._version for n, p in model.named_parameters()}
+    tl.validate_model_activations(model, torch.rand(2, 3))
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+        assert (p._version == versions[name]) is (name != "b.bias"), name

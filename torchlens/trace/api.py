@@ -46,6 +46,7 @@ from .layer_request import LayerKey, parse_request, resolve_request
 from .postprocess import drop_unsaved
 from .records.meta import MetaDeviceError
 from .traced_pass import traced_pass
+from .verdicts import unequal
 
 
 def _streamed_save(path: Any, save_gradients: bool) -> Any:
@@ -383,7 +384,6 @@ def _validated(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], 
     finally:
         buffers.restore()
         with torch.no_grad():
-            for p, value in params:
-                if not torch.equal(p, value):
-                    p.copy_(value)
+            for i in unequal(params):  # one wait per device on a GPU, not one per parameter
+                params[i][0].copy_(params[i][1])
         rng.restore()

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -73,6 +73,29 @@ class Verdicts(Generic[Key]):
         return found
 
 
+def unequal(pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> List[int]:
+    """The positions of the pairs whose tensors are not exactly equal (``torch.equal``: same
+    shape and values, NaN never equal), with the answers of pairs on an accelerator read in one
+    copy per device instead of a wait per pair.
+
+    Example:
+        >>> unequal([(torch.ones(2), torch.ones(2)), (torch.ones(2), torch.zeros(2))])
+        [1]
+    """
+    found: List[int] = []
+    pending: Dict[torch.device, List[Tuple[int, torch.Tensor]]] = {}
+    for i, (a, b) in enumerate(pairs):
+        if a.device.type in READ_AT_ONCE or a.device != b.device or a.shape != b.shape or a.layout != torch.strided:
+            if not torch.equal(a, b):
+                found.append(i)
+        else:
+            pending.setdefault(a.device, []).append((i, torch.eq(a, b).all()))
+    for waiting in pending.values():
+        answers = torch.stack([v for _, v in waiting]).cpu().tolist()  # the one wait
+        found.extend(i for (i, _), same_values in zip(waiting, answers) if not same_values)
+    return sorted(found)
+
+
 def _on_device(a: Any, b: Any) -> Optional[torch.Tensor]:
     """The 0-d boolean ``same(a, b)`` on their device, for two plain tensors of one shape, dtype
     and non-CPU device; None for anything else (compared on the host)."""
@@ -94,4 +117,4 @@ def _comparable(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.is_floating_point() and t.element_size() == 1 else t
 
 
-__all__ = ["Verdicts", "same", "RTOL", "ATOL"]
+__all__ = ["Verdicts", "same", "unequal", "RTOL", "ATOL"]
