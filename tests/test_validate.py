@@ -374,28 +374,36 @@ def test_a_dynamic_cache_grows_once():
     assert past.get_seq_length() == 9
 
 
-def test_unequal_agrees_with_torch_equal_and_reads_a_device_once(monkeypatch):
+def test_unequal_compares_bits_and_reads_a_device_once(monkeypatch):
     import torchlens.trace.verdicts as verdicts
 
     a = torch.tensor([1.0, float("nan"), -0.0])
     pairs = [
-        (a, a.clone()),  # NaN is never equal
+        (a, a.clone()),  # a NaN left as it was: unchanged
         (torch.ones(3), torch.ones(3)),
         (torch.ones(3), torch.tensor([1.0, 1.0, 2.0])),
-        (torch.tensor([0.0]), torch.tensor([-0.0])),  # equal values
+        (torch.tensor([0.0]), torch.tensor([-0.0])),  # equal values, other bits: changed
         (torch.arange(4), torch.arange(4)),
         (torch.ones(2, 2), torch.ones(4)),  # another shape
         (torch.zeros(0), torch.zeros(0)),
+        (torch.tensor([True, False, True]), torch.tensor([True, True, True])),  # 3 bytes
+        (torch.ones(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16)),  # 6 bytes
+        (torch.ones(2, 3).t(), torch.ones(2, 3).t()),  # not contiguous: compared by value
+        (torch.ones(4, dtype=torch.complex64), torch.ones(4, dtype=torch.complex64) * 1j),
     ]
-    expected = [i for i, (x, y) in enumerate(pairs) if not torch.equal(x, y)]
-    assert expected == [0, 2, 5]
+
+    def bits(t):
+        return (t.shape, t.contiguous().view(-1).view(torch.uint8).tolist())
+
+    expected = [i for i, (x, y) in enumerate(pairs) if bits(x) != bits(y)]
+    assert expected == [2, 3, 5, 7, 10]
     assert verdicts.unequal(pairs) == expected
     monkeypatch.setattr(verdicts, "READ_AT_ONCE", frozenset({"meta"}))  # the CPU plays a GPU
     reads = []
     real_stack = torch.stack
     monkeypatch.setattr(verdicts.torch, "stack", lambda ts: reads.append(len(ts)) or real_stack(ts))
     assert verdicts.unequal(pairs) == expected
-    assert reads == [6]  # every same-shaped pair's answer, read together
+    assert reads == [9]  # every answer but the other shape's and the transposed pair's, read together
 
 
 @pytest.mark.parametrize("as_on_a_gpu", [False, True])

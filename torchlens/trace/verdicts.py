@@ -74,26 +74,53 @@ class Verdicts(Generic[Key]):
 
 
 def unequal(pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> List[int]:
-    """The positions of the pairs whose tensors are not exactly equal (``torch.equal``: same
-    shape and values, NaN never equal), with the answers of pairs on an accelerator read in one
-    copy per device instead of a wait per pair.
+    """The positions of the pairs whose tensors differ in any bit (a tensor compared with its
+    own earlier copy: was it written?), with the answers of pairs on an accelerator read in one
+    copy per device instead of a wait per pair. Bits, not values: ``-0.0`` after ``0.0`` is a
+    change, a NaN left as it was is not (``torch.equal`` says the opposite of both).
 
     Example:
-        >>> unequal([(torch.ones(2), torch.ones(2)), (torch.ones(2), torch.zeros(2))])
+        >>> nan = torch.tensor([float("nan")])
+        >>> unequal([(torch.ones(2), torch.ones(2)), (torch.zeros(1), -torch.zeros(1)), (nan, nan.clone())])
         [1]
     """
     found: List[int] = []
     pending: Dict[torch.device, List[Tuple[int, torch.Tensor]]] = {}
     for i, (a, b) in enumerate(pairs):
-        if a.device.type in READ_AT_ONCE or a.device != b.device or a.shape != b.shape or a.layout != torch.strided:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            found.append(i)
+            continue
+        bits_a, bits_b = _bits(a), _bits(b)
+        if bits_a is None or bits_b is None or a.device != b.device:
             if not torch.equal(a, b):
                 found.append(i)
+        elif a.device.type in READ_AT_ONCE:
+            if not torch.equal(bits_a, bits_b):
+                found.append(i)
         else:
-            pending.setdefault(a.device, []).append((i, torch.eq(a, b).all()))
+            pending.setdefault(a.device, []).append((i, torch.eq(bits_a, bits_b).all()))
     for waiting in pending.values():
         answers = torch.stack([v for _, v in waiting]).cpu().tolist()  # the one wait
-        found.extend(i for (i, _), same_values in zip(waiting, answers) if not same_values)
+        found.extend(i for (i, _), same_bits in zip(waiting, answers) if not same_bits)
     return sorted(found)
+
+
+_BITS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def _bits(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """A dense tensor's bytes as a flat integer tensor of the widest kind that divides them (no
+    copy); None for other layouts, quantized and non-contiguous tensors."""
+    if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized or not t.is_contiguous():
+        return None
+    try:
+        data = t.reshape(-1).view(torch.uint8)
+    except RuntimeError:  # a dtype whose bytes torch does not view (a view of a different kind)
+        return None
+    for size, kind in _BITS:
+        if data.numel() % size == 0:
+            return data.view(kind)
+    return data  # unreachable: every size divides by 1
 
 
 def _on_device(a: Any, b: Any) -> Optional[torch.Tensor]:
