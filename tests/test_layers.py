@@ -84,6 +84,7 @@ ALLOWED: Dict[str, Set[str]] = {
         "trace.render",
         "trace.draw_options",
         "trace.validate",
+        "trace.verdicts",
         "trace.storage",
         "trace.intervene",
         "trace.traced_pass",
