@@ -95,6 +95,25 @@ def test_validating_a_history_waits_for_the_gpu_once():
     assert len(syncs) <= 2, [str(w.message) for w in syncs[:5]]  # the verdicts' one read (and its stack)
 
 
+def test_validating_a_model_waits_for_the_gpu_a_few_times_not_once_per_parameter():
+    """The plain run's outputs compared, the replays' verdicts read together, the parameters'
+    after-check read together: a handful of waits, where ResNet-18 has 62 parameters and
+    111 operations (not yet run on a GPU when written: the bound is loose on purpose)."""
+    import warnings
+
+    model, image = _resnet(), _image()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert tl.validate_model_activations(model, image, random_seed=0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 12, [str(w.message) for w in syncs[:5]]
+
+
 def test_gradients_on_cuda():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
     history = tl.log_forward_pass(model, torch.randn(4, 8, device="cuda"), save_gradients=True)
