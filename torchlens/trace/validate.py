@@ -331,7 +331,7 @@ def _depends_on(
     by_label: Dict[str, TensorLogEntry],
     generator: torch.Generator,
     reference: torch.Tensor,
-    guarded: bool = True,
+    guarded: bool,
 ) -> bool:
     """Some other value of layer ``label``'s activation changes the replayed result (or makes
     the function reject it: an index out of range shows the values matter)."""
